@@ -1,0 +1,144 @@
+"""The `carma` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from carma import __version__
+from carma.config import ConfigError, load_config
+from carma.core.config import Policy
+from carma.core.scheduler import SpecError
+from carma.metrics.plots import PlotsUnavailable, plot_sweep
+from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
+from carma.sim.experiment import MEMORY_MODES, PAPER_SWEEP, RunConfig, RunResult, TwinConfig, simulate, sweep
+from carma.sim.gpus import parse_gpus
+from carma.sim.models import SHARING_MODELS
+from carma.traces.catalog import load_catalog
+from carma.traces.loaders import BUILTIN_TRACES, TraceError, load_trace
+
+app = typer.Typer(
+    help="carma: a collocation-aware GPU resource manager for deep-learning training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(width=None if sys.stdout.isatty() else 200)  # pipes and CI logs get whole rows
+err = Console(stderr=True)
+
+
+class UsageError(Exception):
+    """A user mistake, reported as one line."""
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+def _choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str:
+    if value not in choices:
+        raise UsageError(f"{option} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _twin_config(config_path: Path | None, gpus: str | None, sharing: str | None) -> TwinConfig:
+    twin = load_config(config_path).twin
+    if gpus is not None:
+        twin = replace(twin, gpus=parse_gpus(gpus))
+    if sharing is not None:
+        twin = replace(twin, sharing=_choice(sharing, list(SHARING_MODELS), "--sharing"))
+    return twin
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    """carma: a collocation-aware GPU resource manager for deep-learning training."""
+    if version:
+        out.print(f"carma {__version__}")
+        raise typer.Exit()
+
+
+@app.command("simulate")
+def simulate_cmd(
+    trace: Annotated[
+        str, typer.Option(help=f"Built-in trace ({', '.join(BUILTIN_TRACES)}) or a trace file path.")
+    ] = "carma-t1",
+    policy: Annotated[
+        str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
+    ] = None,
+    memory: Annotated[str, typer.Option(help=f"Memory-need source: {', '.join(MEMORY_MODES)}.")] = "none",
+    no_risk_filter: Annotated[bool, typer.Option("--no-risk-filter", help="Switch the risk filter off.")] = False,
+    gpus: Annotated[str | None, typer.Option(help="Simulated GPUs, e.g. 3xA100-40GB.")] = None,
+    sharing: Annotated[str | None, typer.Option(help="GPU sharing mode: mps or timeslice.")] = None,
+    sweep_all: Annotated[
+        bool, typer.Option("--sweep", help="Run CARMA's whole configuration list and compare with Exclusive.")
+    ] = False,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the results as CSV.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write PNG charts of a sweep into this directory.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    skip_unknown: Annotated[
+        bool, typer.Option("--skip-unknown", help="Leave out trace entries of unknown tasks.")
+    ] = False,
+    jobs: Annotated[int | None, typer.Option(help="Parallel processes for a sweep (default: CPUs).")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML configuration file.")] = None,
+) -> None:
+    """Run a trace through the digital twin of a GPU server."""
+    try:
+        twin = _twin_config(config, gpus, sharing)
+        loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
+        if loaded.skipped:
+            err.print(f"skipped {len(loaded.skipped)} entries of unknown tasks: {loaded.skipped_summary()}")
+        if sweep_all:
+            if policy or memory != "none" or no_risk_filter:
+                raise UsageError("--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter")
+            results = _run_sweep(loaded, twin, jobs, quiet=as_json)
+        else:
+            chosen = Policy(_choice(policy, [p.value for p in Policy], "--policy")) if policy else None
+            run = RunConfig(
+                chosen or twin.scheduler.policy, _choice(memory, MEMORY_MODES, "--memory"), not no_risk_filter
+            )
+            results = [simulate(loaded, run, twin)]
+        if csv_path:
+            write_csv(sweep_rows(results), csv_path)
+        charts = plot_sweep(results, plot) if plot else []
+    except (UsageError, ConfigError, TraceError, SpecError, PlotsUnavailable, ValueError) as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": sweep_rows(results)}))
+        return
+    title = f"trace {loaded.name}: {len(loaded.entries)} tasks on {_server_name(results[0])}"
+    if sweep_all:
+        out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
+    else:
+        out.print(run_table(results[0], f"{title}, {results[0].config.label}"))
+    for path in [csv_path, *charts]:
+        if path:
+            out.print(f"wrote {path}")
+
+
+def _server_name(result: RunResult) -> str:
+    counts: dict[str, int] = {}
+    for name in result.gpus:
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n}x{name}" for name, n in counts.items())
+
+
+def _run_sweep(trace, twin: TwinConfig, jobs: int | None, quiet: bool) -> list[RunResult]:
+    columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=quiet or not sys.stderr.isatty()) as bar:
+        task = bar.add_task("sweep", total=len(PAPER_SWEEP))
+        return sweep(trace, PAPER_SWEEP, twin, jobs, progress=lambda _: bar.advance(task))
+
+
+def main() -> None:
+    app()

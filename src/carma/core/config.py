@@ -1,0 +1,74 @@
+"""Scheduler configuration with CARMA's defaults (SYSTEM.md section 1; the CARMA paper, sections 2.3-2.6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Policy(StrEnum):
+    EXCLUSIVE = "exclusive"
+    RR = "rr"  # round-robin
+    MAGM = "magm"  # most available GPU memory
+    LUG = "lug"  # least utilized GPU (lowest SMACT risk)
+    FF = "ff"  # first fit
+    BF = "bf"  # best fit (least free memory that still fits)
+
+
+@dataclass(frozen=True)
+class RiskWeights:
+    """How the risk score mixes window statistics.
+
+    The public CARMA code weighs mean 0.2, median 0.2, p95 0.3, p50 0.1 and EMA 0.2; its median and p50 are
+    the same statistic, so the default folds them into median 0.3.
+    """
+
+    mean: float = 0.2
+    median: float = 0.3
+    p95: float = 0.3
+    ema: float = 0.2
+
+    def __post_init__(self) -> None:
+        values = (self.mean, self.median, self.p95, self.ema)
+        if any(w < 0 for w in values) or abs(sum(values) - 1.0) > 1e-6:
+            raise ValueError(f"risk weights must be non-negative and sum to 1, got {values}")
+
+
+@dataclass(frozen=True)
+class RiskConfig:
+    """A GPU is excluded from collocation when SMACT >= t and (SMOCC >= t or DRAMA >= t), on risk scores."""
+
+    enabled: bool = True
+    smact: float = 0.80
+    smocc: float = 0.45
+    drama: float = 0.40
+    weights: RiskWeights = field(default_factory=RiskWeights)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: Policy = Policy.MAGM
+    risk: RiskConfig = field(default_factory=RiskConfig)
+    window_samples: int = 30  # monitor window length, in samples
+    sample_interval_s: float = 1.0
+    margin_mib: int = 2048  # added to a known memory need (fragmentation safety margin)
+    min_free_mib: int = 2048  # free memory a GPU needs for a task of unknown need
+    reserve_mib: int = 512  # subtracted from the latest free memory before any decision
+    max_relaunches: int = 3  # OOM relaunches before a task fails
+    # CARMA's reference implementation dispatches to fully idle GPUs whenever enough are free, and only
+    # collocates (by the policy) when they are not.
+    prefer_idle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.window_samples < 1:
+            raise ValueError("window_samples must be at least 1")
+        if self.sample_interval_s <= 0:
+            raise ValueError("sample_interval_s must be positive")
+        for name in ("margin_mib", "min_free_mib", "reserve_mib", "max_relaunches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+
+    @property
+    def window_s(self) -> float:
+        """How long a GPU stays unschedulable after a task's first kernel (one full monitor window)."""
+        return self.window_samples * self.sample_interval_s

@@ -1,0 +1,44 @@
+"""Per-GPU monitor windows: the last W samples of each GPU and the statistics decisions read from them."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from carma.core.config import RiskWeights
+from carma.core.risk import Risk, risk_score
+from carma.core.types import GpuSample
+
+
+class MonitorWindow:
+    """A sliding window of one GPU's samples; the risk score is computed lazily and cached per window."""
+
+    def __init__(self, size: int, weights: RiskWeights) -> None:
+        self._samples: deque[GpuSample] = deque(maxlen=size)
+        self._weights = weights
+        self._risk: Risk | None = None
+
+    def add(self, sample: GpuSample) -> None:
+        latest = self.latest
+        if latest is not None and sample.t <= latest.t:
+            return  # a sample we already hold (worlds may re-send the newest one)
+        self._samples.append(sample)
+        self._risk = None
+
+    @property
+    def latest(self) -> GpuSample | None:
+        return self._samples[-1] if self._samples else None
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def risk(self) -> Risk:
+        if not self._samples:
+            raise ValueError("no samples in the window")
+        if self._risk is None:
+            w = self._weights
+            self._risk = Risk(
+                smact=risk_score([s.smact for s in self._samples], w),
+                smocc=risk_score([s.smocc for s in self._samples], w),
+                drama=risk_score([s.drama for s in self._samples], w),
+            )
+        return self._risk

@@ -1,0 +1,52 @@
+"""The ports through which a world drives the core: a clock, telemetry and an executor.
+
+The real world implements them with the wall clock, NVML/DCGM and subprocesses; the digital twin with a
+virtual clock and a GPU model. `SchedulingLoop` is written against these protocols only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from carma.core.types import GpuInfo, GpuSample, Launch, ProcessExit, Task, TaskId
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class GpuProcesses:
+    """One GPU's process list, resolved to the carma tasks it shows and a count of other processes."""
+
+    tasks: frozenset[TaskId] = frozenset()
+    foreign: int = 0
+
+
+@dataclass(frozen=True)
+class TelemetryReading:
+    samples: Sequence[GpuSample] = ()  # new samples since the previous reading, oldest first
+    processes: Mapping[int, GpuProcesses] = field(default_factory=dict)
+
+
+class Telemetry(Protocol):
+    def gpus(self) -> Sequence[GpuInfo]: ...
+
+    def read(self, now: float) -> TelemetryReading: ...
+
+
+@dataclass(frozen=True)
+class TaskExit:
+    task_id: TaskId
+    exit: ProcessExit
+    ended_s: float
+
+
+class Executor(Protocol):
+    def launch(self, task: Task, launch: Launch) -> None: ...
+
+    def kill(self, task_id: TaskId) -> None: ...
+
+    def poll_exits(self) -> Sequence[TaskExit]: ...

@@ -1,0 +1,51 @@
+"""Collocation interference risk: per-metric scores over a monitor window and CARMA's exclusion rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from carma.core.config import RiskConfig, RiskWeights
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (the pandas/NumPy default)."""
+    n = len(sorted_values)
+    if n == 0:
+        raise ValueError("quantile of an empty window")
+    pos = q * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def ema_last(values: Sequence[float]) -> float:
+    """Last value of an exponential moving average with the window-aware alpha = 2 / (W + 1)."""
+    alpha = 2.0 / (len(values) + 1.0)
+    ema = values[0]
+    for x in values[1:]:
+        ema = alpha * x + (1.0 - alpha) * ema
+    return ema
+
+
+def risk_score(values: Sequence[float], weights: RiskWeights) -> float:
+    """Weighted mix of mean, median, p95 and EMA: a level that also reacts to tails and recent change."""
+    ordered = sorted(values)
+    mean = sum(ordered) / len(ordered)
+    return (
+        weights.mean * mean
+        + weights.median * quantile(ordered, 0.5)
+        + weights.p95 * quantile(ordered, 0.95)
+        + weights.ema * ema_last(values)
+    )
+
+
+@dataclass(frozen=True)
+class Risk:
+    smact: float
+    smocc: float
+    drama: float
+
+    def excluded(self, config: RiskConfig) -> bool:
+        """CARMA's rule: compute saturated and either the SMs are full or memory bandwidth is busy."""
+        return self.smact >= config.smact and (self.smocc >= config.smocc or self.drama >= config.drama)

@@ -1,0 +1,298 @@
+"""The CARMA scheduler: queues, need resolution, risk filter, placement and recovery, with no I/O.
+
+A world feeds it submissions, GPU samples, the tasks seen on each GPU and process exits, each stamped
+with the world's time; `decide(now)` returns the launches to carry out. The same object runs inside the
+digital twin and inside the daemon.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from carma.core.config import Policy, SchedulerConfig
+from carma.core.memory import Estimator, resolve_need
+from carma.core.monitor import MonitorWindow
+from carma.core.policies import Candidate, RoundRobin, order
+from carma.core.recovery import classify_exit, oom_message
+from carma.core.ttfk import TtfkTable
+from carma.core.types import (
+    ACTIVE_STATES,
+    Attempt,
+    ExitKind,
+    GpuInfo,
+    GpuSample,
+    Launch,
+    MemoryNeed,
+    NeedKind,
+    ProcessExit,
+    Task,
+    TaskId,
+    TaskSpec,
+    TaskState,
+)
+
+HEAD_OF_LINE = "behind the head of the queue (FIFO)"
+RECOVERY_FIRST = "recovery queue has priority"
+
+
+class SpecError(ValueError):
+    """A task specification this server can never run."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        gpus: Sequence[GpuInfo],
+        config: SchedulerConfig | None = None,
+        estimator: Estimator | None = None,
+    ) -> None:
+        if not gpus:
+            raise ValueError("a scheduler needs at least one GPU")
+        self.config = config or SchedulerConfig()
+        self.estimator = estimator
+        self.gpus: dict[int, GpuInfo] = {g.index: g for g in gpus}
+        indices = sorted(self.gpus)
+        self._largest_usable_mib = max(g.total_mib for g in gpus) - self.config.reserve_mib
+        self._windows = {g: MonitorWindow(self.config.window_samples, self.config.risk.weights) for g in indices}
+        self._ttfk = TtfkTable(indices, self.config.window_s)
+        self._rr = RoundRobin(indices)
+        self._tasks: dict[TaskId, Task] = {}
+        self._queue: deque[TaskId] = deque()
+        self._recovery: deque[TaskId] = deque()
+        self._crashed: list[TaskId] = []  # OOM-crashed, awaiting the recovery scan
+        self._on_gpu: dict[int, set[TaskId]] = {g: set() for g in indices}
+        self._foreign: dict[int, int] = dict.fromkeys(indices, 0)
+        self._needs: dict[TaskId, MemoryNeed] = {}
+        self._blocked: dict[TaskId, str] = {}
+        self._next_id = 1
+
+    # ----------------------------------------------------------------- inputs from a world
+
+    def submit(self, spec: TaskSpec, now: float) -> Task:
+        if spec.gpus > len(self.gpus):
+            raise SpecError(f"task {spec.name!r} needs {spec.gpus} GPUs but this server has {len(self.gpus)}")
+        task = Task(id=self._next_id, spec=spec, submit_s=now)
+        self._next_id += 1
+        self._tasks[task.id] = task
+        self._queue.append(task.id)
+        return task
+
+    def cancel(self, task_id: TaskId, now: float) -> bool:
+        """Cancel a task; True when its process is live and the world must kill it."""
+        task = self.task(task_id)
+        if task.terminal:
+            return False
+        if task.state in ACTIVE_STATES:
+            task.cancel_requested = True
+            return True
+        for queue in (self._queue, self._recovery):
+            if task_id in queue:
+                queue.remove(task_id)
+        if task_id in self._crashed:
+            self._crashed.remove(task_id)
+        self._finish(task, TaskState.CANCELLED, now, "cancelled by request")
+        return False
+
+    def record_sample(self, sample: GpuSample) -> None:
+        self._windows[sample.gpu].add(sample)
+
+    def record_gpu_processes(self, gpu: int, tasks: Iterable[TaskId], foreign: int, now: float) -> None:
+        """What a GPU's process list shows: carma tasks on it (first kernels) and other processes."""
+        self._foreign[gpu] = foreign
+        for task_id in tasks:
+            if self._ttfk.seen(gpu, task_id, now):
+                task = self._tasks[task_id]
+                if task.state is TaskState.DISPATCHED:
+                    task.state = TaskState.RUNNING
+                    task.current.first_kernel_s = now
+
+    def record_exit(self, task_id: TaskId, exit: ProcessExit, now: float) -> ExitKind | None:
+        """A task's process ended; returns how it was classified (None for a task not running)."""
+        task = self.task(task_id)
+        if task.state not in ACTIVE_STATES:
+            return None
+        attempt = task.current
+        kind = classify_exit(exit, killed_by_request=task.cancel_requested)
+        attempt.ended_s = now
+        attempt.outcome = kind
+        for gpu in attempt.gpus:
+            self._on_gpu[gpu].discard(task_id)
+        self._ttfk.ended(task_id)
+        if kind is ExitKind.KILLED:
+            self._finish(task, TaskState.CANCELLED, now, "cancelled by request")
+        elif kind is ExitKind.SUCCESS:
+            self._finish(task, TaskState.COMPLETED, now, "")
+        elif kind is ExitKind.OOM:
+            attempt.message = oom_message(exit)
+            task.state = TaskState.OOM_CRASHED
+            self._crashed.append(task_id)
+        else:
+            self._finish(task, TaskState.FAILED, now, _error_reason(exit))
+        return kind
+
+    # ----------------------------------------------------------------- decisions
+
+    def decide(self, now: float) -> list[Launch]:
+        """Recovery scan, then place queue heads (recovery queue first) until one must wait."""
+        self._recovery_scan(now)
+        self._blocked.clear()
+        launches: list[Launch] = []
+        while True:
+            if self._recovery:
+                task = self._tasks[self._recovery[0]]
+                idle = self._idle_gpus()
+                if len(idle) < task.spec.gpus:
+                    self._blocked[task.id] = f"recovery: waiting for {task.spec.gpus} whole idle GPU(s)"
+                    break
+                need = MemoryNeed(NeedKind.WHOLE_GPU, source="recovery")
+                launches.append(self._launch(task, idle[: task.spec.gpus], need, now, recovery=True))
+                continue
+            if not self._queue:
+                break
+            task = self._tasks[self._queue[0]]
+            placement = self._place(task, now)
+            if isinstance(placement, str):
+                self._blocked[task.id] = placement
+                break
+            launches.append(self._launch(task, placement, self._needs.pop(task.id), now, recovery=False))
+        return launches
+
+    def next_timer(self, now: float) -> float | None:
+        """When a decision could change by time alone (a GPU leaving its TTFK grace window)."""
+        return self._ttfk.next_expiry(now)
+
+    # ----------------------------------------------------------------- queries
+
+    def task(self, task_id: TaskId) -> Task:
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise KeyError(f"no task with id {task_id}") from None
+
+    @property
+    def tasks(self) -> list[Task]:
+        return list(self._tasks.values())
+
+    @property
+    def queue(self) -> list[TaskId]:
+        return list(self._queue)
+
+    @property
+    def recovery_queue(self) -> list[TaskId]:
+        return list(self._recovery)
+
+    def pending(self) -> bool:
+        """Whether any task waits for a placement (or for the recovery scan)."""
+        return bool(self._queue or self._recovery or self._crashed)
+
+    def waiting_reason(self, task_id: TaskId) -> str | None:
+        """Why a waiting task was not placed at the last decision."""
+        if task_id in self._blocked:
+            return self._blocked[task_id]
+        if task_id in self._recovery:
+            return HEAD_OF_LINE
+        if task_id in self._queue:
+            return RECOVERY_FIRST if self._recovery else HEAD_OF_LINE
+        return None
+
+    def tasks_on(self, gpu: int) -> set[TaskId]:
+        return set(self._on_gpu[gpu])
+
+    # ----------------------------------------------------------------- internals
+
+    def _recovery_scan(self, now: float) -> None:
+        for task_id in self._crashed:
+            task = self._tasks[task_id]
+            attempt = task.current
+            relaunches = sum(1 for a in task.attempts if a.recovery)
+            gpus = ",".join(map(str, attempt.gpus))
+            if not attempt.shared:
+                reason = f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
+                self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
+            elif relaunches >= self.config.max_relaunches:
+                reason = f"out of memory again after {relaunches} relaunch(es) (limit reached)"
+                self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
+            else:
+                task.state = TaskState.RECOVERING
+                self._recovery.append(task_id)
+        self._crashed.clear()
+
+    def _idle_gpus(self) -> list[int]:
+        """GPUs with no task and no other process, that telemetry has reported at least once."""
+        return [
+            g
+            for g, window in self._windows.items()
+            if not self._on_gpu[g] and not self._foreign[g] and window.latest is not None
+        ]
+
+    def _free_mib(self, gpu: int) -> int:
+        return max(0, self._windows[gpu].latest.free_mib - self.config.reserve_mib)
+
+    def _candidates(self, gpus: list[int]) -> list[Candidate]:
+        lug = self.config.policy is Policy.LUG
+        return [Candidate(g, self._free_mib(g), self._windows[g].risk().smact if lug else 0.0) for g in gpus]
+
+    def _place(self, task: Task, now: float) -> list[int] | str:
+        """GPUs for the head task, or why it must wait."""
+        cfg = self.config
+        n = task.spec.gpus
+        need = self._needs.get(task.id)
+        if need is None:
+            need = resolve_need(task.spec, self.estimator, self._largest_usable_mib, cfg.margin_mib)
+            self._needs[task.id] = need
+        idle = self._idle_gpus()
+        if cfg.policy is Policy.EXCLUSIVE or need.kind is NeedKind.WHOLE_GPU:
+            if len(idle) >= n:
+                return idle[:n]
+            return f"waiting for {n} whole idle GPU(s)"
+        if cfg.prefer_idle and len(idle) >= n:
+            return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
+        gpus = [g for g in self._windows if self._windows[g].latest is not None and self._ttfk.valid(g, now)]
+        if len(gpus) < n:
+            return f"needs {n} GPU(s); {len(gpus)} not awaiting a first kernel (TTFK)"
+        if cfg.policy is not Policy.RR:
+            required = need.mib + cfg.margin_mib if need.kind is NeedKind.KNOWN else cfg.min_free_mib
+            gpus = [g for g in gpus if self._free_mib(g) >= required]
+            if len(gpus) < n:
+                return f"needs {n} GPU(s) with {required} MiB free; {len(gpus)} have it"
+            if cfg.risk.enabled:
+                gpus = [g for g in gpus if not self._windows[g].risk().excluded(cfg.risk)]
+                if len(gpus) < n:
+                    return f"needs {n} GPU(s); only {len(gpus)} with enough memory pass the risk filter"
+        return [c.gpu for c in order(cfg.policy, self._candidates(gpus), self._rr)[:n]]
+
+    def _launch(self, task: Task, gpus: list[int], need: MemoryNeed, now: float, recovery: bool) -> Launch:
+        (self._recovery if recovery else self._queue).popleft()
+        shared = any(self._on_gpu[g] or self._foreign[g] for g in gpus)
+        for g in gpus:
+            for other in self._on_gpu[g]:
+                self._tasks[other].current.shared = True
+            self._on_gpu[g].add(task.id)
+            self._ttfk.dispatched(g, task.id, now)
+        attempt = Attempt(
+            number=len(task.attempts) + 1,
+            gpus=tuple(gpus),
+            dispatched_s=now,
+            exclusive=not shared,
+            recovery=recovery,
+            need=need,
+            shared=shared,
+        )
+        task.attempts.append(attempt)
+        task.state = TaskState.DISPATCHED
+        if self.config.policy is Policy.RR and not recovery:
+            self._rr.placed(gpus)
+        return Launch(task.id, attempt.number, attempt.gpus, attempt.exclusive, recovery)
+
+    def _finish(self, task: Task, state: TaskState, now: float, reason: str) -> None:
+        task.state = state
+        task.reason = reason
+        task.ended_s = now
+        self._needs.pop(task.id, None)
+
+
+def _error_reason(exit: ProcessExit) -> str:
+    status = f"killed by signal {exit.signal}" if exit.signal is not None else f"exit code {exit.exit_code}"
+    last = next((line.strip() for line in reversed(exit.log_tail.splitlines()) if line.strip()), "")
+    return f"{status}: {last}" if last else status

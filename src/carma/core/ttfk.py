@@ -1,0 +1,68 @@
+"""Time-to-first-kernel bookkeeping (CARMA section 2.2).
+
+A freshly dispatched task shows no GPU use until its first batch is ready, so its GPU would look idle and
+invite over-collocation. Each GPU therefore records the tasks dispatched to it: the GPU takes no further
+tasks until every one of them has been seen on the GPU and one full monitor window has passed since, so
+the window reflects the new load. A task that dies releases its GPU at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from carma.core.types import TaskId
+
+
+@dataclass
+class _Entry:
+    dispatched_s: float
+    first_kernel_s: float | None = None
+
+
+class TtfkTable:
+    def __init__(self, gpu_indices: list[int], window_s: float) -> None:
+        self._window_s = window_s
+        self._entries: dict[int, dict[TaskId, _Entry]] = {g: {} for g in gpu_indices}
+
+    def dispatched(self, gpu: int, task: TaskId, now: float) -> None:
+        self._entries[gpu][task] = _Entry(dispatched_s=now)
+
+    def seen(self, gpu: int, task: TaskId, now: float) -> bool:
+        """Record the task's first kernel on `gpu`; True if this is the first sighting."""
+        entry = self._entries[gpu].get(task)
+        if entry is None or entry.first_kernel_s is not None:
+            return False
+        entry.first_kernel_s = now
+        return True
+
+    def ended(self, task: TaskId) -> None:
+        for entries in self._entries.values():
+            entries.pop(task, None)
+
+    def awaiting(self, gpu: int, task: TaskId) -> bool:
+        entry = self._entries[gpu].get(task)
+        return entry is not None and entry.first_kernel_s is None
+
+    def valid(self, gpu: int, now: float) -> bool:
+        """Whether `gpu` may take another task now; expired entries are dropped on the way."""
+        entries = self._entries[gpu]
+        for task, entry in list(entries.items()):
+            if entry.first_kernel_s is None:
+                return False
+            if now < entry.first_kernel_s + self._window_s:
+                return False
+            del entries[task]
+        return True
+
+    def awaiting_first_kernel(self, gpu: int) -> bool:
+        return any(e.first_kernel_s is None for e in self._entries[gpu].values())
+
+    def next_expiry(self, now: float) -> float | None:
+        """The earliest future moment a GPU becomes valid again by the passing of time alone."""
+        times = [
+            e.first_kernel_s + self._window_s
+            for entries in self._entries.values()
+            for e in entries.values()
+            if e.first_kernel_s is not None and e.first_kernel_s + self._window_s > now
+        ]
+        return min(times, default=None)

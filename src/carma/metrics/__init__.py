@@ -1,0 +1,1 @@
+"""Run metrics as CARMA defines them, timelines, tables and plots."""

@@ -1,0 +1,96 @@
+"""Result tables: one run's figures, and a sweep's figures with their change against Exclusive."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+from carma.sim.experiment import RunResult
+
+# (row key, column header, scale, format) for the figures a sweep compares against the baseline
+COMPARED = (
+    ("makespan_s", "makespan h", 1 / 3600, "{:.2f}"),
+    ("energy_mj", "energy MJ", 1.0, "{:.2f}"),
+    ("jct_p95_s", "p95 JCT min", 1 / 60, "{:.0f}"),
+    ("wait_p95_s", "p95 wait min", 1 / 60, "{:.0f}"),
+    ("exec_p95_s", "p95 exec min", 1 / 60, "{:.0f}"),
+    ("smact_mean", "SMACT", 1.0, "{:.2f}"),
+    ("smocc_mean", "SMOCC", 1.0, "{:.2f}"),
+    ("mem_used_mean_mib", "mem GiB", 1 / 1024, "{:.1f}"),
+)
+
+
+def change_pct(value: float, baseline: float) -> float | None:
+    return None if baseline == 0 else 100.0 * (value - baseline) / baseline
+
+
+def baseline_of(results: Sequence[RunResult]) -> RunResult | None:
+    return next((r for r in results if r.config.label == "Exclusive"), None)
+
+
+def sweep_rows(results: Sequence[RunResult]) -> list[dict[str, object]]:
+    """Each run's row, with `<figure>_change_pct` against Exclusive when the sweep has it."""
+    base = baseline_of(results)
+    rows = []
+    for result in results:
+        row = result.row()
+        if base is not None:
+            base_row = base.row()
+            for key, *_ in COMPARED:
+                change = change_pct(float(row[key]), float(base_row[key]))
+                row[f"{key}_change_pct"] = None if change is None else round(change, 1)
+        rows.append(row)
+    return rows
+
+
+def _cell(row: dict[str, object], key: str, scale: float, fmt: str) -> str:
+    text = fmt.format(float(row[key]) * scale)
+    change = row.get(f"{key}_change_pct")
+    return text if change is None else f"{text} {change:+.0f}%"
+
+
+def sweep_table(results: Sequence[RunResult], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("configuration", no_wrap=True)
+    for _, header, _, _ in COMPARED:
+        table.add_column(header, justify="right")
+    table.add_column("OOMs", justify="right")
+    table.add_column("done/failed", justify="right")
+    for row in sweep_rows(results):
+        cells = [_cell(row, key, scale, fmt) for key, _, scale, fmt in COMPARED]
+        table.add_row(
+            str(row["config"]), *cells, str(row["oom_crashes"]), f"{row['tasks_completed']}/{row['tasks_failed']}"
+        )
+    return table
+
+
+def run_table(result: RunResult, title: str) -> Table:
+    m = result.metrics
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for label, value in (
+        ("makespan", f"{m.makespan_s / 3600:.2f} h"),
+        ("energy", f"{m.energy_mj:.2f} MJ"),
+        ("OOM crashes", str(m.oom_crashes)),
+        ("tasks completed / failed", f"{m.tasks_completed} / {m.tasks_failed}"),
+        ("waiting mean / p95", f"{m.wait_mean_s / 60:.1f} / {m.wait_p95_s / 60:.1f} min"),
+        ("execution mean / p95", f"{m.exec_mean_s / 60:.1f} / {m.exec_p95_s / 60:.1f} min"),
+        ("JCT mean / p95", f"{m.jct_mean_s / 60:.1f} / {m.jct_p95_s / 60:.1f} min"),
+        ("SMACT / SMOCC / DRAMA mean", f"{m.smact_mean:.2f} / {m.smocc_mean:.2f} / {m.drama_mean:.2f}"),
+        ("GPU memory used, mean", f"{m.mem_used_mean_mib / 1024:.1f} GiB"),
+        ("power, mean per GPU", f"{m.power_mean_w:.0f} W"),
+    ):
+        table.add_row(label, value)
+    return table
+
+
+def write_csv(rows: Sequence[dict[str, object]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,86 @@
+"""Run metrics (CARMA paper, section 3.1) from a run's tasks and per-GPU timelines.
+
+- makespan: first submission to the last task's end;
+- waiting time: time queued (first queueing and any recovery queueing); execution time: time from
+  dispatch to exit, summed over attempts; JCT: submission to completion (= waiting + execution).
+  Means and p95 are over completed tasks;
+- energy: integral of board power over the makespan, summed over GPUs (the difference of the on-device
+  energy counters at start and end, as the paper reads it), in MJ;
+- SMACT, SMOCC, DRAMA, memory used, power: time-weighted means over the makespan, averaged over GPUs;
+- OOM crashes: attempts that ended out of memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from carma.core.types import ExitKind, Task, TaskState
+from carma.metrics.timeline import Segment, integrate, time_mean
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    makespan_s: float
+    energy_mj: float
+    oom_crashes: int
+    wait_mean_s: float
+    wait_p95_s: float
+    exec_mean_s: float
+    exec_p95_s: float
+    jct_mean_s: float
+    jct_p95_s: float
+    smact_mean: float
+    smocc_mean: float
+    drama_mean: float
+    mem_used_mean_mib: float
+    power_mean_w: float
+    tasks_completed: int
+    tasks_failed: int
+    tasks_cancelled: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def exec_s(task: Task) -> float:
+    return sum(a.ended_s - a.dispatched_s for a in task.attempts if a.ended_s is not None)
+
+
+def _mean_p95(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return 0.0, 0.0
+    return float(np.mean(values)), float(np.percentile(values, 95))
+
+
+def compute_metrics(tasks: Sequence[Task], timelines: Sequence[Sequence[Segment]]) -> RunMetrics:
+    if not tasks:
+        raise ValueError("no tasks to measure")
+    start = min(t.submit_s for t in tasks)
+    end = max(t.ended_s for t in tasks if t.ended_s is not None)
+    done = [t for t in tasks if t.state is TaskState.COMPLETED]
+    jct = [t.ended_s - t.submit_s for t in done]
+    execution = [exec_s(t) for t in done]
+    wait = [j - e for j, e in zip(jct, execution, strict=True)]
+    energy_j = sum(integrate(s, "power_w", start, end) for s in timelines)
+    return RunMetrics(
+        makespan_s=end - start,
+        energy_mj=energy_j / 1e6,
+        oom_crashes=sum(1 for t in tasks for a in t.attempts if a.outcome is ExitKind.OOM),
+        wait_mean_s=_mean_p95(wait)[0],
+        wait_p95_s=_mean_p95(wait)[1],
+        exec_mean_s=_mean_p95(execution)[0],
+        exec_p95_s=_mean_p95(execution)[1],
+        jct_mean_s=_mean_p95(jct)[0],
+        jct_p95_s=_mean_p95(jct)[1],
+        smact_mean=time_mean(timelines, "smact", start, end),
+        smocc_mean=time_mean(timelines, "smocc", start, end),
+        drama_mean=time_mean(timelines, "drama", start, end),
+        mem_used_mean_mib=time_mean(timelines, "used_mib", start, end),
+        power_mean_w=time_mean(timelines, "power_w", start, end),
+        tasks_completed=len(done),
+        tasks_failed=sum(1 for t in tasks if t.state is TaskState.FAILED),
+        tasks_cancelled=sum(1 for t in tasks if t.state is TaskState.CANCELLED),
+    )

@@ -1,0 +1,290 @@
+"""A simulated GPU server that runs a trace through the scheduling loop.
+
+It implements the core's ports itself: a virtual clock, telemetry from its GPU model (1 Hz samples) and
+an executor whose "processes" reach their first kernel after the workload's time to first kernel,
+allocate their memory then (or crash with a CUDA out-of-memory message when it does not fit), progress
+at a speed set by their co-runners, and exit.
+
+Between events every GPU's state is constant, so the twin keeps a piecewise-constant timeline per GPU
+and derives samples, energy and utilization from it exactly. The scheduling loop runs on the 1 Hz grid,
+like the daemon, but only at instants where a decision could change: after an event, while a GPU's
+monitor window still holds samples from before its last change, and when a TTFK grace window ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from carma.core.loop import SchedulingLoop
+from carma.core.ports import GpuProcesses, TaskExit, TelemetryReading
+from carma.core.scheduler import Scheduler
+from carma.core.types import GpuInfo, GpuSample, Launch, ProcessExit, Task, TaskId, TaskSpec
+from carma.metrics.timeline import Segment
+from carma.sim.gpus import GpuType
+from carma.sim.models import Load, PowerModel, SharingModel
+from carma.traces.catalog import Workload
+from carma.traces.loaders import Trace
+
+# event priorities at equal times: task events first, then submissions, then the decision tick
+_FIRST_KERNEL, _FINISH, _SUBMIT, _TICK = 0, 1, 2, 3
+
+
+class SimulationStalled(RuntimeError):
+    """The simulation ran out of events with tasks still waiting: a scheduler bug, never a trace's fault."""
+
+
+@dataclass
+class _SimGpu:
+    index: int
+    kind: GpuType
+    allocated: dict[TaskId, int] = field(default_factory=dict)  # tasks past their first kernel
+    segments: list[Segment] = field(default_factory=list)
+    starts: list[float] = field(default_factory=list)
+
+    @property
+    def used_mib(self) -> int:
+        return sum(self.allocated.values())
+
+
+@dataclass
+class _SimTask:
+    workload: Workload
+    load: Load
+    gpus: tuple[int, ...] = ()
+    version: int = 0  # bumped to invalidate scheduled events of an earlier attempt or rate
+    running: bool = False
+    remaining_s: float = 0.0  # solo-speed seconds of GPU work left
+    rate: float = 1.0
+    since: float = 0.0
+
+
+class TwinServer:
+    """Clock, Telemetry and Executor of a simulated server, plus the event loop that drives them."""
+
+    def __init__(
+        self,
+        gpus: Sequence[GpuType],
+        scheduler_factory: Callable[[list[GpuInfo]], Scheduler],
+        sharing: SharingModel,
+        power: PowerModel,
+        fragmentation: float,
+        oracle_memory: bool,
+    ) -> None:
+        self._gpus = [_SimGpu(i, kind) for i, kind in enumerate(gpus)]
+        self._sharing = sharing
+        self._power = power
+        self._fragmentation = fragmentation
+        self._oracle_memory = oracle_memory
+        self._now = 0.0
+        self._events: list[tuple[float, int, int, object, int]] = []
+        self._seq = 0
+        self._ticks: set[float] = set()
+        self._tasks: dict[TaskId, _SimTask] = {}
+        self._exits: list[TaskExit] = []
+        self._last_read = -math.inf
+        self._last_change = [-math.inf] * len(self._gpus)
+        scheduler: Scheduler = scheduler_factory(self.gpus())
+        self.loop = SchedulingLoop(scheduler, self, self, self)
+        self._interval = scheduler.config.sample_interval_s
+        self._window = scheduler.config.window_samples
+        for gpu in self._gpus:
+            self._record(gpu)
+
+    # ----------------------------------------------------------------- Clock
+
+    def now(self) -> float:
+        return self._now
+
+    # ----------------------------------------------------------------- Telemetry
+
+    def gpus(self) -> list[GpuInfo]:
+        return [GpuInfo(g.index, g.kind.name, g.kind.total_mib, f"SIM-GPU-{g.index}") for g in self._gpus]
+
+    def read(self, now: float) -> TelemetryReading:
+        first = max(self._last_read + self._interval, now - (self._window - 1) * self._interval)
+        k0 = math.ceil(first / self._interval - 1e-9)
+        k1 = math.floor(now / self._interval + 1e-9)
+        self._last_read = k1 * self._interval
+        samples = [self._sample(g, k * self._interval) for k in range(k0, k1 + 1) for g in self._gpus]
+        processes = {g.index: GpuProcesses(frozenset(g.allocated)) for g in self._gpus}
+        return TelemetryReading(samples, processes)
+
+    def _sample(self, gpu: _SimGpu, t: float) -> GpuSample:
+        seg = gpu.segments[bisect_right(gpu.starts, t) - 1]
+        return GpuSample(gpu.index, t, seg.used_mib, gpu.kind.total_mib, seg.smact, seg.smocc, seg.drama, seg.power_w)
+
+    # ----------------------------------------------------------------- Executor
+
+    def launch(self, task: Task, launch: Launch) -> None:
+        sim = self._tasks[task.id]
+        sim.version += 1
+        sim.gpus = launch.gpus
+        sim.running = False
+        self._push(self._now + sim.workload.ttfk_s, _FIRST_KERNEL, task.id, sim.version)
+
+    def kill(self, task_id: TaskId) -> None:
+        sim = self._tasks[task_id]
+        sim.version += 1
+        self._end(task_id, ProcessExit(exit_code=None, signal=9, log_tail="Killed"))
+
+    def poll_exits(self) -> list[TaskExit]:
+        exits, self._exits = self._exits, []
+        return exits
+
+    # ----------------------------------------------------------------- running a trace
+
+    def run(self, trace: Trace) -> None:
+        for entry in trace.entries:
+            self._push(entry.submit_s, _SUBMIT, entry.workload, 0)
+        while self._events:
+            t, kind, _, payload, version = heapq.heappop(self._events)
+            self._now = t
+            if kind == _TICK:
+                self._ticks.discard(t)
+                self.loop.step()
+                self._schedule_next_tick()
+                continue
+            if kind == _SUBMIT:
+                self._submit(payload)
+            elif self._tasks[payload].version != version:
+                continue  # stale: the attempt was killed or its rate changed
+            elif kind == _FIRST_KERNEL:
+                self._first_kernel(payload)
+            else:
+                self._finish(payload)
+            self._tick_at(math.ceil(t / self._interval - 1e-9) * self._interval)
+        stuck = [t for t in self.loop.scheduler.tasks if not t.terminal]
+        if stuck:
+            names = ", ".join(f"{t.id}:{t.spec.name}({t.state})" for t in stuck[:5])
+            raise SimulationStalled(f"{len(stuck)} task(s) never finished: {names}")
+
+    @property
+    def timelines(self) -> list[list[Segment]]:
+        return [g.segments for g in self._gpus]
+
+    @property
+    def gpu_types(self) -> list[GpuType]:
+        return [g.kind for g in self._gpus]
+
+    # ----------------------------------------------------------------- events
+
+    def _push(self, t: float, kind: int, payload: object, version: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, payload, version))
+
+    def _tick_at(self, t: float) -> None:
+        if t not in self._ticks:
+            self._ticks.add(t)
+            self._push(t, _TICK, None, 0)
+
+    def _schedule_next_tick(self) -> None:
+        sched = self.loop.scheduler
+        if not sched.pending():
+            return
+        horizon = self._window * self._interval
+        if any(self._now < change + horizon for change in self._last_change):
+            self._tick_at(self._now + self._interval)
+            return
+        timer = sched.next_timer(self._now)
+        if timer is not None:
+            self._tick_at(math.ceil(timer / self._interval - 1e-9) * self._interval)
+
+    def _submit(self, workload: Workload) -> None:
+        mem = workload.mem_mib if self._oracle_memory else None
+        task = self.loop.submit(TaskSpec(workload.name, workload.gpus, mem))
+        load = Load(workload.smact, workload.smocc, workload.drama)
+        self._tasks[task.id] = _SimTask(workload, load)
+
+    def _first_kernel(self, task_id: TaskId) -> None:
+        sim = self._tasks[task_id]
+        need = sim.workload.mem_mib
+        for g in sim.gpus:
+            gpu = self._gpus[g]
+            used = gpu.used_mib
+            usable = gpu.kind.total_mib - used - self._fragmentation * used
+            if need > usable:
+                free = gpu.kind.total_mib - used
+                self._end(task_id, _oom_exit(g, need, gpu.kind.total_mib, free))
+                return
+        sim.running = True
+        sim.remaining_s = sim.workload.solo_s - sim.workload.ttfk_s
+        sim.since = self._now
+        sim.rate = 0.0  # not progressing until _reschedule gives it a speed
+        for g in sim.gpus:
+            self._gpus[g].allocated[task_id] = need
+        self._reschedule(sim.gpus)
+
+    def _finish(self, task_id: TaskId) -> None:
+        self._end(task_id, ProcessExit(exit_code=0))
+
+    def _end(self, task_id: TaskId, exit: ProcessExit) -> None:
+        sim = self._tasks[task_id]
+        self._exits.append(TaskExit(task_id, exit, self._now))
+        if sim.running:
+            sim.running = False
+            for g in sim.gpus:
+                del self._gpus[g].allocated[task_id]
+            self._reschedule(sim.gpus)
+        self._tick_at(math.ceil(self._now / self._interval - 1e-9) * self._interval)
+
+    # ----------------------------------------------------------------- the GPU model
+
+    def _reschedule(self, changed: Sequence[int]) -> None:
+        """Recompute speeds after the set of tasks on `changed` GPUs changed, and their timelines."""
+        slowdown = {g: self._sharing.slowdown([self._tasks[t].load for t in self._gpus[g].allocated]) for g in changed}
+        touched = set(changed)
+        affected = {t for g in changed for t in self._gpus[g].allocated}
+        for task_id in affected:
+            sim = self._tasks[task_id]
+            for g in sim.gpus:
+                if g not in slowdown:
+                    slowdown[g] = self._sharing.slowdown([self._tasks[t].load for t in self._gpus[g].allocated])
+            rate = 1.0 / max(slowdown[g] for g in sim.gpus)
+            if rate == sim.rate:
+                continue
+            sim.remaining_s -= sim.rate * (self._now - sim.since)
+            sim.since = self._now
+            sim.rate = rate
+            sim.version += 1
+            touched.update(sim.gpus)
+            self._push(self._now + max(0.0, sim.remaining_s) / rate, _FINISH, task_id, sim.version)
+        for g in touched:
+            self._record(self._gpus[g])
+
+    def _record(self, gpu: _SimGpu) -> None:
+        smact = smocc = drama = 0.0
+        for task_id in gpu.allocated:
+            sim = self._tasks[task_id]
+            smact += sim.load.smact * sim.rate
+            smocc += sim.load.smocc * sim.rate
+            drama += sim.load.drama * sim.rate
+        smact, smocc, drama = min(1.0, smact), min(1.0, smocc), min(1.0, drama)
+        seg = Segment(
+            self._now,
+            smact,
+            smocc,
+            drama,
+            gpu.used_mib,
+            self._power.power_w(gpu.kind, smact),
+            len(gpu.allocated),
+        )
+        if gpu.segments and gpu.segments[-1].t == self._now:
+            gpu.segments[-1] = seg
+        else:
+            gpu.segments.append(seg)
+            gpu.starts.append(self._now)
+        self._last_change[gpu.index] = self._now
+
+
+def _oom_exit(gpu: int, need_mib: int, total_mib: int, free_mib: int) -> ProcessExit:
+    """The error a PyTorch training script prints when its first allocation does not fit."""
+    message = (
+        "torch.OutOfMemoryError: CUDA out of memory. "
+        f"Tried to allocate {need_mib / 1024:.2f} GiB. GPU {gpu} has a total capacity of "
+        f"{total_mib / 1024:.2f} GiB of which {max(free_mib, 0)} MiB is free."
+    )
+    return ProcessExit(exit_code=1, log_tail=f"Traceback (most recent call last):\n{message}\n")

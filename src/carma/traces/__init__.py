@@ -1,0 +1,1 @@
+"""The workload catalog (CARMA's training tasks) and trace loaders."""

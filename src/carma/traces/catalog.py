@@ -1,0 +1,128 @@
+"""The workload catalog: CARMA's training tasks with their measured time and memory and twin profiles."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+ESTIMATOR_COLUMNS = {"horus": "horus_mib", "faketensor": "faketensor_mib", "gpumemnet": "gpumemnet_mib"}
+PROFILE_FIELDS = ("smact", "smocc", "drama", "ttfk_s")
+
+
+class UnknownTaskError(KeyError):
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training task as the twin models it; times in seconds, memory in MiB, utilization in [0, 1]."""
+
+    name: str
+    gpus: int
+    solo_s: float  # exclusive execution time, time to first kernel included
+    mem_mib: int  # GPU memory it allocates on each of its GPUs
+    smact: float
+    smocc: float
+    drama: float
+    ttfk_s: float
+    model: str = ""
+    dataset: str = ""
+    batch_size: int | None = None
+    estimates: Mapping[str, int | None] = field(default_factory=dict)  # estimator name -> MiB or None
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError(f"workload {self.name!r}: gpus must be at least 1")
+        if self.solo_s <= 0 or self.mem_mib <= 0:
+            raise ValueError(f"workload {self.name!r}: solo time and memory must be positive")
+        if not 0 <= self.ttfk_s < self.solo_s:
+            raise ValueError(f"workload {self.name!r}: time to first kernel must lie within its solo time")
+        for metric in ("smact", "smocc", "drama"):
+            if not 0.0 <= getattr(self, metric) <= 1.0:
+                raise ValueError(f"workload {self.name!r}: {metric} must be a fraction in [0, 1]")
+
+
+class Catalog(Mapping[str, Workload]):
+    def __init__(self, workloads: Mapping[str, Workload]) -> None:
+        self._workloads = dict(workloads)
+
+    def __getitem__(self, name: str) -> Workload:
+        try:
+            return self._workloads[name]
+        except KeyError:
+            raise UnknownTaskError(f"unknown task {name!r}: it is not in the workload catalog") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._workloads)
+
+    def __len__(self) -> int:
+        return len(self._workloads)
+
+    def with_workloads(self, extra: Mapping[str, Workload]) -> Catalog:
+        return Catalog({**self._workloads, **extra})
+
+    def typical_profile(self) -> dict[str, float]:
+        """Median profile of the catalog: the twin's default for a workload that gives none."""
+        return {f: statistics.median(getattr(w, f) for w in self.values()) for f in PROFILE_FIELDS}
+
+
+def _optional_int(text: str) -> int | None:
+    return int(float(text)) if text.strip() else None
+
+
+def data_file(name: str) -> Path:
+    return Path(str(resources.files("carma.traces") / "data" / name))
+
+
+def load_catalog(workloads_csv: Path | None = None, profiles_csv: Path | None = None) -> Catalog:
+    """Join the workload table with the twin's per-task profiles (both packaged by default)."""
+    workloads_csv = workloads_csv or data_file("workloads.csv")
+    profiles_csv = profiles_csv or data_file("profiles.csv")
+    with open(profiles_csv, newline="") as f:
+        profiles = {row["task"]: row for row in csv.DictReader(f)}
+    workloads: dict[str, Workload] = {}
+    with open(workloads_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            name = row["task"]
+            if name not in profiles:
+                raise ValueError(f"{profiles_csv}: no profile for task {name!r}")
+            prof = profiles[name]
+            workloads[name] = Workload(
+                name=name,
+                gpus=int(row["gpus"]),
+                solo_s=float(row["solo_minutes"]) * 60.0,
+                mem_mib=int(row["mem_mib"]),
+                smact=float(prof["smact"]),
+                smocc=float(prof["smocc"]),
+                drama=float(prof["drama"]),
+                ttfk_s=float(prof["ttfk_s"]),
+                model=row["model"],
+                dataset=row["dataset"],
+                batch_size=int(row["batch_size"]),
+                estimates={est: _optional_int(row[col]) for est, col in ESTIMATOR_COLUMNS.items()},
+            )
+    return Catalog(workloads)
+
+
+def define_workload(name: str, fields: Mapping[str, object], catalog: Catalog) -> Workload:
+    """A workload from user-given fields: overrides of a catalog task, or a new task with defaults.
+
+    A new task must give `solo_s` and `mem_mib`; profile fields it leaves out take the catalog's typical
+    (median) profile.
+    """
+    unknown = set(fields) - {"gpus", "solo_s", "mem_mib", *PROFILE_FIELDS}
+    if unknown:
+        raise ValueError(f"task {name!r}: unknown field(s) {', '.join(sorted(unknown))}")
+    if name in catalog:
+        return replace(catalog[name], **fields)
+    missing = [f for f in ("solo_s", "mem_mib") if f not in fields]
+    if missing:
+        raise UnknownTaskError(
+            f"unknown task {name!r}: not in the workload catalog; define it with {' and '.join(missing)}"
+        )
+    return Workload(name=name, **{"gpus": 1, **catalog.typical_profile(), **fields})

@@ -1,0 +1,182 @@
+"""Trace loaders: CARMA's CSV traces and trace scripts, and carma's own CSV/YAML format.
+
+A trace is a list of (submit time, workload). Formats (see docs/traces.md):
+
+- built-in names `carma-t1`, `carma-heavy60`, `carma-mix90` (packaged CSV traces);
+- CARMA trace scripts: `sleep N` lines and `python .../submit.py --task .../NAME.rad` lines;
+- CSV with columns `submit_s,task` and optional per-row workload fields
+  (`gpus, solo_s, mem_mib, smact, smocc, drama, ttfk_s`);
+- YAML with `tasks:` (each `at`, `task`, optional `repeat`/`every`) and optional `workloads:` definitions.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from carma.traces.catalog import (
+    PROFILE_FIELDS,
+    Catalog,
+    UnknownTaskError,
+    Workload,
+    data_file,
+    define_workload,
+)
+from carma.units import parse_mib
+
+BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
+
+_SUBMIT_RE = re.compile(r"--task\s+(\S+)")
+_FIELD_PARSERS: dict[str, Callable[[object], object]] = {
+    "gpus": int,
+    "solo_s": float,
+    "mem_mib": parse_mib,
+    **dict.fromkeys(PROFILE_FIELDS, float),
+}
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    submit_s: float
+    workload: Workload
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    entries: tuple[TraceEntry, ...]
+    skipped: tuple[str, ...] = ()  # names of unknown tasks left out, one per entry
+
+    def skipped_summary(self) -> str:
+        counts = Counter(self.skipped)
+        return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in sorted(counts.items()))
+
+
+class _Builder:
+    """Collects entries, resolving names against the catalog and reporting unknown ones."""
+
+    def __init__(self, source: str, catalog: Catalog, skip_unknown: bool) -> None:
+        self.source = source
+        self.catalog = catalog
+        self.skip_unknown = skip_unknown
+        self.entries: list[TraceEntry] = []
+        self.skipped: list[str] = []
+
+    def add(self, where: str, submit_s: object, name: str, fields: Mapping[str, object] | None = None) -> None:
+        try:
+            t = float(submit_s)
+        except (TypeError, ValueError):
+            raise TraceError(f"{self.source}, {where}: submit time {submit_s!r} is not a number") from None
+        if t < 0:
+            raise TraceError(f"{self.source}, {where}: submit time must not be negative, got {t}")
+        try:
+            parsed = {k: _FIELD_PARSERS[k](v) for k, v in (fields or {}).items() if k in _FIELD_PARSERS}
+            extra = set(fields or {}) - set(_FIELD_PARSERS)
+            if extra:
+                raise ValueError(f"unknown field(s) {', '.join(sorted(extra))}")
+            workload = define_workload(name, parsed, self.catalog) if parsed else self.catalog[name]
+        except UnknownTaskError as err:
+            if self.skip_unknown:
+                self.skipped.append(name)
+                return
+            raise TraceError(f"{self.source}, {where}: {err} (use --skip-unknown to leave it out)") from None
+        except ValueError as err:
+            raise TraceError(f"{self.source}, {where}: {err}") from None
+        self.entries.append(TraceEntry(t, workload))
+
+    def build(self, name: str) -> Trace:
+        entries = sorted(self.entries, key=lambda e: e.submit_s)  # stable: ties keep file order
+        if not entries:
+            raise TraceError(f"{self.source}: the trace has no tasks")
+        return Trace(name, tuple(entries), tuple(self.skipped))
+
+
+def _read_csv(text: str, b: _Builder) -> None:
+    reader = csv.DictReader(io.StringIO(text))
+    if not reader.fieldnames or not {"submit_s", "task"} <= set(reader.fieldnames):
+        raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task")
+    for lineno, row in enumerate(reader, start=2):
+        fields = {k: v for k, v in row.items() if k not in ("submit_s", "task") and v not in (None, "")}
+        b.add(f"line {lineno}", row["submit_s"], (row["task"] or "").strip(), fields)
+
+
+def _read_script(text: str, b: _Builder) -> None:
+    t = 0.0
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if words[0] == "sleep" and len(words) == 2:
+            try:
+                t += float(words[1])
+            except ValueError:
+                raise TraceError(f"{b.source}, line {lineno}: cannot read {line!r}") from None
+        elif (match := _SUBMIT_RE.search(line)) and "submit" in line:
+            name = Path(match.group(1)).name.removesuffix(".rad")
+            b.add(f"line {lineno}", t, name)
+        else:
+            raise TraceError(f"{b.source}, line {lineno}: expected 'sleep N' or a submit.py --task line")
+
+
+def _read_yaml(text: str, b: _Builder) -> str | None:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise TraceError(f"{b.source}: not valid YAML ({err})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), list):
+        raise TraceError(f"{b.source}: a YAML trace needs a 'tasks' list")
+    definitions = doc.get("workloads") or {}
+    if not isinstance(definitions, dict):
+        raise TraceError(f"{b.source}: 'workloads' must map task names to their fields")
+    for name, fields in definitions.items():
+        try:
+            parsed = {k: _FIELD_PARSERS[k](v) for k, v in (fields or {}).items() if k in _FIELD_PARSERS}
+            b.catalog = b.catalog.with_workloads({name: define_workload(name, {**fields, **parsed}, b.catalog)})
+        except (ValueError, TypeError) as err:
+            raise TraceError(f"{b.source}, workload {name!r}: {err}") from None
+    for i, item in enumerate(doc["tasks"], start=1):
+        where = f"task {i}"
+        if not isinstance(item, dict) or "task" not in item or "at" not in item:
+            raise TraceError(f"{b.source}, {where}: each task needs 'at' (seconds) and 'task' (a name)")
+        repeat, every = item.get("repeat", 1), item.get("every", 0)
+        if not isinstance(repeat, int) or repeat < 1 or not isinstance(every, int | float) or every < 0:
+            raise TraceError(f"{b.source}, {where}: 'repeat' must be a positive integer, 'every' >= 0")
+        try:
+            start = float(item["at"])
+        except (TypeError, ValueError):
+            raise TraceError(f"{b.source}, {where}: 'at' must be a number of seconds") from None
+        for k in range(repeat):
+            b.add(where, start + k * every, str(item["task"]))
+    return doc.get("name")
+
+
+def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
+    """Load a built-in trace by name or a trace file in any supported format."""
+    if ref in BUILTIN_TRACES:
+        path, name = data_file(BUILTIN_TRACES[ref]), ref
+    else:
+        path, name = Path(ref), Path(ref).stem
+        if not path.is_file():
+            known = ", ".join(BUILTIN_TRACES)
+            raise TraceError(f"no trace file {ref!r} (built-in traces: {known})")
+    text = path.read_text()
+    b = _Builder(path.name, catalog, skip_unknown)
+    if path.suffix in (".yaml", ".yml"):
+        name = _read_yaml(text, b) or name
+    elif path.suffix == ".csv":
+        _read_csv(text, b)
+    else:
+        _read_script(text, b)
+    return b.build(name)
