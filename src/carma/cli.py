@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from carma import __version__
 from carma.config import ConfigError, load_config
@@ -31,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console(width=None if sys.stdout.isatty() else 200)  # pipes and CI logs get whole rows
-err = Console(stderr=True)
+err = Console(stderr=True, highlight=False)
 
 
 class UsageError(Exception):
@@ -39,7 +40,8 @@ class UsageError(Exception):
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Report a user mistake as one plain line (never wrapped, never read as markup)."""
+    err.print(Text("error: ", style="bold red") + Text(" ".join(message.split())), soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -58,14 +60,19 @@ def _twin_config(config_path: Path | None, gpus: str | None, sharing: str | None
     return twin
 
 
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    """carma: a collocation-aware GPU resource manager for deep-learning training."""
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         out.print(f"carma {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    """carma: a collocation-aware GPU resource manager for deep-learning training."""
 
 
 @app.command("simulate")
@@ -89,7 +96,7 @@ def simulate_cmd(
     skip_unknown: Annotated[
         bool, typer.Option("--skip-unknown", help="Leave out trace entries of unknown tasks.")
     ] = False,
-    jobs: Annotated[int | None, typer.Option(help="Parallel processes for a sweep (default: CPUs).")] = None,
+    jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
     config: Annotated[Path | None, typer.Option(help="TOML configuration file.")] = None,
 ) -> None:
     """Run a trace through the digital twin of a GPU server."""
@@ -104,17 +111,17 @@ def simulate_cmd(
             results = _run_sweep(loaded, twin, jobs, quiet=as_json)
         else:
             chosen = Policy(_choice(policy, [p.value for p in Policy], "--policy")) if policy else None
-            run = RunConfig(
-                chosen or twin.scheduler.policy, _choice(memory, MEMORY_MODES, "--memory"), not no_risk_filter
-            )
+            risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
+            run = RunConfig(chosen or twin.scheduler.policy, _choice(memory, MEMORY_MODES, "--memory"), risk_filter)
             results = [simulate(loaded, run, twin)]
+        rows = sweep_rows(results) if sweep_all else [r.row() for r in results]
         if csv_path:
-            write_csv(sweep_rows(results), csv_path)
+            write_csv(rows, csv_path)
         charts = plot_sweep(results, plot) if plot else []
     except (UsageError, ConfigError, TraceError, SpecError, PlotsUnavailable, ValueError) as e:
         raise _fail(str(e)) from None
     if as_json:
-        print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": sweep_rows(results)}))
+        print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))
         return
     title = f"trace {loaded.name}: {len(loaded.entries)} tasks on {_server_name(results[0])}"
     if sweep_all:
@@ -133,7 +140,7 @@ def _server_name(result: RunResult) -> str:
     return ", ".join(f"{n}x{name}" for name, n in counts.items())
 
 
-def _run_sweep(trace, twin: TwinConfig, jobs: int | None, quiet: bool) -> list[RunResult]:
+def _run_sweep(trace, twin: TwinConfig, jobs: int, quiet: bool) -> list[RunResult]:
     columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True, disable=quiet or not sys.stderr.isatty()) as bar:
         task = bar.add_task("sweep", total=len(PAPER_SWEEP))

@@ -44,39 +44,61 @@ class Config:
     twin: TwinConfig = field(default_factory=TwinConfig)
 
 
-def _take(table: dict[str, Any], allowed: set[str], where: str) -> dict[str, Any]:
-    unknown = set(table) - allowed
+_TWIN_KEYS = {"gpus": "", "sharing": "", "fragmentation": 0.0, "power_exponent": 0.0}
+
+
+def _expected(default: object) -> tuple[tuple[type, ...], str]:
+    """The types a key takes, judged from its default, and how to name them."""
+    if isinstance(default, bool):
+        return (bool,), "true or false"
+    if isinstance(default, str):  # the Policy enum too
+        return (str,), "a string"
+    if isinstance(default, float):
+        return (int, float), "a number"
+    return (int,), "an integer"
+
+
+def _section(table: object, defaults: dict[str, object], where: str) -> dict[str, Any]:
+    """A table's keys, each known and of its default's type; sub-tables are left to the caller."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table, not {table!r}")
+    unknown = set(table) - set(defaults)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    for key, value in table.items():
+        if isinstance(defaults[key], dict):
+            continue  # a sub-table, checked when it is read
+        expected, kind = _expected(defaults[key])
+        if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
+            raise ConfigError(f"{where}: {key} must be {kind}, not {value!r}")
     return dict(table)
 
 
-def _names(cls: type) -> set[str]:
-    return {f.name for f in fields(cls)}
+def _defaults(obj: object) -> dict[str, object]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
-    top = _take(doc, {"scheduler", "twin"}, source)
-    sched = _take(top.get("scheduler", {}), _names(SchedulerConfig), f"{source} [scheduler]")
-    risk = _take(sched.pop("risk", {}), _names(RiskConfig), f"{source} [scheduler.risk]")
-    twin = _take(top.get("twin", {}), {"gpus", "sharing", "fragmentation", "power_exponent"}, f"{source} [twin]")
+    top = _section(doc, {"scheduler": {}, "twin": {}}, source)
+    sched = _section(top.get("scheduler", {}), _defaults(SchedulerConfig()) | {"risk": {}}, f"{source} [scheduler]")
+    risk_where = f"{source} [scheduler.risk]"
+    risk = _section(sched.pop("risk", {}), _defaults(RiskConfig()) | {"weights": {}}, risk_where)
+    twin = _section(top.get("twin", {}), _TWIN_KEYS, f"{source} [twin]")
+    weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), f"{source} [scheduler.risk.weights]")
     try:
-        if "weights" in risk:
-            weights = _take(risk["weights"], _names(RiskWeights), f"{source} [scheduler.risk.weights]")
-            risk["weights"] = RiskWeights(**weights)
         if "policy" in sched:
             sched["policy"] = Policy(sched["policy"])
-        scheduler = SchedulerConfig(**sched, risk=RiskConfig(**risk))
+        scheduler = SchedulerConfig(**sched, risk=RiskConfig(**risk, weights=RiskWeights(**weights)))
         twin_args: dict[str, Any] = {"scheduler": scheduler}
         if "gpus" in twin:
             twin_args["gpus"] = parse_gpus(twin["gpus"])
         if "power_exponent" in twin:
-            twin_args["power"] = PowerModel(exponent=float(twin["power_exponent"]))
+            twin_args["power"] = PowerModel(exponent=twin["power_exponent"])
         for key in ("sharing", "fragmentation"):
             if key in twin:
                 twin_args[key] = twin[key]
         return Config(scheduler, TwinConfig(**twin_args))
-    except (TypeError, ValueError) as err:
+    except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS_BYTES = {
@@ -29,6 +30,6 @@ def parse_mib(text: str | int | float) -> int:
         value, unit = float(match.group(1)), (match.group(2).lower() or "m")
     if unit not in _UNITS_BYTES:
         raise ValueError(f"unknown memory unit {unit!r} in {text!r} (use B, KiB, MiB, GiB, TiB, KB, MB, GB)")
-    if value <= 0:
-        raise ValueError(f"memory size must be positive, got {text!r}")
-    return -(-int(value * _UNITS_BYTES[unit]) // 2**20)
+    if not 0 < value < math.inf:
+        raise ValueError(f"memory size must be positive and finite, got {text!r}")
+    return math.ceil(value * _UNITS_BYTES[unit] / 2**20)

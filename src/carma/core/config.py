@@ -44,6 +44,11 @@ class RiskConfig:
     drama: float = 0.40
     weights: RiskWeights = field(default_factory=RiskWeights)
 
+    def __post_init__(self) -> None:
+        for name in ("smact", "smocc", "drama"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"risk threshold {name} must be a fraction in [0, 1]")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:

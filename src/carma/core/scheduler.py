@@ -272,7 +272,7 @@ class Scheduler:
             self._ttfk.dispatched(g, task.id, now)
         attempt = Attempt(
             number=len(task.attempts) + 1,
-            gpus=tuple(gpus),
+            gpus=tuple(sorted(gpus)),
             dispatched_s=now,
             exclusive=not shared,
             recovery=recovery,

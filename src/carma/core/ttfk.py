@@ -39,10 +39,6 @@ class TtfkTable:
         for entries in self._entries.values():
             entries.pop(task, None)
 
-    def awaiting(self, gpu: int, task: TaskId) -> bool:
-        entry = self._entries[gpu].get(task)
-        return entry is not None and entry.first_kernel_s is None
-
     def valid(self, gpu: int, now: float) -> bool:
         """Whether `gpu` may take another task now; expired entries are dropped on the way."""
         entries = self._entries[gpu]
@@ -53,9 +49,6 @@ class TtfkTable:
                 return False
             del entries[task]
         return True
-
-    def awaiting_first_kernel(self, gpu: int) -> bool:
-        return any(e.first_kernel_s is None for e in self._entries[gpu].values())
 
     def next_expiry(self, now: float) -> float | None:
         """The earliest future moment a GPU becomes valid again by the passing of time alone."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -125,7 +124,7 @@ def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> Ru
     config = replace(
         twin.scheduler,
         policy=run.policy,
-        risk=replace(twin.scheduler.risk, enabled=run.risk_filter and twin.scheduler.risk.enabled),
+        risk=replace(twin.scheduler.risk, enabled=run.risk_filter),
     )
     workloads = {e.workload.name: e.workload for e in trace.entries}
     estimator = RecordedEstimator(run.memory, workloads) if run.memory in ESTIMATOR_COLUMNS else None
@@ -155,12 +154,12 @@ def sweep(
     trace: Trace,
     runs: Sequence[RunConfig] = PAPER_SWEEP,
     twin: TwinConfig | None = None,
-    jobs: int | None = None,
+    jobs: int = 1,
     progress: Callable[[RunResult], None] | None = None,
 ) -> list[RunResult]:
-    """Run every configuration (in parallel processes when jobs > 1); results keep the given order."""
+    """Run every configuration, in `jobs` processes (worth it for long traces); results keep the given order."""
     twin = twin or TwinConfig()
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(runs)))
+    jobs = max(1, min(jobs, len(runs)))
     work = [(trace, run, twin) for run in runs]
     results: list[RunResult] = []
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else nullcontext() as pool:

@@ -57,5 +57,9 @@ class PowerModel:
 
     exponent: float = 0.6
 
+    def __post_init__(self) -> None:
+        if self.exponent <= 0:
+            raise ValueError("power exponent must be positive")
+
     def power_w(self, gpu: GpuType, smact: float) -> float:
         return gpu.idle_w + (gpu.max_w - gpu.idle_w) * min(1.0, smact) ** self.exponent

@@ -156,7 +156,7 @@ class TwinServer:
                 self._first_kernel(payload)
             else:
                 self._finish(payload)
-            self._tick_at(math.ceil(t / self._interval - 1e-9) * self._interval)
+            self._tick_at(self._next_grid(t))
         stuck = [t for t in self.loop.scheduler.tasks if not t.terminal]
         if stuck:
             names = ", ".join(f"{t.id}:{t.spec.name}({t.state})" for t in stuck[:5])
@@ -176,6 +176,10 @@ class TwinServer:
         self._seq += 1
         heapq.heappush(self._events, (t, kind, self._seq, payload, version))
 
+    def _next_grid(self, t: float) -> float:
+        """The first loop instant on the 1 Hz grid at or after `t` (never before: no decision in the past)."""
+        return max(t, math.ceil(t / self._interval) * self._interval)
+
     def _tick_at(self, t: float) -> None:
         if t not in self._ticks:
             self._ticks.add(t)
@@ -191,7 +195,7 @@ class TwinServer:
             return
         timer = sched.next_timer(self._now)
         if timer is not None:
-            self._tick_at(math.ceil(timer / self._interval - 1e-9) * self._interval)
+            self._tick_at(self._next_grid(timer))
 
     def _submit(self, workload: Workload) -> None:
         mem = workload.mem_mib if self._oracle_memory else None
@@ -229,7 +233,7 @@ class TwinServer:
             for g in sim.gpus:
                 del self._gpus[g].allocated[task_id]
             self._reschedule(sim.gpus)
-        self._tick_at(math.ceil(self._now / self._interval - 1e-9) * self._interval)
+        self._tick_at(self._next_grid(self._now))
 
     # ----------------------------------------------------------------- the GPU model
 

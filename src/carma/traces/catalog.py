@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import csv
+import math
 import statistics
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
+
+from carma.units import parse_mib
 
 ESTIMATOR_COLUMNS = {"horus": "horus_mib", "faketensor": "faketensor_mib", "gpumemnet": "gpumemnet_mib"}
 PROFILE_FIELDS = ("smact", "smocc", "drama", "ttfk_s")
@@ -37,14 +41,16 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
-            raise ValueError(f"workload {self.name!r}: gpus must be at least 1")
-        if self.solo_s <= 0 or self.mem_mib <= 0:
-            raise ValueError(f"workload {self.name!r}: solo time and memory must be positive")
+            raise ValueError("gpus must be at least 1")
+        if not (0 < self.solo_s < math.inf and self.mem_mib > 0):
+            raise ValueError("solo time and memory must be positive and finite")
         if not 0 <= self.ttfk_s < self.solo_s:
-            raise ValueError(f"workload {self.name!r}: time to first kernel must lie within its solo time")
+            raise ValueError(
+                f"time to first kernel ({self.ttfk_s:g} s) must be shorter than the solo time ({self.solo_s:g} s)"
+            )
         for metric in ("smact", "smocc", "drama"):
             if not 0.0 <= getattr(self, metric) <= 1.0:
-                raise ValueError(f"workload {self.name!r}: {metric} must be a fraction in [0, 1]")
+                raise ValueError(f"{metric} must be a fraction in [0, 1]")
 
 
 class Catalog(Mapping[str, Workload]):
@@ -109,20 +115,54 @@ def load_catalog(workloads_csv: Path | None = None, profiles_csv: Path | None = 
     return Catalog(workloads)
 
 
+def _whole(value: object) -> int:
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(f"not a whole number: {value!r}")
+    return int(number)
+
+
+FIELD_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "gpus": _whole,
+    "solo_s": float,
+    "mem_mib": parse_mib,
+    **dict.fromkeys(PROFILE_FIELDS, float),
+}
+
+
+def _parse_field(key: str, value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError(f"{key} must be a number, not {value!r}")
+    try:
+        return FIELD_PARSERS[key](value)
+    except (TypeError, ValueError) as err:
+        if key == "mem_mib":
+            raise
+        raise ValueError(f"{key} must be a number, not {value!r}") from err
+
+
 def define_workload(name: str, fields: Mapping[str, object], catalog: Catalog) -> Workload:
-    """A workload from user-given fields: overrides of a catalog task, or a new task with defaults.
+    """A workload from user-given fields (as text or numbers): overrides of a catalog task, or a new task.
 
     A new task must give `solo_s` and `mem_mib`; profile fields it leaves out take the catalog's typical
-    (median) profile.
+    (median) profile. Errors name the task once.
     """
-    unknown = set(fields) - {"gpus", "solo_s", "mem_mib", *PROFILE_FIELDS}
-    if unknown:
-        raise ValueError(f"task {name!r}: unknown field(s) {', '.join(sorted(unknown))}")
-    if name in catalog:
-        return replace(catalog[name], **fields)
-    missing = [f for f in ("solo_s", "mem_mib") if f not in fields]
-    if missing:
-        raise UnknownTaskError(
-            f"unknown task {name!r}: not in the workload catalog; define it with {' and '.join(missing)}"
-        )
-    return Workload(name=name, **{"gpus": 1, **catalog.typical_profile(), **fields})
+    if not fields:
+        return catalog[name]
+    unknown = set(fields) - set(FIELD_PARSERS)
+    try:
+        if unknown:
+            raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        parsed = {key: _parse_field(key, value) for key, value in fields.items()}
+        if name in catalog:
+            return replace(catalog[name], **parsed)
+        missing = [f for f in ("solo_s", "mem_mib") if f not in parsed]
+        if missing:
+            raise UnknownTaskError(
+                f"unknown task {name!r}: not in the workload catalog; define it with {' and '.join(missing)}"
+            )
+        return Workload(name=name, **{"gpus": 1, **catalog.typical_profile(), **parsed})
+    except UnknownTaskError:
+        raise
+    except ValueError as err:
+        raise ValueError(f"task {name!r}: {err}") from None

@@ -15,31 +15,18 @@ import csv
 import io
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from carma.traces.catalog import (
-    PROFILE_FIELDS,
-    Catalog,
-    UnknownTaskError,
-    Workload,
-    data_file,
-    define_workload,
-)
-from carma.units import parse_mib
+from carma.traces.catalog import Catalog, UnknownTaskError, Workload, data_file, define_workload
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
 
 _SUBMIT_RE = re.compile(r"--task\s+(\S+)")
-_FIELD_PARSERS: dict[str, Callable[[object], object]] = {
-    "gpus": int,
-    "solo_s": float,
-    "mem_mib": parse_mib,
-    **dict.fromkeys(PROFILE_FIELDS, float),
-}
+_TASK_KEYS = {"at", "task", "repeat", "every"}
 
 
 class TraceError(ValueError):
@@ -81,11 +68,7 @@ class _Builder:
         if t < 0:
             raise TraceError(f"{self.source}, {where}: submit time must not be negative, got {t}")
         try:
-            parsed = {k: _FIELD_PARSERS[k](v) for k, v in (fields or {}).items() if k in _FIELD_PARSERS}
-            extra = set(fields or {}) - set(_FIELD_PARSERS)
-            if extra:
-                raise ValueError(f"unknown field(s) {', '.join(sorted(extra))}")
-            workload = define_workload(name, parsed, self.catalog) if parsed else self.catalog[name]
+            workload = define_workload(name, fields or {}, self.catalog)
         except UnknownTaskError as err:
             if self.skip_unknown:
                 self.skipped.append(name)
@@ -107,6 +90,8 @@ def _read_csv(text: str, b: _Builder) -> None:
     if not reader.fieldnames or not {"submit_s", "task"} <= set(reader.fieldnames):
         raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task")
     for lineno, row in enumerate(reader, start=2):
+        if None in row:
+            raise TraceError(f"{b.source}, line {lineno}: more values than the header has columns")
         fields = {k: v for k, v in row.items() if k not in ("submit_s", "task") and v not in (None, "")}
         b.add(f"line {lineno}", row["submit_s"], (row["task"] or "").strip(), fields)
 
@@ -134,24 +119,37 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise TraceError(f"{b.source}: not valid YAML ({err})") from None
+        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+        detail = f"line {mark.line + 1}: {problem}" if mark and problem else " ".join(str(err).split())
+        raise TraceError(f"{b.source}: not valid YAML ({detail})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), list):
         raise TraceError(f"{b.source}: a YAML trace needs a 'tasks' list")
     definitions = doc.get("workloads") or {}
     if not isinstance(definitions, dict):
         raise TraceError(f"{b.source}: 'workloads' must map task names to their fields")
     for name, fields in definitions.items():
+        if not isinstance(fields, dict | None):
+            raise TraceError(f"{b.source}, workloads: task {name!r} needs a mapping of fields, not {fields!r}")
         try:
-            parsed = {k: _FIELD_PARSERS[k](v) for k, v in (fields or {}).items() if k in _FIELD_PARSERS}
-            b.catalog = b.catalog.with_workloads({name: define_workload(name, {**fields, **parsed}, b.catalog)})
-        except (ValueError, TypeError) as err:
-            raise TraceError(f"{b.source}, workload {name!r}: {err}") from None
+            b.catalog = b.catalog.with_workloads({str(name): define_workload(str(name), fields or {}, b.catalog)})
+        except (ValueError, UnknownTaskError) as err:  # a definition too thin is an error, even with skipping
+            raise TraceError(f"{b.source}, workloads: {err}") from None
     for i, item in enumerate(doc["tasks"], start=1):
         where = f"task {i}"
         if not isinstance(item, dict) or "task" not in item or "at" not in item:
             raise TraceError(f"{b.source}, {where}: each task needs 'at' (seconds) and 'task' (a name)")
+        unknown = set(item) - _TASK_KEYS
+        if unknown:
+            raise TraceError(f"{b.source}, {where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
         repeat, every = item.get("repeat", 1), item.get("every", 0)
-        if not isinstance(repeat, int) or repeat < 1 or not isinstance(every, int | float) or every < 0:
+        if (
+            isinstance(repeat, bool)
+            or not isinstance(repeat, int)
+            or repeat < 1
+            or isinstance(every, bool)
+            or not isinstance(every, int | float)
+            or every < 0
+        ):
             raise TraceError(f"{b.source}, {where}: 'repeat' must be a positive integer, 'every' >= 0")
         try:
             start = float(item["at"])
@@ -173,9 +171,10 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
             raise TraceError(f"no trace file {ref!r} (built-in traces: {known})")
     text = path.read_text()
     b = _Builder(path.name, catalog, skip_unknown)
-    if path.suffix in (".yaml", ".yml"):
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
         name = _read_yaml(text, b) or name
-    elif path.suffix == ".csv":
+    elif suffix == ".csv":
         _read_csv(text, b)
     else:
         _read_script(text, b)

@@ -1,0 +1,76 @@
+"""A hand-driven world for scheduler tests: set GPU loads, advance time, report first kernels and exits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
+from carma.core.memory import Estimator
+from carma.core.types import Launch, Task
+
+TOTAL_MIB = 40960
+OOM_LOG = "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+
+@dataclass
+class Load:
+    used_mib: int = 0
+    smact: float = 0.0
+    smocc: float = 0.0
+    drama: float = 0.0
+
+
+class Bench:
+    def __init__(
+        self,
+        gpus: int = 3,
+        total_mib: int = TOTAL_MIB,
+        estimator: Estimator | None = None,
+        **config: object,
+    ) -> None:
+        infos = [GpuInfo(i, "A100-40GB", total_mib) for i in range(gpus)]
+        self.sched = Scheduler(infos, SchedulerConfig(**config), estimator)
+        self.total_mib = total_mib
+        self.t = 0.0
+        self.loads = {i: Load() for i in range(gpus)}
+        self.seen: dict[int, set[int]] = {i: set() for i in range(gpus)}
+        self.sample()
+
+    def set(self, gpu: int, **values: float) -> None:
+        for key, value in values.items():
+            setattr(self.loads[gpu], key, value)
+
+    def sample(self) -> None:
+        for gpu, load in self.loads.items():
+            self.sched.record_sample(
+                GpuSample(gpu, self.t, load.used_mib, self.total_mib, load.smact, load.smocc, load.drama)
+            )
+
+    def advance(self, seconds: int) -> None:
+        """Let time pass with one sample per GPU per second."""
+        for _ in range(seconds):
+            self.t += 1
+            self.sample()
+
+    def submit(self, name: str = "task", gpus: int = 1, mem_mib: int | None = None) -> Task:
+        return self.sched.submit(TaskSpec(name, gpus, mem_mib), self.t)
+
+    def decide(self) -> list[Launch]:
+        return self.sched.decide(self.t)
+
+    def placed(self) -> dict[int, tuple[int, ...]]:
+        """Decide now; map of task id to its GPUs."""
+        return {launch.task_id: launch.gpus for launch in self.decide()}
+
+    def first_kernel(self, task_id: int) -> None:
+        for gpu in self.sched.task(task_id).current.gpus:
+            self.seen[gpu].add(task_id)
+            self.sched.record_gpu_processes(gpu, self.seen[gpu], 0, self.t)
+
+    def exit(self, task_id: int, code: int = 0, log: str = "") -> object:
+        for seen in self.seen.values():
+            seen.discard(task_id)
+        return self.sched.record_exit(task_id, ProcessExit(code, log), self.t)
+
+    def oom(self, task_id: int) -> object:
+        return self.exit(task_id, 1, OOM_LOG)

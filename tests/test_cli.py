@@ -1,0 +1,312 @@
+"""The `carma` command end to end: the installed console script run in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import carma
+from carma.sim.experiment import PAPER_SWEEP
+
+RUN_FIELDS = {
+    "config", "policy", "memory", "risk_filter",
+    "makespan_s", "energy_mj", "oom_crashes", "wait_p95_s", "exec_p95_s", "jct_p95_s", "jct_mean_s",
+    "smact_mean", "smocc_mean", "drama_mean", "mem_used_mean_mib", "tasks_completed", "tasks_failed",
+}  # fmt: skip
+COMPARED = ("makespan_s", "energy_mj", "jct_p95_s", "wait_p95_s", "exec_p95_s", "smact_mean", "smocc_mean",
+            "mem_used_mean_mib")  # fmt: skip
+CHANGE_FIELDS = {f"{key}_change_pct" for key in COMPARED}
+SWEEP_LABELS = [c.label for c in PAPER_SWEEP]  # the literal list is checked in test_experiments
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Variables that would make rich's output depend on the terminal the tests run from.
+_TERMINAL_VARIABLES = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE"}
+
+
+def _carma_executable() -> str:
+    beside_python = Path(sys.executable).parent / "carma"
+    found = str(beside_python) if beside_python.exists() else shutil.which("carma")
+    assert found, "the `carma` console script is not installed (pip install -e .)"
+    return found
+
+
+CARMA = _carma_executable()
+
+
+def run_carma(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_VARIABLES}
+    return subprocess.run(
+        [CARMA, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=300
+    )
+
+
+def run_json(*args: object) -> dict:
+    result = run_carma("simulate", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def unwrapped(text: str) -> str:
+    """The text with its line breaks and runs of spaces collapsed (rich wraps long lines)."""
+    return " ".join(text.split())
+
+
+@pytest.fixture(scope="module")
+def default_run() -> dict:
+    return run_json("--trace", "carma-t1", "--policy", "magm", "--memory", "none")
+
+
+@pytest.fixture(scope="module")
+def sweep_json() -> dict:
+    return run_json("--sweep", "--jobs", "1")
+
+
+@pytest.fixture(scope="module")
+def sweep_outputs(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """A human-readable sweep that also writes a CSV and charts (in parallel processes)."""
+    out = tmp_path_factory.mktemp("sweep")
+    result = run_carma("simulate", "--sweep", "--jobs", "2", "--csv", "results/sweep.csv", "--plot", "plots", cwd=out)
+    return result, out / "results" / "sweep.csv", out / "plots"
+
+
+# --- results -----------------------------------------------------------------------------------------
+
+
+def test_simulate_json_holds_one_run_with_the_documented_fields(default_run):
+    assert set(default_run) == {"trace", "gpus", "runs"}
+    assert default_run["trace"] == "carma-t1"
+    assert default_run["gpus"] == ["A100-40GB"] * 3
+    [run] = default_run["runs"]
+    assert set(run) == RUN_FIELDS
+    assert (run["config"], run["policy"], run["memory"], run["risk_filter"]) == (
+        "MAGM recovery only",
+        "magm",
+        "none",
+        True,
+    )
+    assert run["tasks_completed"] + run["tasks_failed"] == 60
+    assert run["makespan_s"] > 0 and run["energy_mj"] > 0
+    assert 0 < run["smact_mean"] <= 1
+
+
+def test_simulate_defaults_are_trace_1_and_magm(default_run):
+    assert run_json() == default_run
+
+
+def test_a_single_exclusive_run_has_the_same_fields_as_any_run():
+    [run] = run_json("--policy", "exclusive")["runs"]
+    assert set(run) == RUN_FIELDS
+
+
+def test_sweep_json_runs_the_papers_15_configurations_against_exclusive(sweep_json):
+    runs = sweep_json["runs"]
+    assert [r["config"] for r in runs] == SWEEP_LABELS
+    assert all(set(r) == RUN_FIELDS | CHANGE_FIELDS for r in runs)
+    base, *others = runs
+    assert all(base[field] == 0.0 for field in CHANGE_FIELDS)
+    for run in others:
+        assert run["makespan_s_change_pct"] < 0, run["config"]
+        expected = round(100 * (run["makespan_s"] - base["makespan_s"]) / base["makespan_s"], 1)
+        assert run["makespan_s_change_pct"] == pytest.approx(expected, abs=0.051), run["config"]
+
+
+def test_sweep_table_csv_and_charts(sweep_outputs, sweep_json):
+    result, csv_path, plots = sweep_outputs
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    for label in SWEEP_LABELS:
+        assert f"│ {label} " in result.stdout
+    assert "wrote results/sweep.csv" in result.stdout
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 15
+    # the parallel sweep's CSV holds exactly the serial sweep's JSON figures
+    as_text = [{k: "" if v is None else str(v) for k, v in run.items()} for run in sweep_json["runs"]]
+    assert rows == as_text
+
+    charts = sorted(plots.glob("*.png"))
+    assert [p.name for p in charts] == ["makespan_energy.png", "timeline_magm_vs_exclusive.png"]
+    for chart in charts:
+        assert chart.read_bytes().startswith(PNG_MAGIC)
+        assert f"wrote plots/{chart.name}" in result.stdout
+
+
+def test_single_run_table():
+    result = run_carma("simulate", "--trace", "carma-t1")
+    assert result.returncode == 0, result.stderr
+    text = unwrapped(result.stdout)
+    assert "trace carma-t1: 60 tasks on 3xA100-40GB, MAGM recovery only" in text
+    for row in ("makespan", "energy", "OOM crashes", "tasks completed / failed", "JCT mean / p95"):
+        assert row in result.stdout
+
+
+# --- options -----------------------------------------------------------------------------------------
+
+
+def test_no_risk_filter_switches_the_filter_off(default_run):
+    [run] = run_json("--no-risk-filter")["runs"]
+    [default] = default_run["runs"]
+    assert (run["config"], run["risk_filter"]) == ("MAGM recovery only, no risk filter", False)
+    assert run["makespan_s"] != default["makespan_s"]
+
+
+def test_gpus_option_sets_the_simulated_server():
+    result = run_json("--gpus", "2xA100-80GB")
+    assert result["gpus"] == ["A100-80GB"] * 2
+    assert result["runs"][0]["tasks_completed"] == 60
+
+
+def test_mixed_gpus():
+    assert run_json("--gpus", "1xH200-141GB, 2xA100-40GB")["gpus"] == ["H200-141GB", "A100-40GB", "A100-40GB"]
+
+
+def test_time_slicing_slows_collocated_tasks_down(default_run):
+    [timeslice] = run_json("--sharing", "timeslice")["runs"]
+    [mps] = default_run["runs"]
+    assert timeslice["makespan_s"] > mps["makespan_s"]
+    assert timeslice["smact_mean"] < mps["smact_mean"]
+
+
+def test_config_file_sets_defaults_and_options_override_it(tmp_path):
+    config = tmp_path / "carma.toml"
+    config.write_text('[scheduler]\npolicy = "lug"\n\n[twin]\ngpus = "2xA100-80GB"\n')
+    from_config = run_json("--config", config)
+    assert (from_config["runs"][0]["policy"], from_config["gpus"]) == ("lug", ["A100-80GB"] * 2)
+    overridden = run_json("--config", config, "--policy", "rr", "--gpus", "2xH100-80GB")
+    assert (overridden["runs"][0]["policy"], overridden["gpus"]) == ("rr", ["H100-80GB"] * 2)
+
+
+def test_a_risk_filter_switched_off_in_the_config_is_reported_as_off(tmp_path):
+    config = tmp_path / "carma.toml"
+    config.write_text("[scheduler.risk]\nenabled = false\n")
+    [run] = run_json("--config", config)["runs"]
+    assert (run["config"], run["risk_filter"]) == ("MAGM recovery only, no risk filter", False)
+
+
+def test_a_trace_file_in_yaml(tmp_path):
+    trace = tmp_path / "mine.yaml"
+    trace.write_text("name: two-vggs\ntasks:\n  - {at: 0, task: vgg, repeat: 2, every: 60}\n")
+    result = run_json("--trace", trace)
+    assert result["trace"] == "two-vggs"
+    assert result["runs"][0]["tasks_completed"] == 2
+
+
+def test_skip_unknown_runs_the_rest_and_reports_the_skipped_names():
+    result = run_carma("simulate", "--trace", "carma-heavy60", "--skip-unknown", "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "skipped 7 entries of unknown tasks: mnist_train (x7)\n"
+    run = json.loads(result.stdout)["runs"][0]
+    assert run["tasks_completed"] + run["tasks_failed"] == 53
+
+
+# --- errors ------------------------------------------------------------------------------------------
+
+
+def test_a_two_gpu_task_on_a_one_gpu_server_is_a_one_line_error():
+    result = run_carma("simulate", "--trace", "carma-t1", "--gpus", "1xA100-40GB")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == "error: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1\n"
+
+
+BAD_FILES = {
+    "negative.csv": "submit_s,task\n-1,vgg\n",
+    "invalid.toml": "[scheduler\n",
+    "unknown-key.toml": "[twin]\ngpu = '1xA100-80GB'\n",
+    "risk-typo.toml": "[scheduler.risk]\nsmactt = 0.8\n",
+    "bad-policy.toml": "[scheduler]\npolicy = 'fast'\n",
+    "bad-weights.toml": "[scheduler.risk.weights]\nmean = 0.5\n",
+}
+
+
+@pytest.fixture
+def in_dir_with_bad_files(tmp_path):
+    """Runs `carma simulate ARGS` in a directory holding BAD_FILES."""
+    for name, text in BAD_FILES.items():
+        (tmp_path / name).write_text(text)
+    return lambda *args: run_carma("simulate", *args, cwd=tmp_path)
+
+
+SWEEP_ONLY = "--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter"
+BAD_INPUTS = {
+    "policy": (["--policy", "fastest"], "--policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fastest'"),
+    "memory": (
+        ["--memory", "guess"],
+        "--memory must be one of none, oracle, horus, faketensor, gpumemnet; got 'guess'",
+    ),
+    "trace-name": (
+        ["--trace", "carma-t2"],
+        "no trace file 'carma-t2' (built-in traces: carma-t1, carma-heavy60, carma-mix90)",
+    ),
+    "gpu-type": (
+        ["--gpus", "3xB200"],
+        "unknown GPU type 'B200' (known: A100-40GB, A100-80GB, H100-80GB, H200-141GB, V100-32GB)",
+    ),
+    "gpus-unparsable": (["--gpus", "three A100"], "cannot read GPU group 'three A100'; write e.g. 3xA100-40GB"),
+    "gpus-zero": (["--gpus", "0xA100-40GB"], "GPU count must be at least 1 in '0xA100-40GB'"),
+    "sharing": (["--sharing", "mig"], "--sharing must be one of mps, timeslice; got 'mig'"),
+    "unknown-task": (
+        ["--trace", "carma-heavy60"],
+        "heavy60.csv, line 4: unknown task 'mnist_train': it is not in the workload catalog "
+        "(use --skip-unknown to leave it out)",
+    ),
+    "bad-trace-file": (["--trace", "negative.csv"], "negative.csv, line 2: submit time must not be negative"),
+    "sweep-policy": (["--sweep", "--policy", "magm"], SWEEP_ONLY),
+    "sweep-memory": (["--sweep", "--memory", "oracle"], SWEEP_ONLY),
+    "sweep-risk": (["--sweep", "--no-risk-filter"], SWEEP_ONLY),
+    "config-missing": (["--config", "missing.toml"], "no config file 'missing.toml'"),
+    "config-invalid": (["--config", "invalid.toml"], "invalid.toml: not valid TOML ("),
+    "config-key": (["--config", "unknown-key.toml"], "unknown key(s) gpu"),
+    "config-value": (["--config", "bad-policy.toml"], "bad-policy.toml: 'fast' is not a valid Policy"),
+    "config-weights": (["--config", "bad-weights.toml"], "risk weights must be non-negative and sum to 1"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_is_an_error_line_with_exit_code_2(in_dir_with_bad_files, args, message):
+    result = in_dir_with_bad_files(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
+    assert unwrapped(result.stderr).count("error:") == 1
+    assert message in unwrapped(result.stderr)
+
+
+def test_an_unknown_option_is_a_usage_error():
+    result = run_carma("simulate", "--polcy", "rr")
+    assert result.returncode == 2
+    assert "No such option: --polcy" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_long_error_message_stays_on_one_line():
+    result = run_carma("simulate", "--trace", "carma-heavy60")
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "risk-typo.toml"], "risk-typo.toml [scheduler.risk]: unknown key(s) smactt"),
+        (["--trace", "runs[/x].csv"], "no trace file 'runs[/x].csv'"),
+    ],
+)
+def test_error_messages_are_printed_verbatim(in_dir_with_bad_files, args, message):
+    result = in_dir_with_bad_files(*args)
+    assert result.returncode == 2
+    assert message in unwrapped(result.stderr)
+
+
+def test_version():
+    result = run_carma("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"carma {carma.__version__}\n"

@@ -1,0 +1,169 @@
+"""carma's TOML configuration file: the paper's defaults, overrides, and errors that name their section."""
+
+from __future__ import annotations
+
+import pytest
+
+from carma.config import Config, ConfigError, load_config, parse_config
+from carma.core.config import Policy, RiskWeights
+from carma.sim.gpus import parse_gpus
+
+
+@pytest.fixture
+def toml_file(tmp_path):
+    def _write(text: str):
+        path = tmp_path / "carma.toml"
+        path.write_text(text)
+        return path
+
+    return _write
+
+
+@pytest.mark.parametrize(
+    "make_config", [Config, lambda: parse_config({}), lambda: load_config(None)], ids=["class", "empty", "no-file"]
+)
+def test_defaults_are_the_papers(make_config):
+    config = make_config()
+    s = config.scheduler
+    assert s.policy is Policy.MAGM
+    assert (s.window_samples, s.margin_mib, s.min_free_mib, s.reserve_mib) == (30, 2048, 2048, 512)
+    assert s.risk.enabled
+    assert (s.risk.smact, s.risk.smocc, s.risk.drama) == (0.80, 0.45, 0.40)
+    w = s.risk.weights
+    assert (w.mean, w.median, w.p95, w.ema) == (0.2, 0.3, 0.3, 0.2)
+    assert config.twin.gpus == parse_gpus("3xA100-40GB")
+    assert config.twin.sharing == "mps"
+    assert config.twin.scheduler == s
+
+
+def test_an_empty_file_gives_the_defaults(toml_file):
+    assert load_config(toml_file("# nothing to change\n")) == Config()
+
+
+def test_overrides_of_every_section(toml_file):
+    config = load_config(
+        toml_file(
+            """
+            [scheduler]
+            policy = "lug"
+            window_samples = 10
+            margin_mib = 1024
+            min_free_mib = 4096
+            reserve_mib = 0
+
+            [scheduler.risk]
+            enabled = false
+            smact = 0.9
+            smocc = 0.5
+            drama = 0.6
+            weights = { mean = 0.4, median = 0.1, p95 = 0.5, ema = 0.0 }
+
+            [twin]
+            gpus = "2xA100-80GB"
+            sharing = "timeslice"
+            fragmentation = 0.1
+            power_exponent = 0.8
+            """
+        )
+    )
+    s = config.scheduler
+    assert s.policy is Policy.LUG
+    assert (s.window_samples, s.margin_mib, s.min_free_mib, s.reserve_mib) == (10, 1024, 4096, 0)
+    assert not s.risk.enabled
+    assert (s.risk.smact, s.risk.smocc, s.risk.drama) == (0.9, 0.5, 0.6)
+    assert s.risk.weights == RiskWeights(mean=0.4, median=0.1, p95=0.5, ema=0.0)
+    twin = config.twin
+    assert [g.name for g in twin.gpus] == ["A100-80GB", "A100-80GB"]
+    assert (twin.sharing, twin.fragmentation, twin.power.exponent) == ("timeslice", 0.1, 0.8)
+    assert twin.scheduler == s  # runs start from the configured scheduler
+
+
+def test_a_partial_override_keeps_the_other_defaults():
+    config = parse_config({"scheduler": {"risk": {"smact": 0.7}}, "twin": {"sharing": "timeslice"}})
+    assert config.scheduler.risk.smact == 0.7
+    assert config.scheduler.risk.smocc == 0.45
+    assert config.scheduler.risk.weights == RiskWeights()
+    assert config.scheduler.policy is Policy.MAGM
+    assert config.twin.gpus == parse_gpus("3xA100-40GB")
+    assert config.twin.power.exponent == 0.6
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"schedular": {}}, "carma.toml: unknown key(s) schedular"),
+        ({"scheduler": {"polcy": "rr"}}, "carma.toml [scheduler]: unknown key(s) polcy"),
+        ({"scheduler": {"risk": {"smactt": 0.8}}}, "carma.toml [scheduler.risk]: unknown key(s) smactt"),
+        (
+            {"scheduler": {"risk": {"weights": {"mean": 0.5, "p50": 0.5}}}},
+            "carma.toml [scheduler.risk.weights]: unknown key(s) p50",
+        ),
+        ({"twin": {"gpu": "2xA100-80GB", "power": 1}}, "carma.toml [twin]: unknown key(s) gpu, power"),
+    ],
+)
+def test_unknown_keys_name_their_section(doc, message):
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config(doc, "carma.toml")
+    assert str(excinfo.value) == message
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [{"mean": 0.5}, {"mean": 0.25, "median": 0.25, "p95": 0.25, "ema": 0.5}, {"mean": -0.2, "median": 0.7}],
+)
+def test_weights_must_sum_to_one(weights):
+    with pytest.raises(ConfigError, match=r"^carma\.toml: risk weights must be non-negative and sum to 1"):
+        parse_config({"scheduler": {"risk": {"weights": weights}}}, "carma.toml")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"scheduler": {"policy": "fastest"}}, "fastest"),
+        ({"scheduler": {"window_samples": 0}}, "window_samples must be at least 1"),
+        ({"scheduler": {"margin_mib": -1}}, "margin_mib must not be negative"),
+        ({"twin": {"gpus": "3xB200"}}, "unknown GPU type 'B200'"),
+        ({"twin": {"sharing": "mig"}}, "unknown sharing mode 'mig'"),
+        ({"twin": {"fragmentation": 1.0}}, "fragmentation allowance must be a fraction in [0, 1)"),
+        ({"twin": {"power_exponent": "steep"}}, "[twin]: power_exponent must be a number, not 'steep'"),
+        ({"scheduler": {"window_samples": "30"}}, "[scheduler]: window_samples must be an integer, not '30'"),
+        ({"scheduler": {"margin_mib": True}}, "[scheduler]: margin_mib must be an integer, not True"),
+        ({"scheduler": {"risk": {"enabled": "no"}}}, "[scheduler.risk]: enabled must be true or false, not 'no'"),
+        ({"twin": {"gpus": 3}}, "[twin]: gpus must be a string, not 3"),
+        ({"scheduler": {"risk": {"smocc": 45}}}, "risk threshold smocc must be a fraction in [0, 1]"),
+        ({"twin": {"power_exponent": 0}}, "power exponent must be positive"),
+    ],
+)
+def test_invalid_values_are_config_errors(doc, message):
+    with pytest.raises(ConfigError) as excinfo:
+        parse_config(doc, "carma.toml")
+    assert str(excinfo.value).startswith("carma.toml")
+    assert str(excinfo.value).count("carma.toml") == 1
+    assert message in str(excinfo.value)
+
+
+@pytest.mark.parametrize("doc", [{"scheduler": 5}, {"scheduler": "magm"}, {"scheduler": {"risk": 0.8}}, {"twin": 4}])
+def test_a_value_where_a_table_belongs_is_a_config_error(doc):
+    with pytest.raises(ConfigError, match="table"):
+        parse_config(doc, "carma.toml")
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(missing)
+    assert str(excinfo.value) == f"no config file {str(missing)!r}"
+
+
+def test_invalid_toml_is_a_config_error_naming_the_file(toml_file):
+    path = toml_file("[scheduler\npolicy = magm\n")
+    with pytest.raises(ConfigError, match=r"carma\.toml: not valid TOML \(") as excinfo:
+        load_config(path)
+    assert str(excinfo.value).startswith(str(path))
+
+
+def test_errors_in_a_file_name_the_file(toml_file):
+    path = toml_file("[scheduler.risk]\nsmactt = 0.8\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert str(excinfo.value) == f"{path} [scheduler.risk]: unknown key(s) smactt"

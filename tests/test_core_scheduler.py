@@ -1,0 +1,357 @@
+"""The scheduler's decisions: policies with preconditions, TTFK, FIFO, recovery, need resolution, cancel."""
+
+import pytest
+
+from carma.core import ExitKind, NeedKind, Policy, RiskConfig, SpecError, TaskSpec, TaskState
+from carma.core.scheduler import HEAD_OF_LINE, RECOVERY_FIRST
+from support import OOM_LOG, TOTAL_MIB, Bench
+
+
+def busy(bench, gpus, used_mib=20_000, smact=0.3, smocc=0.2, drama=0.2, wait=30):
+    """Occupy GPUs with foreign-free load as a running carma task would, and let the window fill."""
+    for g in gpus:
+        task = bench.submit(f"filler{g}")
+        launches = bench.decide()
+        assert launches and launches[0].task_id == task.id
+        bench.set(launches[0].gpus[0], used_mib=used_mib, smact=smact, smocc=smocc, drama=drama)
+        bench.first_kernel(task.id)
+    bench.advance(wait)
+
+
+# ------------------------------------------------------------------ policies
+
+
+def test_exclusive_uses_only_idle_gpus():
+    b = Bench(gpus=2, policy=Policy.EXCLUSIVE)
+    a, c = b.submit("a"), b.submit("c")
+    assert b.placed() == {a.id: (0,), c.id: (1,)}
+    third = b.submit("third")
+    b.first_kernel(a.id)
+    b.advance(60)
+    assert b.placed() == {}  # plenty of memory, but no idle GPU
+    assert "idle" in b.sched.waiting_reason(third.id)
+    b.exit(a.id)
+    assert b.placed() == {third.id: (0,)}
+
+
+def test_magm_picks_the_gpu_with_most_free_memory():
+    b = Bench(prefer_idle=False)
+    busy(b, [0, 1, 2])
+    b.set(0, used_mib=30_000)
+    b.set(1, used_mib=10_000)
+    b.set(2, used_mib=20_000)
+    b.advance(1)
+    task = b.submit()
+    assert b.placed() == {task.id: (1,)}
+
+
+def test_magm_breaks_ties_by_gpu_index():
+    b = Bench(prefer_idle=False)
+    busy(b, [0, 1, 2], used_mib=10_000)
+    task = b.submit()
+    assert b.placed() == {task.id: (0,)}
+
+
+def test_lug_picks_the_gpu_with_the_lowest_smact_risk():
+    b = Bench(policy=Policy.LUG, prefer_idle=False)
+    busy(b, [0, 1, 2])
+    for gpu, smact in ((0, 0.5), (1, 0.7), (2, 0.1)):
+        b.set(gpu, smact=smact)
+    b.advance(30)
+    task = b.submit()
+    assert b.placed() == {task.id: (2,)}
+
+
+def test_best_fit_packs_the_tightest_gpu_that_still_fits_and_first_fit_the_first():
+    for policy, expected in ((Policy.BF, 1), (Policy.FF, 0)):
+        b = Bench(policy=policy, prefer_idle=False)
+        busy(b, [0, 1, 2])
+        for gpu, used in ((0, 10_000), (1, 30_000), (2, 34_000)):
+            b.set(gpu, used_mib=used)
+        b.advance(1)
+        task = b.submit(mem_mib=5_000)  # needs 5000 + 2048 margin; GPU 2 has 6448 - 512 free
+        assert b.placed() == {task.id: (expected,)}, policy
+
+
+def test_round_robin_cycles_without_preconditions():
+    b = Bench(policy=Policy.RR, prefer_idle=False)
+    busy(b, [0, 1, 2], used_mib=TOTAL_MIB, smact=1.0, smocc=1.0, drama=1.0)  # full and risky
+    placed = []
+    for _ in range(4):
+        task = b.submit(mem_mib=30_000)
+        (launch,) = b.decide()
+        placed.append(launch.gpus[0])
+        b.first_kernel(task.id)
+        b.advance(30)
+    assert placed == [0, 1, 2, 0]
+
+
+def test_idle_gpus_are_preferred_as_in_carmas_reference_code():
+    b = Bench(policy=Policy.BF)
+    busy(b, [0], used_mib=10_000)
+    task = b.submit(mem_mib=1_000)
+    assert b.placed() == {task.id: (1,)}  # BF would pack GPU 0, but an idle GPU comes first
+
+
+# ------------------------------------------------------------------ preconditions and risk
+
+
+@pytest.mark.parametrize(
+    ("mem_mib", "placed"), [(40_960 - 20_000 - 512 - 2048, True), (40_960 - 20_000 - 512 - 2047, False)]
+)
+def test_known_need_requires_need_plus_margin_free_after_the_reserve(mem_mib, placed):
+    b = Bench(gpus=1)
+    busy(b, [0], used_mib=20_000)
+    task = b.submit(mem_mib=mem_mib)
+    assert (task.id in b.placed()) is placed
+
+
+@pytest.mark.parametrize(("used_mib", "placed"), [(40_960 - 512 - 2048, True), (40_960 - 512 - 2047, False)])
+def test_unknown_need_requires_the_minimum_free_memory(used_mib, placed):
+    b = Bench(gpus=1)
+    busy(b, [0], used_mib=used_mib)
+    task = b.submit()
+    assert (task.id in b.placed()) is placed
+    if not placed:
+        assert "2048 MiB free" in b.sched.waiting_reason(task.id)
+
+
+def test_risk_filter_excludes_saturated_gpus_and_can_be_switched_off():
+    for enabled in (True, False):
+        b = Bench(gpus=1, risk=RiskConfig(enabled=enabled))
+        busy(b, [0], used_mib=5_000, smact=0.9, smocc=0.5, drama=0.1)
+        task = b.submit()
+        assert (task.id in b.placed()) is not enabled
+        if enabled:
+            assert "risk filter" in b.sched.waiting_reason(task.id)
+
+
+def test_risk_reflects_the_whole_window_not_only_the_latest_sample():
+    b = Bench(gpus=1)
+    busy(b, [0], smact=0.95, smocc=0.6)
+    b.set(0, smact=0.1, smocc=0.1)  # the co-runner just went quiet
+    b.advance(2)
+    task = b.submit()
+    assert b.placed() == {}
+    b.advance(28)
+    assert b.placed() == {task.id: (0,)}
+
+
+def test_gpus_without_telemetry_are_never_used():
+    b = Bench(gpus=1)
+    b.sched._windows[0]._samples.clear()  # as before the first reading
+    b.submit()
+    assert b.placed() == {}
+
+
+def test_foreign_processes_make_a_gpu_busy():
+    b = Bench(gpus=1, policy=Policy.EXCLUSIVE)
+    b.sched.record_gpu_processes(0, [], foreign=1, now=b.t)
+    b.submit()
+    assert b.placed() == {}
+    b.sched.record_gpu_processes(0, [], foreign=0, now=b.t)
+    assert len(b.placed()) == 1
+
+
+# ------------------------------------------------------------------ TTFK
+
+
+def test_gpu_awaiting_a_first_kernel_takes_no_further_tasks():
+    b = Bench(gpus=2, prefer_idle=False)
+    first, second, third = b.submit(), b.submit(), b.submit()
+    assert b.placed() == {first.id: (0,), second.id: (1,)}  # the other GPU stays schedulable
+    b.advance(100)
+    assert b.placed() == {}
+    assert "TTFK" in b.sched.waiting_reason(third.id)
+    b.first_kernel(first.id)
+    assert b.sched.task(first.id).state is TaskState.RUNNING
+    assert b.sched.task(first.id).current.first_kernel_s == b.t
+    b.advance(29)
+    assert b.placed() == {}
+    assert b.sched.next_timer(b.t) == b.t + 1
+    b.advance(1)
+    assert b.placed() == {third.id: (0,)}
+
+
+def test_a_task_that_dies_before_its_first_kernel_frees_its_gpu_at_once():
+    b = Bench(gpus=1, prefer_idle=False)
+    first, second = b.submit(), b.submit()
+    b.decide()
+    b.exit(first.id, code=1, log="ImportError: no module named torchvision")
+    assert b.placed() == {second.id: (0,)}
+
+
+# ------------------------------------------------------------------ queues
+
+
+def test_fifo_head_of_line_blocks_later_tasks():
+    b = Bench(gpus=1)
+    busy(b, [0], used_mib=20_000)
+    big, small = b.submit(mem_mib=30_000), b.submit(mem_mib=1_000)
+    assert b.placed() == {}
+    assert b.sched.waiting_reason(small.id) == HEAD_OF_LINE
+    assert b.sched.queue == [big.id, small.id]
+
+
+def test_multi_gpu_task_needs_all_its_gpus_at_once():
+    b = Bench(gpus=3, prefer_idle=False)
+    busy(b, [0, 1, 2], used_mib=10_000)
+    b.set(1, used_mib=39_000)
+    b.set(2, used_mib=39_000)
+    b.advance(1)
+    task = b.submit(gpus=2)
+    assert b.placed() == {}
+    b.set(2, used_mib=12_000)
+    b.advance(1)
+    assert b.placed() == {task.id: (0, 2)}
+
+
+def test_submitting_more_gpus_than_the_server_has_is_refused():
+    b = Bench(gpus=2)
+    with pytest.raises(SpecError, match="needs 3 GPUs but this server has 2"):
+        b.submit(gpus=3)
+    assert b.sched.queue == []
+
+
+@pytest.mark.parametrize(("gpus", "mem"), [(0, None), (-1, None), (1, 0), (1, -5)])
+def test_invalid_specs_are_refused(gpus, mem):
+    with pytest.raises(ValueError):
+        TaskSpec("bad", gpus, mem)
+
+
+# ------------------------------------------------------------------ exits and recovery
+
+
+def collocated_oom(b):
+    """A task placed next to a running one crashes out of memory; returns (running, crashed)."""
+    busy(b, [0], used_mib=30_000)
+    victim = b.submit("victim")
+    assert b.placed() == {victim.id: (0,)}
+    assert b.sched.task(victim.id).current.shared
+    assert b.oom(victim.id) is ExitKind.OOM
+    return next(t for t in b.sched.tasks if t.spec.name == "filler0"), b.sched.task(victim.id)
+
+
+def test_oom_crashed_task_is_recovered_on_a_whole_idle_gpu():
+    b = Bench(gpus=1)
+    running, victim = collocated_oom(b)
+    assert victim.state is TaskState.OOM_CRASHED
+    assert "CUDA out of memory" in victim.current.message
+    waiting = b.submit("next")
+    assert b.placed() == {}  # GPU 0 is busy: recovery waits, and the main queue waits behind it
+    assert victim.state is TaskState.RECOVERING
+    assert b.sched.recovery_queue == [victim.id]
+    assert b.sched.waiting_reason(waiting.id) == RECOVERY_FIRST
+    b.exit(running.id)
+    launches = b.decide()
+    assert [(launch.task_id, launch.recovery, launch.exclusive) for launch in launches] == [(victim.id, True, True)]
+    assert victim.current.need.kind is NeedKind.WHOLE_GPU
+    b.first_kernel(victim.id)
+    b.exit(victim.id)
+    assert victim.state is TaskState.COMPLETED
+    assert [a.outcome for a in victim.attempts] == [ExitKind.OOM, ExitKind.SUCCESS]
+
+
+def test_relaunches_are_bounded():
+    b = Bench(gpus=1, max_relaunches=0)
+    _, victim = collocated_oom(b)
+    b.decide()
+    assert victim.state is TaskState.FAILED
+    assert "limit reached" in victim.reason and "CUDA out of memory" in victim.reason
+
+
+def test_oom_while_alone_fails_at_once():
+    b = Bench(gpus=1)
+    task = b.submit()
+    b.decide()
+    b.first_kernel(task.id)
+    b.oom(task.id)
+    b.decide()
+    assert task.state is TaskState.FAILED
+    assert "alone on GPU 0" in task.reason
+    assert b.sched.recovery_queue == []
+
+
+def test_other_errors_fail_with_their_reason_and_success_completes():
+    b = Bench(gpus=2)
+    bad, good = b.submit("bad"), b.submit("good")
+    b.decide()
+    assert b.exit(bad.id, 2, "Traceback...\nValueError: bad learning rate\n") is ExitKind.ERROR
+    assert bad.state is TaskState.FAILED
+    assert bad.reason == "exit code 2: ValueError: bad learning rate"
+    assert b.exit(good.id) is ExitKind.SUCCESS
+    assert good.state is TaskState.COMPLETED
+    assert good.ended_s == b.t
+    assert b.exit(good.id) is None  # a second report of the same exit changes nothing
+
+
+def test_cancel_a_queued_task_and_a_running_one():
+    b = Bench(gpus=1)
+    running, queued = b.submit(), b.submit()
+    b.decide()
+    assert b.sched.cancel(queued.id, b.t) is False
+    assert queued.state is TaskState.CANCELLED and b.sched.queue == []
+    assert b.sched.cancel(running.id, b.t) is True  # the world must kill its process
+    assert running.state is TaskState.DISPATCHED
+    b.exit(running.id, code=-9, log=OOM_LOG)  # whatever the log says, it was cancelled
+    assert running.state is TaskState.CANCELLED
+    assert b.sched.cancel(running.id, b.t) is False
+
+
+def test_cancel_a_task_waiting_for_recovery():
+    b = Bench(gpus=1)
+    _, victim = collocated_oom(b)
+    b.decide()
+    b.sched.cancel(victim.id, b.t)
+    assert victim.state is TaskState.CANCELLED and b.sched.recovery_queue == []
+
+
+def test_unknown_task_id_is_a_clear_error():
+    with pytest.raises(KeyError, match="no task with id 42"):
+        Bench().sched.task(42)
+
+
+# ------------------------------------------------------------------ memory needs
+
+
+class FixedEstimator:
+    name = "fixed"
+
+    def __init__(self, value):
+        self.value = value
+
+    def estimate(self, spec):
+        return self.value
+
+
+def test_estimator_value_is_used_with_the_margin():
+    b = Bench(gpus=1, estimator=FixedEstimator(18_500))
+    busy(b, [0], used_mib=20_000)  # 20448 MiB free after the reserve
+    task = b.submit()
+    assert b.placed() == {}
+    assert "20548 MiB free" in b.sched.waiting_reason(task.id)
+    b.set(0, used_mib=19_900)
+    b.advance(1)
+    assert b.placed() == {task.id: (0,)}
+    assert task.current.need.source == "fixed"
+
+
+def test_user_value_beats_the_estimator():
+    b = Bench(gpus=1, estimator=FixedEstimator(18_000))
+    busy(b, [0], used_mib=20_000)
+    task = b.submit(mem_mib=1_000)
+    assert b.placed() == {task.id: (0,)}
+    assert task.current.need.source == "user"
+
+
+@pytest.mark.parametrize("estimator", [FixedEstimator(None), FixedEstimator(39_000)])
+def test_no_usable_estimate_means_a_whole_gpu(estimator):
+    b = Bench(gpus=2, estimator=estimator, prefer_idle=False)
+    busy(b, [0], used_mib=1_000)
+    task = b.submit()
+    assert b.placed() == {task.id: (1,)}
+    assert task.current.need.kind is NeedKind.WHOLE_GPU
+    assert task.current.exclusive
+    other = b.submit()
+    assert b.placed() == {}
+    assert "idle" in b.sched.waiting_reason(other.id)

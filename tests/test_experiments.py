@@ -1,0 +1,83 @@
+"""CARMA's trace-1 experiments on the twin: the paper's configuration list and its direction."""
+
+import pytest
+
+from carma.core import Policy, TaskSpec
+from carma.sim.experiment import PAPER_SWEEP, RecordedEstimator, RunConfig, simulate, sweep
+from carma.traces.catalog import load_catalog
+from carma.traces.loaders import load_trace
+
+
+@pytest.fixture(scope="module")
+def t1():
+    return load_trace("carma-t1", load_catalog())
+
+
+@pytest.fixture(scope="module")
+def t1_sweep(t1):
+    return {r.config.label: r for r in sweep(t1, jobs=1)}
+
+
+def test_the_sweep_is_the_papers_configuration_list():
+    assert [c.label for c in PAPER_SWEEP] == [
+        "Exclusive",
+        "RR recovery only",
+        "MAGM recovery only",
+        "LUG recovery only",
+        "FF oracle",
+        "BF oracle",
+        "MAGM oracle",
+        "MAGM oracle, no risk filter",
+        "LUG oracle",
+        "MAGM Horus",
+        "LUG Horus",
+        "MAGM FakeTensor",
+        "LUG FakeTensor",
+        "MAGM GPUMemNet",
+        "LUG GPUMemNet",
+    ]
+
+
+def test_every_collocating_configuration_finishes_t1_sooner_than_exclusive(t1_sweep):
+    exclusive = t1_sweep["Exclusive"].metrics.makespan_s
+    assert 9 * 3600 < exclusive < 12 * 3600  # about 10 GPU-server hours of work
+    for label, result in t1_sweep.items():
+        assert result.metrics.tasks_completed == 60, label
+        if label != "Exclusive":
+            assert result.metrics.makespan_s < exclusive, label
+
+
+def test_oracle_runs_with_the_margin_have_no_oom_and_recovery_only_runs_recover(t1_sweep):
+    for label, result in t1_sweep.items():
+        if "oracle" in label or label == "Exclusive":
+            assert result.metrics.oom_crashes == 0, label
+    assert t1_sweep["RR recovery only"].metrics.oom_crashes > 0  # no preconditions at all
+
+
+def test_collocation_raises_utilization_and_memory_use(t1_sweep):
+    exclusive = t1_sweep["Exclusive"].metrics
+    magm = t1_sweep["MAGM recovery only"].metrics
+    assert magm.smact_mean > exclusive.smact_mean
+    assert magm.mem_used_mean_mib > exclusive.mem_used_mean_mib
+    assert magm.exec_p95_s > exclusive.exec_p95_s  # each task runs slower...
+    assert magm.jct_p95_s < exclusive.jct_p95_s  # ...but waits far less
+
+
+def test_sweep_results_do_not_depend_on_parallelism(t1, t1_sweep):
+    runs = PAPER_SWEEP[:4]
+    parallel = sweep(t1, runs, jobs=2)
+    assert [r.row() for r in parallel] == [t1_sweep[c.label].row() for c in runs]
+
+
+def test_recorded_estimator_answers_with_the_papers_estimates(t1):
+    workloads = {e.workload.name: e.workload for e in t1.entries}
+    horus = RecordedEstimator("horus", workloads)
+    assert horus.estimate(TaskSpec("vgg")) == 21526
+    assert RecordedEstimator("faketensor", workloads).estimate(TaskSpec("BERT_base")) is None
+
+
+def test_estimators_without_an_estimate_place_tasks_on_whole_gpus(t1):
+    result = simulate(t1, RunConfig(Policy.MAGM, "faketensor"))
+    bert = next(t for t in result.tasks if t.spec.name == "BERT_base")
+    assert bert.attempts[0].need.kind.value == "whole_gpu"
+    assert bert.attempts[0].exclusive

@@ -1,0 +1,53 @@
+"""Run metrics as CARMA defines them."""
+
+import numpy as np
+import pytest
+
+from carma.core import ExitKind, TaskSpec, TaskState
+from carma.core.types import Attempt, Task
+from carma.metrics.run import compute_metrics
+from carma.metrics.timeline import Segment, integrate, time_mean
+
+
+def seg(t, smact=0.0, used=0, power=50.0):
+    return Segment(t, smact, 0.0, 0.0, used, power, 0)
+
+
+def test_integrate_a_step_function_over_a_window():
+    steps = [seg(0, smact=0.0), seg(10, smact=1.0), seg(20, smact=0.5)]
+    assert integrate(steps, "smact", 0, 30) == pytest.approx(10 + 5)
+    assert integrate(steps, "smact", 15, 25) == pytest.approx(5 + 2.5)
+    assert integrate(steps, "smact", 40, 50) == pytest.approx(5)  # the last step holds on
+    assert time_mean([steps, [seg(0, smact=1.0)]], "smact", 0, 30) == pytest.approx((15 / 30 + 1) / 2)
+
+
+def task(id_, submit, attempts, state=TaskState.COMPLETED):
+    t = Task(id_, TaskSpec(f"t{id_}"), submit, state=state)
+    for number, (start, end, outcome) in enumerate(attempts, start=1):
+        t.attempts.append(Attempt(number, (0,), start, exclusive=True, recovery=number > 1))
+        t.attempts[-1].ended_s, t.attempts[-1].outcome = end, outcome
+    t.ended_s = attempts[-1][1]
+    return t
+
+
+def test_waiting_execution_and_completion_times():
+    tasks = [
+        task(1, 0, [(0, 100, ExitKind.SUCCESS)]),
+        # crashed after 10 s, waited 40 s in the recovery queue, then ran 100 s
+        task(2, 10, [(30, 40, ExitKind.OOM), (80, 180, ExitKind.SUCCESS)]),
+        task(3, 20, [(50, 60, ExitKind.ERROR)], TaskState.FAILED),
+    ]
+    m = compute_metrics(tasks, [[seg(0, power=100.0)]])
+    assert m.makespan_s == 180
+    assert m.exec_mean_s == pytest.approx((100 + 110) / 2)
+    assert m.wait_mean_s == pytest.approx((0 + 60) / 2)  # 20 s queued + 40 s awaiting recovery
+    assert m.jct_mean_s == pytest.approx((100 + 170) / 2)
+    assert m.jct_p95_s == pytest.approx(np.percentile([100, 170], 95))
+    assert m.oom_crashes == 1
+    assert (m.tasks_completed, m.tasks_failed, m.tasks_cancelled) == (2, 1, 0)
+    assert m.energy_mj == pytest.approx(100.0 * 180 / 1e6)
+
+
+def test_no_tasks_is_an_error():
+    with pytest.raises(ValueError):
+        compute_metrics([], [])

@@ -1,0 +1,145 @@
+"""Invariants over random traces and servers, run through the twin (hypothesis)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from carma.core import ExitKind, Policy, SchedulerConfig, TaskState
+from carma.sim.experiment import RunConfig, TwinConfig, simulate
+from carma.sim.gpus import GPU_TYPES
+from carma.traces.catalog import Workload
+from carma.traces.loaders import Trace, TraceEntry
+
+SETTINGS = settings(
+    max_examples=int(os.environ.get("CARMA_HYPOTHESIS_EXAMPLES", 150)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+KINDS = [GPU_TYPES["a100-40gb"], GPU_TYPES["a100-80gb"], GPU_TYPES["v100-32gb"]]
+
+
+@st.composite
+def servers(draw):
+    gpus = tuple(draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=4)))
+    return TwinConfig(
+        gpus=gpus,
+        sharing=draw(st.sampled_from(["mps", "timeslice"])),
+        fragmentation=draw(st.sampled_from([0.0, 0.05, 0.2])),
+    )
+
+
+@st.composite
+def traces(draw, max_gpus, max_mem_mib):
+    entries = []
+    for i in range(draw(st.integers(1, 20))):
+        solo = draw(st.floats(30, 4000))
+        workload = Workload(
+            name=f"w{i}",
+            gpus=draw(st.integers(1, min(2, max_gpus))),
+            solo_s=solo,
+            mem_mib=draw(st.integers(200, max_mem_mib)),
+            smact=draw(st.floats(0, 1)),
+            smocc=draw(st.floats(0, 1)),
+            drama=draw(st.floats(0, 1)),
+            ttfk_s=draw(st.floats(1, min(90, solo * 0.9))),  # CUDA start-up alone takes a second or more
+        )
+        entries.append(TraceEntry(float(draw(st.integers(0, 3000))), workload))
+    entries.sort(key=lambda e: e.submit_s)
+    return Trace("random", tuple(entries))
+
+
+@st.composite
+def experiments(draw, policies=tuple(Policy), memory=("none", "oracle"), max_mem_mib=60000):
+    twin = draw(servers())
+    trace = draw(traces(len(twin.gpus), max_mem_mib))
+    run = RunConfig(draw(st.sampled_from(policies)), draw(st.sampled_from(memory)), draw(st.booleans()))
+    return trace, run, twin
+
+
+def overlaps(attempt, other):
+    """Whether `other` occupied one of `attempt`'s GPUs at the moment `attempt` was dispatched."""
+    t = attempt.dispatched_s
+    return bool(set(attempt.gpus) & set(other.gpus)) and other.dispatched_s <= t < other.ended_s
+
+
+@SETTINGS
+@given(experiments())
+def test_scheduling_invariants(case):
+    trace, run, twin = case
+    result = simulate(trace, run, twin)
+    tasks = result.tasks
+    assert len(tasks) == len(trace.entries)
+    attempts = [a for t in tasks for a in t.attempts]
+    for task in tasks:
+        # every task ends exactly once: completed by its last attempt, or failed with a reason
+        assert task.state in (TaskState.COMPLETED, TaskState.FAILED)
+        assert task.ended_s is not None and task.ended_s >= task.submit_s
+        assert all(a.ended_s is not None for a in task.attempts)
+        outcomes = [a.outcome for a in task.attempts]
+        if task.state is TaskState.COMPLETED:
+            assert outcomes[-1] is ExitKind.SUCCESS and outcomes.count(ExitKind.SUCCESS) == 1
+            assert task.ended_s == task.attempts[-1].ended_s
+        else:
+            assert task.reason
+        assert all(o is ExitKind.OOM for o in outcomes[:-1])  # only OOMs are relaunched
+        # no task starts before it was submitted; attempts follow each other
+        assert task.attempts[0].dispatched_s >= task.submit_s
+        for before, after in zip(task.attempts, task.attempts[1:], strict=False):
+            assert after.dispatched_s >= before.ended_s and after.recovery
+        # collocation only ever slows a task down
+        if task.state is TaskState.COMPLETED:
+            last = task.attempts[-1]
+            assert last.ended_s - last.dispatched_s >= task_workload(trace, task).solo_s - 1e-6
+    # main-queue tasks start in FIFO order (ids follow submission order)
+    firsts = [t.attempts[0].dispatched_s for t in sorted(tasks, key=lambda t: t.id)]
+    assert firsts == sorted(firsts)
+    # recovered tasks start on GPUs nobody else occupies
+    for attempt in attempts:
+        if attempt.recovery:
+            assert attempt.exclusive
+            assert not any(overlaps(attempt, other) for other in attempts if other is not attempt)
+    # the twin never over-commits a GPU's memory
+    for segments, kind in zip(result.timelines, twin.gpus, strict=True):
+        assert all(s.used_mib <= kind.total_mib for s in segments)
+
+
+def task_workload(trace, task):
+    return next(e.workload for e in trace.entries if e.workload.name == task.spec.name)
+
+
+@SETTINGS
+@given(
+    experiments(
+        policies=(Policy.EXCLUSIVE, Policy.MAGM, Policy.LUG, Policy.FF, Policy.BF),
+        memory=("oracle",),
+        max_mem_mib=32768,  # every need fits the smallest GPU
+    ),
+    st.sampled_from([0, 512]),
+    st.sampled_from([0, 2048]),
+)
+def test_exact_known_needs_without_fragmentation_never_oom(case, reserve_mib, margin_mib):
+    trace, run, twin = case
+    scheduler = SchedulerConfig(reserve_mib=reserve_mib, margin_mib=margin_mib)
+    twin = replace(twin, fragmentation=0.0, scheduler=scheduler)
+    result = simulate(trace, run, twin)
+    assert result.metrics.oom_crashes == 0
+    assert all(t.state is TaskState.COMPLETED for t in result.tasks)
+
+
+@SETTINGS
+@given(experiments(policies=(Policy.EXCLUSIVE,)))
+def test_exclusive_never_collocates(case):
+    trace, run, twin = case
+    result = simulate(trace, run, twin)
+    attempts = [a for t in result.tasks for a in t.attempts]
+    for attempt in attempts:
+        assert attempt.exclusive and not attempt.shared
+        assert not any(overlaps(attempt, other) for other in attempts if other is not attempt)
+    for task in result.tasks:
+        if task.state is TaskState.COMPLETED:
+            assert task.ended_s - task.attempts[-1].dispatched_s == pytest.approx(task_workload(trace, task).solo_s)

@@ -1,0 +1,274 @@
+"""Trace loading: built-in traces, CARMA trace scripts, carma's CSV and YAML formats, and their errors."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import pytest
+
+from carma.traces.catalog import Catalog, data_file, load_catalog
+from carma.traces.loaders import TraceError, load_trace
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+@pytest.fixture
+def write(tmp_path):
+    """Write a trace file under tmp_path and return its path as a string (what --trace receives)."""
+
+    def _write(name: str, text: str) -> str:
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+
+    return _write
+
+
+def schedule(trace) -> list[tuple[float, str]]:
+    return [(e.submit_s, e.workload.name) for e in trace.entries]
+
+
+# --- built-in traces ---------------------------------------------------------------------------------
+
+
+def test_carma_t1_has_60_entries_sorted_by_submit_time(catalog):
+    trace = load_trace("carma-t1", catalog)
+    assert trace.name == "carma-t1"
+    assert len(trace.entries) == 60
+    times = [e.submit_s for e in trace.entries]
+    assert times == sorted(times)
+    assert schedule(trace)[0] == (0.0, "Xception")
+    assert trace.skipped == ()
+
+
+def test_carma_t1_entries_are_the_packaged_rows_with_catalog_workloads(catalog):
+    with open(data_file("t1.csv"), newline="") as f:
+        rows = [(float(r["submit_s"]), r["task"]) for r in csv.DictReader(f)]
+    trace = load_trace("carma-t1", catalog)
+    assert schedule(trace) == rows
+    assert all(e.workload == catalog[e.workload.name] for e in trace.entries)
+
+
+@pytest.mark.parametrize(
+    ("ref", "file", "line"), [("carma-heavy60", "heavy60.csv", 4), ("carma-mix90", "mix90.csv", 57)]
+)
+def test_builtin_trace_with_an_unknown_task_names_file_line_and_task(catalog, ref, file, line):
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(ref, catalog)
+    assert str(excinfo.value) == (
+        f"{file}, line {line}: unknown task 'mnist_train': it is not in the workload catalog "
+        "(use --skip-unknown to leave it out)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ref", "kept", "skipped", "summary"),
+    [("carma-heavy60", 53, 7, "mnist_train (x7)"), ("carma-mix90", 89, 1, "mnist_train")],
+)
+def test_skip_unknown_leaves_out_and_reports_unknown_entries(catalog, ref, kept, skipped, summary):
+    trace = load_trace(ref, catalog, skip_unknown=True)
+    assert len(trace.entries) == kept
+    assert trace.skipped == ("mnist_train",) * skipped
+    assert trace.skipped_summary() == summary
+    assert "mnist_train" not in {e.workload.name for e in trace.entries}
+
+
+def test_skipped_summary_counts_each_name(catalog, write):
+    path = write("t.csv", "submit_s,task\n0,vgg\n1,foo\n2,bar\n3,foo\n")
+    trace = load_trace(path, catalog, skip_unknown=True)
+    assert schedule(trace) == [(0.0, "vgg")]
+    assert trace.skipped_summary() == "bar, foo (x2)"
+
+
+# --- CARMA trace scripts -----------------------------------------------------------------------------
+
+SCRIPT = """\
+#!/bin/bash
+# CARMA trace
+python /x/src/submit.py --task /x/workloads/Xception.rad
+sleep 181
+
+python /x/src/submit.py --task /x/workloads/vgg.rad
+python3 /x/src/submit.py --task /x/workloads/dlrm.rad &
+sleep 29.5
+sleep 10
+python /x/src/submit.py --task /x/workloads/xlnet_base_cased_2.rad
+"""
+SCRIPT_AS_CSV = "submit_s,task\n0,Xception\n181,vgg\n181,dlrm\n220.5,xlnet_base_cased_2\n"
+
+
+def test_trace_script_submit_times_are_cumulative_sleeps(catalog, write):
+    trace = load_trace(write("trace1.sh", SCRIPT), catalog)
+    assert trace.name == "trace1"
+    assert schedule(trace) == [(0.0, "Xception"), (181.0, "vgg"), (181.0, "dlrm"), (220.5, "xlnet_base_cased_2")]
+
+
+def test_trace_script_equals_the_csv_of_the_same_content(catalog, write):
+    script = load_trace(write("same.sh", SCRIPT), catalog)
+    table = load_trace(write("same.csv", SCRIPT_AS_CSV), catalog)
+    assert script == table
+
+
+def test_a_file_without_a_known_suffix_is_read_as_a_script(catalog, write):
+    assert schedule(load_trace(write("trace1", SCRIPT), catalog))[0] == (0.0, "Xception")
+
+
+# --- carma's CSV format ------------------------------------------------------------------------------
+
+
+def test_csv_override_columns_change_only_their_rows(catalog, write):
+    path = write(
+        "o.csv",
+        "submit_s,task,mem_mib,solo_s,gpus,smact\n20,vgg,18GiB,,,\n0,vgg,,,,\n30,mytask,4096,600,2,0.9\n",
+    )
+    trace = load_trace(path, catalog)
+    plain, big, mine = (e.workload for e in trace.entries)
+    assert [e.submit_s for e in trace.entries] == [0.0, 20.0, 30.0]
+    assert plain == catalog["vgg"]
+    assert big == dataclasses.replace(catalog["vgg"], mem_mib=18 * 1024)
+    assert (mine.name, mine.gpus, mine.solo_s, mine.mem_mib, mine.smact) == ("mytask", 2, 600.0, 4096, 0.9)
+    assert mine.ttfk_s == catalog.typical_profile()["ttfk_s"]
+
+
+def test_csv_rows_with_equal_times_keep_file_order(catalog, write):
+    trace = load_trace(write("tie.csv", "submit_s,task\n5,vgg\n5,dlrm\n0,Xception\n5,vgg2\n"), catalog)
+    assert schedule(trace) == [(0.0, "Xception"), (5.0, "vgg"), (5.0, "dlrm"), (5.0, "vgg2")]
+
+
+def test_csv_new_task_without_solo_time_is_an_error(catalog, write):
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(write("n.csv", "submit_s,task,mem_mib\n0,mytask,4GiB\n"), catalog)
+    assert str(excinfo.value) == (
+        "n.csv, line 2: unknown task 'mytask': not in the workload catalog; define it with solo_s "
+        "(use --skip-unknown to leave it out)"
+    )
+
+
+# --- YAML format -------------------------------------------------------------------------------------
+
+YAML_TRACE = """\
+name: my-experiment
+workloads:
+  big: {solo_s: 1200, mem_mib: 18GiB, smact: 0.5}
+  vgg: {mem_mib: 8000}
+tasks:
+  - {at: 0, task: big}
+  - {at: 30, task: vgg, repeat: 3, every: 60}
+  - at: 45
+    task: Xception
+"""
+
+
+def test_yaml_trace_with_definitions_repeats_and_a_name(catalog, write):
+    trace = load_trace(write("exp.yaml", YAML_TRACE), catalog)
+    assert trace.name == "my-experiment"
+    assert schedule(trace) == [(0.0, "big"), (30.0, "vgg"), (45.0, "Xception"), (90.0, "vgg"), (150.0, "vgg")]
+    big = trace.entries[0].workload
+    assert (big.solo_s, big.mem_mib, big.smact, big.gpus) == (1200.0, 18 * 1024, 0.5, 1)
+    assert big.drama == catalog.typical_profile()["drama"]
+    vggs = [e.workload for e in trace.entries if e.workload.name == "vgg"]
+    assert vggs == [dataclasses.replace(catalog["vgg"], mem_mib=8000)] * 3
+
+
+def test_yaml_trace_without_a_name_is_named_after_the_file(catalog, write):
+    trace = load_trace(write("short.yml", "tasks:\n  - {at: 10, task: vgg, repeat: 2}\n"), catalog)
+    assert trace.name == "short"
+    assert schedule(trace) == [(10.0, "vgg"), (10.0, "vgg")]  # `every` defaults to 0
+
+
+def test_yaml_unknown_task_can_be_skipped(catalog, write):
+    path = write("s.yaml", "tasks:\n  - {at: 0, task: vgg}\n  - {at: 5, task: mnist_train, repeat: 2}\n")
+    trace = load_trace(path, catalog, skip_unknown=True)
+    assert schedule(trace) == [(0.0, "vgg")]
+    assert trace.skipped_summary() == "mnist_train (x2)"
+
+
+# --- errors ------------------------------------------------------------------------------------------
+
+BAD_TRACES = [
+    pytest.param("t.csv", "submit_s,task\n-5,vgg\n", "line 2: submit time must not be negative", id="negative-time"),
+    pytest.param("t.csv", "submit_s,task\nsoon,vgg\n", "line 2: submit time 'soon' is not a number", id="bad-time"),
+    pytest.param("t.csv", "time,task\n0,vgg\n", "needs the columns submit_s and task", id="missing-column"),
+    pytest.param("t.csv", "", "needs the columns submit_s and task", id="empty-csv"),
+    pytest.param("t.csv", "submit_s,task\n", "the trace has no tasks", id="no-tasks"),
+    pytest.param(
+        "t.csv", "submit_s,task,colour\n0,vgg,red\n", "line 2: task 'vgg': unknown field(s) colour", id="unknown-column"
+    ),
+    pytest.param("t.csv", "submit_s,task,mem_mib\n0,vgg,lots\n", "cannot read 'lots' as a memory size", id="bad-mem"),
+    pytest.param("t.csv", "submit_s,task,gpus\n0,vgg,0\n", "gpus must be at least 1", id="bad-override"),
+    pytest.param(
+        "t.sh", "sleep 5\nsubmit vgg\n", "line 2: expected 'sleep N' or a submit.py --task line", id="bad-line"
+    ),
+    pytest.param("t.sh", "sleep soon\n", "line 1: cannot read 'sleep soon'", id="bad-sleep"),
+    pytest.param("t.sh", "sleep -5\npython submit.py --task vgg.rad\n", "must not be negative", id="negative-sleep"),
+    pytest.param("t.sh", "# nothing\n", "the trace has no tasks", id="empty-script"),
+    pytest.param("t.yaml", "tasks: [\n", "not valid YAML", id="invalid-yaml"),
+    pytest.param("t.yaml", "", "a YAML trace needs a 'tasks' list", id="empty-yaml"),
+    pytest.param("t.yaml", "tasks: []\n", "the trace has no tasks", id="no-yaml-tasks"),
+    pytest.param("t.yaml", "tasks:\n  - {task: vgg}\n", "task 1: each task needs 'at'", id="missing-at"),
+    pytest.param("t.yaml", "tasks:\n  - {at: soon, task: vgg}\n", "task 1: 'at' must be a number", id="bad-at"),
+    pytest.param("t.yaml", "tasks:\n  - {at: -1, task: vgg}\n", "must not be negative", id="negative-at"),
+    pytest.param(
+        "t.yaml", "workloads: [vgg]\ntasks:\n  - {at: 0, task: vgg}\n", "'workloads' must map", id="list-defs"
+    ),
+    pytest.param(
+        "t.yaml",
+        "workloads:\n  vgg: {memory: 8GiB}\ntasks:\n  - {at: 0, task: vgg}\n",
+        "workloads: task 'vgg': unknown field(s) memory",
+        id="unknown-definition-field",
+    ),
+    pytest.param(
+        "t.yaml",
+        "workloads:\n  big: {solo_s: 60, mem_mib: 0}\ntasks:\n  - {at: 0, task: big}\n",
+        "workloads: task 'big': memory size must be positive",
+        id="zero-mem",
+    ),
+    *(
+        pytest.param(
+            "t.yaml",
+            f"tasks:\n  - {{at: 0, task: vgg, {item}}}\n",
+            "task 1: 'repeat' must be a positive integer",
+            id=f"bad-repeat-{item}",
+        )
+        for item in ("repeat: 0", "repeat: 2.5", "repeat: many", "every: -1", "every: often")
+    ),
+]
+
+
+@pytest.mark.parametrize(("file", "text", "message"), BAD_TRACES)
+def test_a_bad_trace_is_one_clear_trace_error(catalog, write, file, text, message):
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(write(file, text), catalog)
+    error = str(excinfo.value)
+    assert error.startswith(f"{file}")
+    assert message in error
+    assert "\n" not in error
+
+
+def test_invalid_yaml_is_a_trace_error_naming_the_file(catalog, write):
+    with pytest.raises(TraceError, match=r"^t\.yaml: not valid YAML \(") as excinfo:
+        load_trace(write("t.yaml", "tasks: [\n"), catalog)
+    assert isinstance(excinfo.value, ValueError)  # the CLI reports every ValueError as a usage error
+
+
+def test_missing_trace_file_lists_the_builtin_traces(catalog, tmp_path):
+    missing = tmp_path / "nope.csv"
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(str(missing), catalog)
+    assert (
+        str(excinfo.value) == f"no trace file {str(missing)!r} (built-in traces: carma-t1, carma-heavy60, carma-mix90)"
+    )
+
+
+def test_a_csv_row_with_more_values_than_columns_is_a_trace_error(catalog, write):
+    with pytest.raises(TraceError, match="line 2"):
+        load_trace(write("t.csv", "submit_s,task\n0,vgg,extra\n"), catalog)
+
+
+def test_a_yaml_task_with_an_unknown_key_is_an_error(catalog, write):
+    with pytest.raises(TraceError, match="repeats"):
+        load_trace(write("t.yaml", "tasks:\n  - {at: 0, task: vgg, repeats: 3}\n"), catalog)

@@ -1,0 +1,89 @@
+"""Memory sizes as users write them in traces and workload definitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from carma.units import parse_mib
+
+KIB, GIB, TIB = 2**10, 2**30, 2**40
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        ("6000", 6000),
+        (6000, 6000),
+        (512.0, 512),
+        ("512MiB", 512),
+        ("512M", 512),
+        ("8GiB", 8 * 1024),
+        ("8G", 8 * 1024),
+        ("1TiB", 1024 * 1024),
+        ("1T", 1024 * 1024),
+        ("2048KiB", 2),
+        ("2048K", 2),
+        ("1048576B", 1),
+    ],
+)
+def test_bare_numbers_are_mib_and_binary_units_are_powers_of_1024(text, mib):
+    assert parse_mib(text) == mib
+
+
+@pytest.mark.parametrize(
+    ("text", "n_bytes"),
+    [("20GB", 20 * 10**9), ("500MB", 500 * 10**6), ("3000KB", 3000 * 10**3), ("1TB", 10**12)],
+)
+def test_kb_mb_gb_tb_are_decimal_as_on_datasheets(text, n_bytes):
+    assert parse_mib(text) == -(-n_bytes // 2**20)
+
+
+def test_decimal_and_binary_gigabytes_differ():
+    assert parse_mib("40GB") == 38147  # 40e9 bytes
+    assert parse_mib("40GiB") == 40960
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [("0.5", 1), ("1.1GiB", 1127), ("1.5KiB", 1), (f"{GIB + 1}B", 1025), ("1000001B", 1), ("0.25MiB", 1)],
+)
+def test_rounds_up_to_a_whole_mib(text, mib):
+    assert parse_mib(text) == mib
+
+
+@pytest.mark.parametrize("text", ["8gib", "8GIB", "8gIb", "8 GiB", "  8GiB  ", "8g"])
+def test_units_are_case_insensitive_and_spaces_are_allowed(text):
+    assert parse_mib(text) == 8192
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("lots", "cannot read 'lots' as a memory size"),
+        ("", "cannot read '' as a memory size"),
+        ("8 GiB extra", "cannot read"),
+        ("1e3", "cannot read"),
+        ("-5GiB", "cannot read"),
+        ("GiB", "cannot read"),
+        ("8PiB", "unknown memory unit 'pib'"),
+        ("8bytes", "unknown memory unit 'bytes'"),
+        ("0", "must be positive"),
+        ("0GiB", "must be positive"),
+        (0, "must be positive"),
+        (-4096, "must be positive"),
+        (-0.5, "must be positive"),
+    ],
+)
+def test_garbage_zero_and_negative_sizes_are_a_clear_value_error(text, message):
+    with pytest.raises(ValueError, match=r"^[^\n]+$") as excinfo:
+        parse_mib(text)
+    assert message in str(excinfo.value)
+
+
+def test_a_positive_size_never_becomes_zero_mib():
+    assert parse_mib("0.5B") == 1
+
+
+def test_an_infinite_size_is_a_value_error():
+    with pytest.raises(ValueError):
+        parse_mib(float("inf"))
