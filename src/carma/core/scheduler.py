@@ -196,9 +196,6 @@ class Scheduler:
             return RECOVERY_FIRST if self._recovery else HEAD_OF_LINE
         return None
 
-    def tasks_on(self, gpu: int) -> set[TaskId]:
-        return set(self._on_gpu[gpu])
-
     # ----------------------------------------------------------------- internals
 
     def _recovery_scan(self, now: float) -> None:

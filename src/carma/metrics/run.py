@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,9 +41,6 @@ class RunMetrics:
     tasks_failed: int
     tasks_cancelled: int
 
-    def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
-
 
 def exec_s(task: Task) -> float:
     return sum(a.ended_s - a.dispatched_s for a in task.attempts if a.ended_s is not None)
@@ -65,16 +62,17 @@ def compute_metrics(tasks: Sequence[Task], timelines: Sequence[Sequence[Segment]
     execution = [exec_s(t) for t in done]
     wait = [j - e for j, e in zip(jct, execution, strict=True)]
     energy_j = sum(integrate(s, "power_w", start, end) for s in timelines)
+    (wait_mean, wait_p95), (exec_mean, exec_p95), (jct_mean, jct_p95) = map(_mean_p95, (wait, execution, jct))
     return RunMetrics(
         makespan_s=end - start,
         energy_mj=energy_j / 1e6,
         oom_crashes=sum(1 for t in tasks for a in t.attempts if a.outcome is ExitKind.OOM),
-        wait_mean_s=_mean_p95(wait)[0],
-        wait_p95_s=_mean_p95(wait)[1],
-        exec_mean_s=_mean_p95(execution)[0],
-        exec_p95_s=_mean_p95(execution)[1],
-        jct_mean_s=_mean_p95(jct)[0],
-        jct_p95_s=_mean_p95(jct)[1],
+        wait_mean_s=wait_mean,
+        wait_p95_s=wait_p95,
+        exec_mean_s=exec_mean,
+        exec_p95_s=exec_p95,
+        jct_mean_s=jct_mean,
+        jct_p95_s=jct_p95,
         smact_mean=time_mean(timelines, "smact", start, end),
         smocc_mean=time_mean(timelines, "smocc", start, end),
         drama_mean=time_mean(timelines, "drama", start, end),

@@ -166,10 +166,6 @@ class TwinServer:
     def timelines(self) -> list[list[Segment]]:
         return [g.segments for g in self._gpus]
 
-    @property
-    def gpu_types(self) -> list[GpuType]:
-        return [g.kind for g in self._gpus]
-
     # ----------------------------------------------------------------- events
 
     def _push(self, t: float, kind: int, payload: object, version: int) -> None:
