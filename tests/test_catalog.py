@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from carma.traces.catalog import Catalog, UnknownTaskError, Workload, define_workload, load_catalog
+from carma.traces.catalog import PROFILE_FIELDS, Catalog, UnknownTaskError, Workload, define_workload, load_catalog
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +39,12 @@ def test_two_gpu_tasks(catalog):
     assert {w.gpus for w in catalog.values()} == {1, 2}
 
 
-def test_every_profile_is_a_fraction_and_ttfk_comes_before_the_end(catalog):
+def test_every_profile_is_a_fraction_and_start_up_comes_before_the_end(catalog):
     for w in catalog.values():
-        assert all(0.0 <= getattr(w, metric) <= 1.0 for metric in ("smact", "smocc", "drama")), w.name
-        assert 0.0 <= w.ttfk_s < w.solo_s, w.name
-        assert w.mem_mib > 0, w.name
+        assert all(0.0 <= getattr(w, metric) <= 1.0 for metric in ("gract", "smact", "smocc", "drama")), w.name
+        assert w.ttfk_s >= 0.0 and w.ttfk_s + w.warmup_s < w.solo_s, w.name
+        assert 0 < w.mem_first_mib <= w.mem_mib, w.name
+        assert w.smact <= w.gract + 0.05, w.name  # SMACT trails busy time
 
 
 def test_unknown_name_is_a_clear_one_line_error(catalog):
@@ -55,7 +56,11 @@ def test_unknown_name_is_a_clear_one_line_error(catalog):
 
 
 def test_typical_profile_is_the_catalogs_median(catalog):
-    assert catalog.typical_profile() == {"smact": 0.55, "smocc": 0.26, "drama": 0.3, "ttfk_s": 30.0}
+    typical = catalog.typical_profile()
+    assert set(typical) == set(PROFILE_FIELDS)
+    for field, value in typical.items():
+        values = sorted(getattr(w, field) for w in catalog.values())
+        assert value == pytest.approx((values[24] + values[25]) / 2), field  # 50 tasks
 
 
 def test_define_workload_overrides_a_catalog_task(catalog):
@@ -68,7 +73,17 @@ def test_define_workload_overrides_a_catalog_task(catalog):
 def test_define_workload_defines_a_new_task_with_the_typical_profile(catalog):
     w = define_workload("mytask", {"solo_s": 600.0, "mem_mib": 4096}, catalog)
     assert (w.name, w.gpus, w.solo_s, w.mem_mib) == ("mytask", 1, 600.0, 4096)
-    assert {f: getattr(w, f) for f in ("smact", "smocc", "drama", "ttfk_s")} == catalog.typical_profile()
+    typical = catalog.typical_profile()
+    assert {f: getattr(w, f) for f in PROFILE_FIELDS} == pytest.approx(typical)
+
+
+def test_memory_at_first_sighting_never_exceeds_a_given_need(catalog):
+    small = define_workload("vgg", {"mem_mib": 600}, catalog)
+    assert small.mem_first_mib == 600 < catalog["vgg"].mem_first_mib
+    tiny = define_workload("mytask", {"solo_s": 600.0, "mem_mib": 100}, catalog)
+    assert tiny.mem_first_mib == 100
+    with pytest.raises(ValueError, match="memory at first sighting"):
+        define_workload("vgg", {"mem_mib": 600, "mem_first_mib": 700}, catalog)
 
 
 def test_define_workload_keeps_given_profile_fields(catalog):
@@ -106,7 +121,18 @@ def test_with_workloads_adds_and_replaces_without_changing_the_original(catalog)
     assert "mytask" not in catalog
 
 
-VALID = {"name": "t", "gpus": 1, "solo_s": 100.0, "mem_mib": 1024, "smact": 0.5, "smocc": 0.3, "drama": 0.3}
+VALID = {
+    "name": "t",
+    "gpus": 1,
+    "solo_s": 100.0,
+    "mem_mib": 1024,
+    "mem_first_mib": 512,
+    "gract": 0.6,
+    "smact": 0.5,
+    "smocc": 0.3,
+    "drama": 0.3,
+    "warmup_s": 5.0,
+}
 
 
 @pytest.mark.parametrize(
@@ -116,8 +142,16 @@ VALID = {"name": "t", "gpus": 1, "solo_s": 100.0, "mem_mib": 1024, "smact": 0.5,
         ({"solo_s": 0.0}, "solo time and memory must be positive and finite"),
         ({"solo_s": float("inf")}, "solo time and memory must be positive and finite"),
         ({"mem_mib": -1}, "solo time and memory must be positive and finite"),
-        ({"ttfk_s": 100.0}, "time to first kernel (100 s) must be shorter than the solo time (100 s)"),
-        ({"ttfk_s": -1.0}, "time to first kernel (-1 s) must be shorter than the solo time (100 s)"),
+        (
+            {"ttfk_s": 95.0},
+            "time to first kernel (95 s) and warm-up (5 s) must be non-negative and end before the solo time (100 s)",
+        ),
+        (
+            {"ttfk_s": -1.0},
+            "time to first kernel (-1 s) and warm-up (5 s) must be non-negative and end before the solo time (100 s)",
+        ),
+        ({"mem_first_mib": 2048}, "memory at first sighting must lie between 0 and the need (1024 MiB)"),
+        ({"gract": 1.1}, "gract must be a fraction in [0, 1]"),
         ({"smact": 1.5}, "smact must be a fraction in [0, 1]"),
         ({"smocc": -0.1}, "smocc must be a fraction in [0, 1]"),
         ({"drama": 2.0}, "drama must be a fraction in [0, 1]"),
@@ -130,8 +164,8 @@ def test_workload_validation(changes, message):
 
 
 def test_workload_validation_accepts_the_boundaries():
-    w = Workload(**{**VALID, "ttfk_s": 0.0, "smact": 1.0, "smocc": 0.0})
-    assert (w.smact, w.smocc, w.ttfk_s) == (1.0, 0.0, 0.0)
+    w = Workload(**{**VALID, "ttfk_s": 0.0, "warmup_s": 0.0, "smact": 1.0, "smocc": 0.0, "mem_first_mib": 1024})
+    assert (w.smact, w.smocc, w.ttfk_s, w.mem_first_mib) == (1.0, 0.0, 0.0, 1024)
 
 
 def test_define_workload_validates_overrides(catalog):

@@ -38,15 +38,21 @@ def traces(draw, max_gpus, max_mem_mib):
     entries = []
     for i in range(draw(st.integers(1, 20))):
         solo = draw(st.floats(30, 4000))
+        ttfk = draw(st.floats(1, min(90, solo * 0.5)))  # CUDA start-up alone takes a second or more
+        mem = draw(st.integers(200, max_mem_mib))
         workload = Workload(
             name=f"w{i}",
             gpus=draw(st.integers(1, min(2, max_gpus))),
             solo_s=solo,
-            mem_mib=draw(st.integers(200, max_mem_mib)),
+            mem_mib=mem,
+            gract=draw(st.floats(0, 1)),
             smact=draw(st.floats(0, 1)),
             smocc=draw(st.floats(0, 1)),
             drama=draw(st.floats(0, 1)),
-            ttfk_s=draw(st.floats(1, min(90, solo * 0.9))),  # CUDA start-up alone takes a second or more
+            ttfk_s=ttfk,
+            # warm-ups end within the 30 s TTFK window, so a GPU is judged on its tasks' full allocations
+            warmup_s=draw(st.floats(0, min(25, solo * 0.4))),
+            mem_first_mib=draw(st.integers(0, mem)),
         )
         entries.append(TraceEntry(float(draw(st.integers(0, 3000))), workload))
     entries.sort(key=lambda e: e.submit_s)

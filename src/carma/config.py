@@ -15,7 +15,7 @@ weights = { mean = 0.2, median = 0.3, p95 = 0.3, ema = 0.2 }
 gpus = "3xA100-40GB"
 sharing = "mps"
 fragmentation = 0.05
-power_exponent = 0.6
+power_exponent = 0.81   # overrides the fitted exponent (see docs/fidelity.md)
 ```
 
 Every key is optional; unknown keys are an error, so a typo never passes silently.

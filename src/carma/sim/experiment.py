@@ -13,7 +13,7 @@ from carma.core.types import GpuInfo, Task, TaskSpec
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
-from carma.sim.models import SHARING_MODELS, PowerModel
+from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
 from carma.sim.twin import TwinServer
 from carma.traces.catalog import ESTIMATOR_COLUMNS, Workload
 from carma.traces.loaders import Trace
@@ -66,12 +66,13 @@ class TwinConfig:
     gpus: tuple[GpuType, ...] = field(default_factory=lambda: parse_gpus("3xA100-40GB"))
     sharing: str = "mps"
     fragmentation: float = 0.05  # allowance: fraction of co-runners' memory unusable by a new allocation
-    power: PowerModel = field(default_factory=PowerModel)
+    interference: InterferenceModel = field(default_factory=calibrated_interference)
+    power: PowerModel = field(default_factory=calibrated_power)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
-        if self.sharing not in SHARING_MODELS:
-            raise ValueError(f"unknown sharing mode {self.sharing!r} (choose from {', '.join(SHARING_MODELS)})")
+        if self.sharing not in SHARING_MODES:
+            raise ValueError(f"unknown sharing mode {self.sharing!r} (choose from {', '.join(SHARING_MODES)})")
         if not 0.0 <= self.fragmentation < 1.0:
             raise ValueError("fragmentation allowance must be a fraction in [0, 1)")
 
@@ -135,7 +136,8 @@ def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> Ru
     server = TwinServer(
         twin.gpus,
         make_scheduler,
-        SHARING_MODELS[twin.sharing],
+        twin.interference,
+        twin.sharing,
         twin.power,
         twin.fragmentation,
         oracle_memory=run.memory == "oracle",

@@ -1,61 +1,70 @@
 """The twin's physical models: how collocated tasks slow each other, and GPU power.
 
-First constants, each argued in docs/twin-model.md from the thesis (SYSTEM.md section 4) and the CARMA
-paper; the calibration issue replaces them with models fitted on measurements.
+Their parameters are fitted or cited in `sim/data/twin_params.json`, written by `carma twin calibrate`
+(see docs/twin-model.md and docs/fidelity.md for the data and the errors).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
 
 from carma.sim.gpus import GpuType
+
+SHARING_MODES = ("mps", "timeslice")
 
 
 @dataclass(frozen=True)
 class Load:
-    """A task's solo utilization of one GPU (fractions in [0, 1])."""
+    """A task's solo activity on one GPU, as fractions in [0, 1].
 
+    `gract` is the share of time the GPU is busy with the task's kernels (DCGM GRACT, what nvidia-smi
+    reports as utilization); SMACT, SMOCC and DRAMA are the DCGM profiling metrics.
+    """
+
+    gract: float
     smact: float
     smocc: float
     drama: float
 
 
 @dataclass(frozen=True)
-class SharingModel:
-    """Slowdown of n co-running tasks: demand beyond capacity is shared, plus a per-co-runner overhead.
+class InterferenceModel:
+    """Per-task slowdown of tasks sharing a GPU.
 
-    slowdown = max(1, sum(SMACT) / sm_capacity, sum(DRAMA) / dram_capacity) * (1 + overhead * (n - 1))
+    Time-slicing (fitted on Lucid's measured pairs): a task's kernels wait whenever they collide with a
+    co-runner's, so  slowdown_i = 1 + a * g_i**p * (sum of the co-runners' g)**q.
+    MPS runs kernels of different processes concurrently: of the time-slicing excess only the share
+    `mps_share` remains (thesis Table 4.4), but the tasks together cannot exceed the SMs or the memory
+    bandwidth (slowdown >= sum of SMACT, sum of DRAMA), and MPS never does worse than time-slicing.
     """
 
-    name: str
-    sm_capacity: float
-    dram_capacity: float
-    overhead: float
+    a: float
+    p: float
+    q: float
+    mps_share: float
 
-    def slowdown(self, loads: Sequence[Load]) -> float:
-        n = len(loads)
-        if n <= 1:
-            return 1.0
-        demand = max(
-            1.0,
-            sum(x.smact for x in loads) / self.sm_capacity,
-            sum(x.drama for x in loads) / self.dram_capacity,
-        )
-        return demand * (1.0 + self.overhead * (n - 1))
+    def timeslice(self, loads: Sequence[Load]) -> list[float]:
+        total = sum(x.gract for x in loads)
+        return [1.0 + self.a * x.gract**self.p * max(0.0, total - x.gract) ** self.q for x in loads]
 
-
-SHARING_MODELS = {
-    "mps": SharingModel("mps", sm_capacity=1.0, dram_capacity=1.0, overhead=0.04),
-    "timeslice": SharingModel("timeslice", sm_capacity=0.9, dram_capacity=1.0, overhead=0.10),
-}
+    def slowdowns(self, loads: Sequence[Load], sharing: str) -> list[float]:
+        shared = self.timeslice(loads)
+        if sharing == "timeslice" or len(loads) < 2:
+            return shared
+        bound = max(1.0, sum(x.smact for x in loads), sum(x.drama for x in loads))
+        return [min(s, max(1.0 + self.mps_share * (s - 1.0), bound)) for s in shared]
 
 
 @dataclass(frozen=True)
 class PowerModel:
-    """Board power rises from idle with SM activity, sublinearly: idle + (max - idle) * SMACT ** exponent."""
+    """Board power from idle (no kernels) to the board limit: idle + (max - idle) * SMACT ** exponent."""
 
-    exponent: float = 0.6
+    exponent: float
 
     def __post_init__(self) -> None:
         if self.exponent <= 0:
@@ -63,3 +72,18 @@ class PowerModel:
 
     def power_w(self, gpu: GpuType, smact: float) -> float:
         return gpu.idle_w + (gpu.max_w - gpu.idle_w) * min(1.0, smact) ** self.exponent
+
+
+@cache
+def twin_params() -> dict[str, Any]:
+    """The calibrated parameters shipped with carma (`carma twin calibrate` regenerates them)."""
+    return json.loads((resources.files("carma.sim") / "data" / "twin_params.json").read_text())
+
+
+def calibrated_interference() -> InterferenceModel:
+    ts, mps = twin_params()["timeslice"], twin_params()["mps"]
+    return InterferenceModel(a=ts["a"], p=ts["p"], q=ts["q"], mps_share=mps["share"])
+
+
+def calibrated_power() -> PowerModel:
+    return PowerModel(exponent=twin_params()["power"]["exponent"])

@@ -1,9 +1,9 @@
 """A simulated GPU server that runs a trace through the scheduling loop.
 
 It implements the core's ports itself: a virtual clock, telemetry from its GPU model (1 Hz samples) and
-an executor whose "processes" reach their first kernel after the workload's time to first kernel,
-allocate their memory then (or crash with a CUDA out-of-memory message when it does not fit), progress
-at a speed set by their co-runners, and exit.
+an executor whose "processes" show on their GPUs after the workload's time to first kernel (with their
+CUDA context and weights), allocate the rest of their memory after a warm-up (a CUDA out-of-memory exit
+when an allocation does not fit), progress at a speed set by their co-runners, and exit.
 
 Between events every GPU's state is constant, so the twin keeps a piecewise-constant timeline per GPU
 and derives samples, energy and utilization from it exactly. The scheduling loop runs on the 1 Hz grid,
@@ -25,12 +25,12 @@ from carma.core.scheduler import Scheduler
 from carma.core.types import GpuInfo, GpuSample, Launch, ProcessExit, Task, TaskId, TaskSpec
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType
-from carma.sim.models import Load, PowerModel, SharingModel
+from carma.sim.models import InterferenceModel, Load, PowerModel
 from carma.traces.catalog import Workload
 from carma.traces.loaders import Trace
 
 # event priorities at equal times: task events first, then submissions, then the decision tick
-_FIRST_KERNEL, _FINISH, _SUBMIT, _TICK = 0, 1, 2, 3
+_SEEN, _FULL, _FINISH, _SUBMIT, _TICK = 0, 1, 2, 3, 4
 
 
 class SimulationStalled(RuntimeError):
@@ -41,7 +41,8 @@ class SimulationStalled(RuntimeError):
 class _SimGpu:
     index: int
     kind: GpuType
-    allocated: dict[TaskId, int] = field(default_factory=dict)  # tasks past their first kernel
+    allocated: dict[TaskId, int] = field(default_factory=dict)  # processes shown on the GPU, with their memory
+    running: set[TaskId] = field(default_factory=set)  # those past their warm-up, computing
     segments: list[Segment] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
 
@@ -56,9 +57,8 @@ class _SimTask:
     load: Load
     gpus: tuple[int, ...] = ()
     version: int = 0  # bumped to invalidate scheduled events of an earlier attempt or rate
-    running: bool = False
     remaining_s: float = 0.0  # solo-speed seconds of GPU work left
-    rate: float = 1.0
+    rate: float = 0.0
     since: float = 0.0
 
 
@@ -69,12 +69,14 @@ class TwinServer:
         self,
         gpus: Sequence[GpuType],
         scheduler_factory: Callable[[list[GpuInfo]], Scheduler],
-        sharing: SharingModel,
+        interference: InterferenceModel,
+        sharing: str,
         power: PowerModel,
         fragmentation: float,
         oracle_memory: bool,
     ) -> None:
         self._gpus = [_SimGpu(i, kind) for i, kind in enumerate(gpus)]
+        self._interference = interference
         self._sharing = sharing
         self._power = power
         self._fragmentation = fragmentation
@@ -123,8 +125,7 @@ class TwinServer:
         sim = self._tasks[task.id]
         sim.version += 1
         sim.gpus = launch.gpus
-        sim.running = False
-        self._push(self._now + sim.workload.ttfk_s, _FIRST_KERNEL, task.id, sim.version)
+        self._push(self._now + sim.workload.ttfk_s, _SEEN, task.id, sim.version)
 
     def kill(self, task_id: TaskId) -> None:
         sim = self._tasks[task_id]
@@ -152,10 +153,12 @@ class TwinServer:
                 self._submit(payload)
             elif self._tasks[payload].version != version:
                 continue  # stale: the attempt was killed or its rate changed
-            elif kind == _FIRST_KERNEL:
-                self._first_kernel(payload)
+            elif kind == _SEEN:
+                self._seen(payload)
+            elif kind == _FULL:
+                self._full(payload)
             else:
-                self._finish(payload)
+                self._end(payload, ProcessExit(exit_code=0))
             self._tick_at(self._next_grid(t))
         stuck = [t for t in self.loop.scheduler.tasks if not t.terminal]
         if stuck:
@@ -196,54 +199,77 @@ class TwinServer:
     def _submit(self, workload: Workload) -> None:
         mem = workload.mem_mib if self._oracle_memory else None
         task = self.loop.submit(TaskSpec(workload.name, workload.gpus, mem))
-        load = Load(workload.smact, workload.smocc, workload.drama)
+        load = Load(workload.gract, workload.smact, workload.smocc, workload.drama)
         self._tasks[task.id] = _SimTask(workload, load)
 
-    def _first_kernel(self, task_id: TaskId) -> None:
+    def _allocate(self, task_id: TaskId, total_mib: int) -> bool:
+        """Grow the task's allocation to `total_mib` on each of its GPUs, or end it out of memory.
+
+        A request fails when it exceeds the free memory less the fragmentation allowance, a share of what
+        the co-runners hold.
+        """
         sim = self._tasks[task_id]
-        need = sim.workload.mem_mib
         for g in sim.gpus:
             gpu = self._gpus[g]
-            used = gpu.used_mib
-            usable = gpu.kind.total_mib - used - self._fragmentation * used
-            if need > usable:
-                free = gpu.kind.total_mib - used
-                self._end(task_id, _oom_exit(g, need, gpu.kind.total_mib, free))
-                return
-        sim.running = True
-        sim.remaining_s = sim.workload.solo_s - sim.workload.ttfk_s
+            own = gpu.allocated.get(task_id, 0)
+            others = gpu.used_mib - own
+            request = total_mib - own
+            free = gpu.kind.total_mib - gpu.used_mib
+            if request > free - self._fragmentation * others:
+                self._end(task_id, _oom_exit(g, request, gpu.kind.total_mib, free))
+                return False
+        for g in sim.gpus:
+            self._gpus[g].allocated[task_id] = total_mib
+        return True
+
+    def _seen(self, task_id: TaskId) -> None:
+        """The process shows on its GPUs with its CUDA context and weights."""
+        sim = self._tasks[task_id]
+        if self._allocate(task_id, sim.workload.mem_first_mib):
+            for g in sim.gpus:
+                self._record(self._gpus[g])
+            self._push(self._now + sim.workload.warmup_s, _FULL, task_id, sim.version)
+
+    def _full(self, task_id: TaskId) -> None:
+        """Warm-up done: the task holds all its memory and computes."""
+        sim = self._tasks[task_id]
+        if not self._allocate(task_id, sim.workload.mem_mib):
+            return
+        w = sim.workload
+        sim.remaining_s = w.solo_s - w.ttfk_s - w.warmup_s
         sim.since = self._now
         sim.rate = 0.0  # not progressing until _reschedule gives it a speed
         for g in sim.gpus:
-            self._gpus[g].allocated[task_id] = need
+            self._gpus[g].running.add(task_id)
         self._reschedule(sim.gpus)
-
-    def _finish(self, task_id: TaskId) -> None:
-        self._end(task_id, ProcessExit(exit_code=0))
 
     def _end(self, task_id: TaskId, exit: ProcessExit) -> None:
         sim = self._tasks[task_id]
         self._exits.append(TaskExit(task_id, exit, self._now))
-        if sim.running:
-            sim.running = False
-            for g in sim.gpus:
-                del self._gpus[g].allocated[task_id]
-            self._reschedule(sim.gpus)
+        shown = [g for g in sim.gpus if task_id in self._gpus[g].allocated]
+        for g in shown:
+            del self._gpus[g].allocated[task_id]
+            self._gpus[g].running.discard(task_id)
+        self._reschedule(shown)
         self._tick_at(self._next_grid(self._now))
 
     # ----------------------------------------------------------------- the GPU model
 
+    def _slowdowns(self, gpu: _SimGpu) -> dict[TaskId, float]:
+        tasks = sorted(gpu.running)
+        loads = [self._tasks[t].load for t in tasks]
+        return dict(zip(tasks, self._interference.slowdowns(loads, self._sharing), strict=True))
+
     def _reschedule(self, changed: Sequence[int]) -> None:
-        """Recompute speeds after the set of tasks on `changed` GPUs changed, and their timelines."""
-        slowdown = {g: self._sharing.slowdown([self._tasks[t].load for t in self._gpus[g].allocated]) for g in changed}
+        """Recompute speeds after the tasks on `changed` GPUs changed, and those GPUs' timelines."""
+        slowdowns = {g: self._slowdowns(self._gpus[g]) for g in changed}
         touched = set(changed)
-        affected = {t for g in changed for t in self._gpus[g].allocated}
-        for task_id in affected:
+        for task_id in {t for g in changed for t in self._gpus[g].running}:
             sim = self._tasks[task_id]
             for g in sim.gpus:
-                if g not in slowdown:
-                    slowdown[g] = self._sharing.slowdown([self._tasks[t].load for t in self._gpus[g].allocated])
-            rate = 1.0 / max(slowdown[g] for g in sim.gpus)
+                if g not in slowdowns:
+                    slowdowns[g] = self._slowdowns(self._gpus[g])
+            rate = 1.0 / max(slowdowns[g][task_id] for g in sim.gpus)
             if rate == sim.rate:
                 continue
             sim.remaining_s -= sim.rate * (self._now - sim.since)
@@ -257,7 +283,7 @@ class TwinServer:
 
     def _record(self, gpu: _SimGpu) -> None:
         smact = smocc = drama = 0.0
-        for task_id in gpu.allocated:
+        for task_id in gpu.running:
             sim = self._tasks[task_id]
             smact += sim.load.smact * sim.rate
             smocc += sim.load.smocc * sim.rate
@@ -281,7 +307,7 @@ class TwinServer:
 
 
 def _oom_exit(gpu: int, need_mib: int, total_mib: int, free_mib: int) -> ProcessExit:
-    """The error a PyTorch training script prints when its first allocation does not fit."""
+    """The error a PyTorch training script prints when an allocation does not fit."""
     message = (
         "torch.OutOfMemoryError: CUDA out of memory. "
         f"Tried to allocate {need_mib / 1024:.2f} GiB. GPU {gpu} has a total capacity of "

@@ -6,7 +6,7 @@ import csv
 import math
 import statistics
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,8 @@ from typing import Any
 from carma.units import parse_mib
 
 ESTIMATOR_COLUMNS = {"horus": "horus_mib", "faketensor": "faketensor_mib", "gpumemnet": "gpumemnet_mib"}
-PROFILE_FIELDS = ("smact", "smocc", "drama", "ttfk_s")
+PROFILE_FIELDS = ("gract", "smact", "smocc", "drama", "ttfk_s", "warmup_s", "mem_first_mib")
+_FRACTIONS = ("gract", "smact", "smocc", "drama")
 
 
 class UnknownTaskError(KeyError):
@@ -28,12 +29,15 @@ class Workload:
 
     name: str
     gpus: int
-    solo_s: float  # exclusive execution time, time to first kernel included
-    mem_mib: int  # GPU memory it allocates on each of its GPUs
+    solo_s: float  # exclusive execution time, start-up included
+    mem_mib: int  # GPU memory it allocates on each of its GPUs, in the end
+    gract: float  # share of time the GPU is busy with its kernels (nvidia-smi's "utilization")
     smact: float
     smocc: float
     drama: float
-    ttfk_s: float
+    ttfk_s: float  # launch to first sighting on the GPU (its CUDA context)
+    warmup_s: float  # first sighting to its full allocation and full speed
+    mem_first_mib: int  # memory at first sighting (context and weights)
     model: str = ""
     dataset: str = ""
     batch_size: int | None = None
@@ -44,11 +48,14 @@ class Workload:
             raise ValueError("gpus must be at least 1")
         if not (0 < self.solo_s < math.inf and self.mem_mib > 0):
             raise ValueError("solo time and memory must be positive and finite")
-        if not 0 <= self.ttfk_s < self.solo_s:
+        if self.ttfk_s < 0 or self.warmup_s < 0 or self.ttfk_s + self.warmup_s >= self.solo_s:
             raise ValueError(
-                f"time to first kernel ({self.ttfk_s:g} s) must be shorter than the solo time ({self.solo_s:g} s)"
+                f"time to first kernel ({self.ttfk_s:g} s) and warm-up ({self.warmup_s:g} s) must be "
+                f"non-negative and end before the solo time ({self.solo_s:g} s)"
             )
-        for metric in ("smact", "smocc", "drama"):
+        if not 0 <= self.mem_first_mib <= self.mem_mib:
+            raise ValueError(f"memory at first sighting must lie between 0 and the need ({self.mem_mib} MiB)")
+        for metric in _FRACTIONS:
             if not 0.0 <= getattr(self, metric) <= 1.0:
                 raise ValueError(f"{metric} must be a fraction in [0, 1]")
 
@@ -103,10 +110,8 @@ def load_catalog(workloads_csv: Path | None = None, profiles_csv: Path | None = 
                 gpus=int(row["gpus"]),
                 solo_s=float(row["solo_minutes"]) * 60.0,
                 mem_mib=int(row["mem_mib"]),
-                smact=float(prof["smact"]),
-                smocc=float(prof["smocc"]),
-                drama=float(prof["drama"]),
-                ttfk_s=float(prof["ttfk_s"]),
+                **{f: float(prof[f]) for f in PROFILE_FIELDS if f != "mem_first_mib"},
+                mem_first_mib=int(prof["mem_first_mib"]),
                 model=row["model"],
                 dataset=row["dataset"],
                 batch_size=int(row["batch_size"]),
@@ -127,6 +132,7 @@ FIELD_PARSERS: dict[str, Callable[[Any], Any]] = {
     "solo_s": float,
     "mem_mib": parse_mib,
     **dict.fromkeys(PROFILE_FIELDS, float),
+    "mem_first_mib": parse_mib,
 }
 
 
@@ -155,13 +161,18 @@ def define_workload(name: str, fields: Mapping[str, object], catalog: Catalog) -
             raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
         parsed = {key: _parse_field(key, value) for key, value in fields.items()}
         if name in catalog:
-            return replace(catalog[name], **parsed)
-        missing = [f for f in ("solo_s", "mem_mib") if f not in parsed]
-        if missing:
-            raise UnknownTaskError(
-                f"unknown task {name!r}: not in the workload catalog; define it with {' and '.join(missing)}"
-            )
-        return Workload(name=name, **{"gpus": 1, **catalog.typical_profile(), **parsed})
+            base = asdict(catalog[name])
+        else:
+            missing = [f for f in ("solo_s", "mem_mib") if f not in parsed]
+            if missing:
+                raise UnknownTaskError(
+                    f"unknown task {name!r}: not in the workload catalog; define it with {' and '.join(missing)}"
+                )
+            base = {"name": name, "gpus": 1, **catalog.typical_profile()}
+        merged = {**base, **parsed}
+        if "mem_first_mib" not in parsed:  # what shows first cannot exceed the (given) need
+            merged["mem_first_mib"] = min(int(merged["mem_first_mib"]), int(merged["mem_mib"]))
+        return Workload(**merged)
     except UnknownTaskError:
         raise
     except ValueError as err:
