@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/twin_speed.py
+	$(BIN)/python benchmarks/server_bench.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

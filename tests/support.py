@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
 from carma.core.memory import Estimator
 from carma.core.types import Launch, Task
 
 TOTAL_MIB = 40960
+CARMA = str(Path(sys.executable).parent / "carma")  # the installed console script, run as a user runs it
+# Variables that would make rich's output depend on the terminal the tests run from.
+_TERMINAL_VARIABLES = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE"}
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_VARIABLES and k != "CARMA_URL"}
+    return {**env, **extra}
+
+
+def run_carma(
+    *args: object, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    assert Path(CARMA).exists(), f"the `carma` console script is not installed beside {sys.executable}"
+    return subprocess.run(
+        [CARMA, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env or cli_env(),
+        cwd=cwd,
+        check=False,
+        timeout=300,
+    )
+
+
 OOM_LOG = "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 
 

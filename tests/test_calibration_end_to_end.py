@@ -9,9 +9,6 @@ same thing without writing.
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,18 +16,7 @@ import pytest
 from carma.calibration.sources import DataNotFound, find_datasets, package_rows
 from carma.sim.models import twin_params
 from carma.traces.catalog import data_file
-
-CARMA = Path(sys.executable).parent / "carma"
-# Variables that would make rich's output depend on the terminal the tests run from.
-_TERMINAL_VARIABLES = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE"}
-
-
-def run_carma(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    assert CARMA.exists(), f"the `carma` console script is not installed beside {sys.executable} (pip install -e .)"
-    env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_VARIABLES}
-    return subprocess.run(
-        [str(CARMA), *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=300
-    )
+from support import run_carma
 
 
 @pytest.fixture(scope="module")

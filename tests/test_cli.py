@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import carma
 from carma.sim.experiment import PAPER_SWEEP
+from support import run_carma
 
 RUN_FIELDS = {
     "config", "policy", "memory", "risk_filter",
@@ -25,25 +23,6 @@ COMPARED = ("makespan_s", "energy_mj", "jct_p95_s", "wait_p95_s", "exec_p95_s", 
 CHANGE_FIELDS = {f"{key}_change_pct" for key in COMPARED}
 SWEEP_LABELS = [c.label for c in PAPER_SWEEP]  # the literal list is checked in test_experiments
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# Variables that would make rich's output depend on the terminal the tests run from.
-_TERMINAL_VARIABLES = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE"}
-
-
-def _carma_executable() -> str:
-    beside_python = Path(sys.executable).parent / "carma"
-    found = str(beside_python) if beside_python.exists() else shutil.which("carma")
-    assert found, "the `carma` console script is not installed (pip install -e .)"
-    return found
-
-
-CARMA = _carma_executable()
-
-
-def run_carma(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_VARIABLES}
-    return subprocess.run(
-        [CARMA, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=300
-    )
 
 
 def run_json(*args: object) -> dict:

@@ -355,3 +355,62 @@ def test_no_usable_estimate_means_a_whole_gpu(estimator):
     other = b.submit()
     assert b.placed() == {}
     assert "idle" in b.sched.waiting_reason(other.id)
+
+
+# ------------------------------------------------------------------ what a persisting world needs
+
+
+def test_a_world_can_number_tasks_itself():
+    b = Bench(gpus=1)
+    task = b.sched.submit(TaskSpec("x"), b.t, task_id=41)
+    assert task.id == 41 and b.submit().id == 42
+    with pytest.raises(ValueError, match="already taken"):
+        b.sched.submit(TaskSpec("y"), b.t, task_id=41)
+
+
+def test_changes_are_handed_out_once_in_id_order():
+    b = Bench(gpus=1)
+    first, second = b.submit(), b.submit()
+    assert [t.id for t in b.sched.take_changes()] == [first.id, second.id]
+    assert b.sched.take_changes() == []
+    b.decide()
+    assert [t.id for t in b.sched.take_changes()] == [first.id]  # its placement
+    b.first_kernel(first.id)
+    assert [t.state for t in b.sched.take_changes()] == [TaskState.RUNNING]
+
+
+def test_a_recovery_is_a_change_too():
+    b = Bench(gpus=1)
+    _, victim = collocated_oom(b)
+    b.sched.take_changes()
+    b.decide()  # the recovery scan
+    assert b.sched.take_changes() == [victim] and victim.state is TaskState.RECOVERING
+
+
+def test_restored_tasks_take_up_queues_and_gpus_as_they_were():
+    b = Bench(gpus=2)
+    running, waiting, crashed = b.submit("running"), b.submit("waiting"), b.submit("crashed")
+    b.decide()  # running on GPU 0, waiting on GPU 1 (both idle)
+    b.first_kernel(running.id)
+    after = Bench(gpus=2)  # a new scheduler over the same state, as after a daemon restart
+    waiting.state, waiting.attempts = TaskState.QUEUED, []
+    crashed.state = TaskState.RECOVERING
+    for task in (running, waiting, crashed):
+        after.sched.restore(task)
+    assert after.sched.queue == [waiting.id] and after.sched.recovery_queue == [crashed.id]
+    assert after.sched.submit(TaskSpec("new"), after.t).id == crashed.id + 1
+    status = {s.gpu.index: s for s in after.sched.gpu_status(after.t)}
+    assert status[0].tasks == (running.id,) and not status[0].valid  # its TTFK window still runs
+    after.t = running.current.first_kernel_s + 30
+    assert after.sched.gpu_status(after.t)[0].valid
+
+
+def test_gpu_status_shows_samples_risk_and_waiting_for_a_first_kernel():
+    b = Bench(gpus=1)
+    busy(b, [0], used_mib=10_000, smact=0.9, smocc=0.5, drama=0.1)
+    task = b.submit()
+    b.sched.record_gpu_processes(0, [], foreign=1, now=b.t)
+    (status,) = b.sched.gpu_status(b.t)
+    assert status.latest.used_mib == 10_000 and status.excluded and status.foreign == 1
+    assert status.risk.smact == pytest.approx(0.9)
+    assert task.id not in status.tasks and not status.awaiting_first_kernel

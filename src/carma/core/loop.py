@@ -1,27 +1,40 @@
-"""One scheduling step, identical in both worlds: exits, telemetry, decisions, launches."""
+"""One scheduling step, identical in both worlds: exits, telemetry, decisions, persistence, launches."""
 
 from __future__ import annotations
 
-from carma.core.ports import Clock, Executor, Telemetry
+from carma.core.ports import Clock, Executor, Journal, Telemetry
 from carma.core.scheduler import Scheduler
 from carma.core.types import Launch, Task, TaskId, TaskSpec
 
 
 class SchedulingLoop:
-    def __init__(self, scheduler: Scheduler, clock: Clock, telemetry: Telemetry, executor: Executor) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        clock: Clock,
+        telemetry: Telemetry,
+        executor: Executor,
+        journal: Journal | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.clock = clock
         self.telemetry = telemetry
         self.executor = executor
+        self.journal = journal
 
-    def submit(self, spec: TaskSpec) -> Task:
-        return self.scheduler.submit(spec, self.clock.now())
+    def submit(self, spec: TaskSpec, task_id: TaskId | None = None) -> Task:
+        task = self.scheduler.submit(spec, self.clock.now(), task_id)
+        self._persist()
+        return task
 
     def cancel(self, task_id: TaskId) -> None:
-        if self.scheduler.cancel(task_id, self.clock.now()):
+        kill = self.scheduler.cancel(task_id, self.clock.now())
+        self._persist()
+        if kill:
             self.executor.kill(task_id)
 
-    def step(self) -> list[Launch]:
+    def step(self, place: bool = True) -> list[Launch]:
+        """Take exits and telemetry in; unless `place` is off (draining), decide; persist; launch."""
         now = self.clock.now()
         sched = self.scheduler
         for ended in self.executor.poll_exits():
@@ -31,7 +44,13 @@ class SchedulingLoop:
             sched.record_sample(sample)
         for gpu, procs in reading.processes.items():
             sched.record_gpu_processes(gpu, procs.tasks, procs.foreign, now)
-        launches = sched.decide(now)
+        launches = sched.decide(now) if place else []
+        self._persist()  # every change, placements included, is written before it is acted on
         for launch in launches:
             self.executor.launch(sched.task(launch.task_id), launch)
         return launches
+
+    def _persist(self) -> None:
+        changes = self.scheduler.take_changes()
+        if self.journal is not None and changes:
+            self.journal.save(changes)

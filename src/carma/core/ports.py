@@ -44,6 +44,12 @@ class TaskExit:
     ended_s: float
 
 
+class Journal(Protocol):
+    """Where a world persists task changes before acting on them (the daemon's store)."""
+
+    def save(self, tasks: Sequence[Task]) -> None: ...
+
+
 class Executor(Protocol):
     def launch(self, task: Task, launch: Launch) -> None: ...
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from carma.core.config import Policy, SchedulerConfig
 from carma.core.memory import Estimator, resolve_need
 from carma.core.monitor import MonitorWindow
 from carma.core.policies import Candidate, RoundRobin, order
 from carma.core.recovery import classify_exit, oom_message
+from carma.core.risk import Risk
 from carma.core.ttfk import TtfkTable
 from carma.core.types import (
     ACTIVE_STATES,
@@ -33,6 +35,22 @@ from carma.core.types import (
 )
 
 HEAD_OF_LINE = "behind the head of the queue (FIFO)"
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """What the scheduler knows of one GPU: its latest sample, risk, TTFK validity and tasks."""
+
+    gpu: GpuInfo
+    latest: GpuSample | None
+    risk: Risk | None
+    excluded: bool
+    valid: bool
+    awaiting_first_kernel: bool
+    tasks: tuple[TaskId, ...]
+    foreign: int
+
+
 RECOVERY_FIRST = "recovery queue has priority"
 
 
@@ -65,18 +83,54 @@ class Scheduler:
         self._foreign: dict[int, int] = dict.fromkeys(indices, 0)
         self._needs: dict[TaskId, MemoryNeed] = {}
         self._blocked: dict[TaskId, str] = {}
+        self._changed: set[TaskId] = set()  # tasks changed since the world last took the changes to persist
         self._next_id = 1
 
     # ----------------------------------------------------------------- inputs from a world
 
-    def submit(self, spec: TaskSpec, now: float) -> Task:
+    def submit(self, spec: TaskSpec, now: float, task_id: TaskId | None = None) -> Task:
+        """Queue a task; a world that numbers tasks itself (the daemon's store) passes the id."""
         if spec.gpus > len(self.gpus):
             raise SpecError(f"task {spec.name!r} needs {spec.gpus} GPUs but this server has {len(self.gpus)}")
-        task = Task(id=self._next_id, spec=spec, submit_s=now)
-        self._next_id += 1
+        task_id = self._next_id if task_id is None else task_id
+        if task_id in self._tasks:
+            raise ValueError(f"task id {task_id} is already taken")
+        task = Task(id=task_id, spec=spec, submit_s=now)
+        self._next_id = max(self._next_id, task_id + 1)
         self._tasks[task.id] = task
         self._queue.append(task.id)
+        self._changed.add(task.id)
         return task
+
+    def restore(self, task: Task) -> None:
+        """Take back a task a world persisted (after a restart), in its state; call in submission order.
+
+        Waiting tasks rejoin their queue; a dispatched or running attempt holds its GPUs again, with its
+        TTFK bookkeeping as it was.
+        """
+        if task.id in self._tasks:
+            raise ValueError(f"task id {task.id} is already taken")
+        self._tasks[task.id] = task
+        self._next_id = max(self._next_id, task.id + 1)
+        if task.state is TaskState.QUEUED:
+            self._queue.append(task.id)
+        elif task.state is TaskState.RECOVERING:
+            self._recovery.append(task.id)
+        elif task.state is TaskState.OOM_CRASHED:
+            self._crashed.append(task.id)
+        elif task.state in ACTIVE_STATES:
+            attempt = task.current
+            for gpu in attempt.gpus:
+                self._on_gpu[gpu].add(task.id)
+                self._ttfk.dispatched(gpu, task.id, attempt.dispatched_s)
+                if attempt.first_kernel_s is not None:
+                    self._ttfk.seen(gpu, task.id, attempt.first_kernel_s)
+
+    def take_changes(self) -> list[Task]:
+        """Tasks changed since the last call, in id order: what a world persists before acting."""
+        changed = [self._tasks[t] for t in sorted(self._changed)]
+        self._changed.clear()
+        return changed
 
     def cancel(self, task_id: TaskId, now: float) -> bool:
         """Cancel a task; True when its process is live and the world must kill it."""
@@ -85,6 +139,7 @@ class Scheduler:
             return False
         if task.state in ACTIVE_STATES:
             task.cancel_requested = True
+            self._changed.add(task_id)
             return True
         for queue in (self._queue, self._recovery):
             if task_id in queue:
@@ -106,6 +161,7 @@ class Scheduler:
                 if task.state is TaskState.DISPATCHED:
                     task.state = TaskState.RUNNING
                     task.current.first_kernel_s = now
+                    self._changed.add(task_id)
 
     def record_exit(self, task_id: TaskId, exit: ProcessExit, now: float) -> ExitKind | None:
         """A task's process ended; returns how it was classified (None for a task not running)."""
@@ -116,6 +172,7 @@ class Scheduler:
         kind = classify_exit(exit, killed_by_request=task.cancel_requested)
         attempt.ended_s = now
         attempt.outcome = kind
+        self._changed.add(task_id)
         for gpu in attempt.gpus:
             self._on_gpu[gpu].discard(task_id)
         self._ttfk.ended(task_id)
@@ -186,6 +243,24 @@ class Scheduler:
         """Whether any task waits for a placement (or for the recovery scan)."""
         return bool(self._queue or self._recovery or self._crashed)
 
+    def gpu_status(self, now: float) -> list[GpuStatus]:
+        out = []
+        for g, window in self._windows.items():
+            risk = window.risk() if window.latest is not None else None
+            out.append(
+                GpuStatus(
+                    gpu=self.gpus[g],
+                    latest=window.latest,
+                    risk=risk,
+                    excluded=bool(risk and self.config.risk.enabled and risk.excluded(self.config.risk)),
+                    valid=self._ttfk.valid(g, now),
+                    awaiting_first_kernel=any(self._tasks[t].state is TaskState.DISPATCHED for t in self._on_gpu[g]),
+                    tasks=tuple(sorted(self._on_gpu[g])),
+                    foreign=self._foreign[g],
+                )
+            )
+        return out
+
     def waiting_reason(self, task_id: TaskId) -> str | None:
         """Why a waiting task was not placed at the last decision."""
         if task_id in self._blocked:
@@ -213,6 +288,7 @@ class Scheduler:
             else:
                 task.state = TaskState.RECOVERING
                 self._recovery.append(task_id)
+                self._changed.add(task_id)
         self._crashed.clear()
 
     def _idle_gpus(self) -> list[int]:
@@ -278,6 +354,7 @@ class Scheduler:
         )
         task.attempts.append(attempt)
         task.state = TaskState.DISPATCHED
+        self._changed.add(task.id)
         if self.config.policy is Policy.RR and not recovery:
             self._rr.placed(gpus)
         return Launch(task.id, attempt.number, attempt.gpus, attempt.exclusive, recovery)
@@ -287,6 +364,7 @@ class Scheduler:
         task.reason = reason
         task.ended_s = now
         self._needs.pop(task.id, None)
+        self._changed.add(task.id)
 
 
 def _error_reason(exit: ProcessExit) -> str:

@@ -15,10 +15,10 @@ from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
 from carma.sim.twin import TwinServer
-from carma.traces.catalog import ESTIMATOR_COLUMNS, Workload
+from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES, Workload
 from carma.traces.loaders import Trace
 
-MEMORY_MODES = ("none", "oracle", *ESTIMATOR_COLUMNS)
+MEMORY_MODES = MEMORY_SOURCES
 _POLICY_LABELS = {p: p.value.upper() for p in Policy} | {Policy.EXCLUSIVE: "Exclusive"}
 _MEMORY_LABELS = {"none": "recovery only", "oracle": "oracle", "horus": "Horus", "faketensor": "FakeTensor"}
 

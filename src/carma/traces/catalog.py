@@ -14,6 +14,8 @@ from typing import Any
 from carma.units import parse_mib
 
 ESTIMATOR_COLUMNS = {"horus": "horus_mib", "faketensor": "faketensor_mib", "gpumemnet": "gpumemnet_mib"}
+# where an experiment's memory needs come from: nothing (recovery only), the measured need, or an estimate
+MEMORY_SOURCES = ("none", "oracle", *ESTIMATOR_COLUMNS)
 PROFILE_FIELDS = ("gract", "smact", "smocc", "drama", "ttfk_s", "warmup_s", "mem_first_mib")
 _FRACTIONS = ("gract", "smact", "smocc", "drama")
 

@@ -1,0 +1,143 @@
+"""The daemon's performance targets on fake GPUs (issue "the carma server").
+
+- submitting 1,000 tasks through the API: at least 200 submissions/s sustained;
+- `carma queue` with 1,000 queued tasks: under 300 ms (the whole CLI command, process start included);
+- one scheduling decision with 8 GPUs and 1,000 queued tasks: under 1 ms at the median;
+- the idle daemon with 8 fake GPUs sampled at 1 Hz: under 2% of one core, resident memory under 150 MB.
+
+    python benchmarks/server_bench.py
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
+from carma.server.client import Client, ClientError
+
+CARMA = str(Path(sys.executable).parent / "carma")
+SLEEP = "3601.5"  # a marker to find the benchmark's task processes afterwards
+
+
+def start_server(home: Path, gpus: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "CARMA_HOME": str(home)}
+    proc = subprocess.Popen([CARMA, "server", "--fake-gpus", gpus], env=env, stdout=subprocess.DEVNULL)
+    client = Client(home / "carma.sock")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            client.status()
+            return proc
+        except ClientError:
+            time.sleep(0.1)
+    raise RuntimeError("the server did not start")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=20)
+    subprocess.run(["pkill", "-f", f"sleep {SLEEP}"], check=False)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def bench_submit_and_queue(home: Path) -> None:
+    proc = start_server(home, "8xA100-40GB")
+    client = Client(home / "carma.sock")
+    spec = {"command": ["sleep", SLEEP], "workdir": "/tmp", "gpus": 1, "mem": "2GiB"}
+    try:
+        start = time.perf_counter()
+        for _ in range(1000):
+            client.submit(spec)
+        elapsed = time.perf_counter() - start
+        print(f"submit 1,000 tasks through the API: {1000 / elapsed:,.0f} submissions/s (target >= 200)")
+        queued = len(client.tasks())
+        env = {**os.environ, "CARMA_HOME": str(home)}
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            subprocess.run([CARMA, "queue"], env=env, stdout=subprocess.DEVNULL, check=True)
+            times.append(time.perf_counter() - t)
+        print(f"`carma queue` with {queued} tasks: {1000 * statistics.median(times):.0f} ms median of 5 (target < 300)")
+    finally:
+        stop_server(proc)
+
+
+def bench_decision() -> None:
+    """decide() with 8 GPUs and 1,000 queued tasks, alternating placements and blocked heads."""
+    gpus = [GpuInfo(i, "A100-40GB", 40960) for i in range(8)]
+    sched = Scheduler(gpus, SchedulerConfig())
+    now = 0.0
+    for task in range(1000):
+        sched.submit(TaskSpec(f"t{task}", 1, None), now)
+    times = []
+    running: list[int] = []
+    while len(times) < 400:
+        now += 1.0
+        for g in gpus:
+            sched.record_sample(GpuSample(g.index, now, 8000, 40960, 0.4, 0.2, 0.2))
+        for task_id in running:
+            for gpu in sched.task(task_id).current.gpus:
+                sched.record_gpu_processes(gpu, [task_id], 0, now)
+        t = time.perf_counter()
+        launches = sched.decide(now)
+        times.append(time.perf_counter() - t)
+        running += [launch.task_id for launch in launches]
+        if len(sched.queue) < 900:  # keep 1,000 waiting: finish the oldest and submit new ones
+            for task_id in running[:8]:
+                sched.record_exit(task_id, ProcessExit(0), now)
+                sched.submit(TaskSpec("more", 1, None), now)
+            running = running[8:]
+    placing = [t for t in times if t > 0]
+    print(
+        f"one decision, 8 GPUs, ~1,000 queued: median {1e6 * statistics.median(placing):.0f} us, "
+        f"p99 {1e6 * sorted(placing)[int(0.99 * len(placing))]:.0f} us over {len(placing)} decisions (target < 1 ms)"
+    )
+
+
+def bench_idle(home: Path, seconds: float = 30.0) -> None:
+    proc = start_server(home, "8xA100-40GB")
+    try:
+        time.sleep(3)
+        before, t = cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(seconds)
+        share = (cpu_seconds(proc.pid) - before) / (time.monotonic() - t)
+        print(
+            f"idle daemon, 8 fake GPUs at 1 Hz, over {seconds:g} s: {100 * share:.2f}% of one core (target < 2%), "
+            f"resident memory {rss_mb(proc.pid):.0f} MB (target < 150)"
+        )
+    finally:
+        stop_server(proc)
+
+
+def main() -> None:
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    for bench in (bench_submit_and_queue, bench_idle):
+        home = Path(tempfile.mkdtemp(prefix="carma-bench-"))
+        try:
+            bench(home)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+    bench_decision()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""What every `carma` command shares: the Typer app, the consoles, and one-line errors."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from carma import __version__
+
+app = typer.Typer(
+    help="carma: a collocation-aware GPU resource manager for deep-learning training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(width=None if sys.stdout.isatty() else 200)  # pipes and CI logs get whole rows
+err = Console(stderr=True, highlight=False)
+
+
+class UsageError(Exception):
+    """A user mistake, reported as one line."""
+
+
+def fail(message: str) -> typer.Exit:
+    """Report a user mistake as one plain line (never wrapped, never read as markup)."""
+    err.print(Text("error: ", style="bold red") + Text(" ".join(message.split())), soft_wrap=True)
+    return typer.Exit(2)
+
+
+def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Plain aligned columns (the last one free-width): instant for thousands of rows, unlike a rich Table."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
+        for row in [list(headers), *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str:
+    if value not in choices:
+        raise UsageError(f"{option} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"carma {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
+) -> None:
+    """carma: a collocation-aware GPU resource manager for deep-learning training."""

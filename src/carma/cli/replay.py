@@ -1,0 +1,102 @@
+"""`carma replay`: submit a trace to a running server at its arrival times, as fake training jobs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from carma.cli.common import app, choice, err, fail, out
+from carma.traces.catalog import Workload
+from carma.traces.loaders import BUILTIN_TRACES
+
+
+def fakejob_command(w: Workload) -> list[str]:
+    """A `carma.fakejob` command line that behaves like the workload on fake GPUs."""
+    return [
+        sys.executable, "-m", "carma.fakejob",
+        "--mem", f"{w.mem_mib}MiB", "--mem-first", f"{w.mem_first_mib}MiB",
+        "--seconds", f"{w.solo_s:g}", "--ttfk", f"{w.ttfk_s:g}", "--warmup", f"{w.warmup_s:g}",
+        "--gract", f"{w.gract:g}", "--smact", f"{w.smact:g}", "--smocc", f"{w.smocc:g}", "--drama", f"{w.drama:g}",
+    ]  # fmt: skip
+
+
+@app.command("replay")
+def replay_cmd(
+    trace: Annotated[str, typer.Argument(help=f"Built-in trace ({', '.join(BUILTIN_TRACES)}) or a trace file.")],
+    time_scale: Annotated[
+        float | None, typer.Option(help="Simulated seconds per wall second (default: the server's).")
+    ] = None,
+    memory: Annotated[str, typer.Option(help="none (recovery only) or oracle (submit the measured need).")] = "none",
+    limit: Annotated[int | None, typer.Option(help="Only the first N tasks.", min=1)] = None,
+    skip_unknown: Annotated[bool, typer.Option("--skip-unknown", help="Leave out unknown tasks.")] = False,
+    wait: Annotated[bool, typer.Option(help="Wait for every task to end and print the run's figures.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the submitted ids (and figures) as JSON.")] = False,
+) -> None:
+    """Replay a trace against a running server (fake GPUs): each task is a carma.fakejob with its profile."""
+    from carma.server.client import Client, ClientError
+    from carma.traces.catalog import load_catalog
+    from carma.traces.loaders import TraceError, load_trace
+
+    try:
+        loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
+        choice(memory, ("none", "oracle"), "--memory")
+    except (TraceError, ValueError) as e:
+        raise fail(str(e)) from None
+    client = Client()
+    entries = loaded.entries[:limit]
+    try:
+        scale = time_scale or client.status()["time_scale"]
+        ids = _submit_all(client, entries, scale, memory == "oracle", quiet=as_json)
+        figures = _wait(client, ids) if wait else None
+    except ClientError as e:
+        raise fail(str(e)) from None
+    if as_json:
+        print(json.dumps({"trace": loaded.name, "ids": ids, **({"figures": figures} if figures else {})}))
+    elif figures:
+        out.print(", ".join(f"{k} {v}" for k, v in figures.items()), highlight=False)
+
+
+def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool) -> list[int]:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    first = entries[0].submit_s
+    ids = []
+    for entry in entries:
+        delay = start + (entry.submit_s - first) / scale - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        w = entry.workload
+        spec: dict[str, Any] = {
+            "command": fakejob_command(w),
+            "workdir": str(Path.cwd()),
+            "gpus": w.gpus,
+            "name": w.name,
+        }
+        if oracle:
+            spec["mem"] = w.mem_mib
+        task = client.submit(spec)
+        ids.append(task["id"])
+        if not quiet:
+            err.print(f"t={entry.submit_s:g}s submitted task {task['id']} ({w.name})", highlight=False)
+    return ids
+
+
+def _wait(client, ids: list[int]) -> dict[str, float | int]:
+    ended = {"completed", "failed", "cancelled"}
+    while True:
+        tasks = [client.task(i) for i in ids]
+        if all(t["state"] in ended for t in tasks):
+            break
+        time.sleep(0.5)
+    attempts = [a for t in tasks for a in t["attempt_list"]]
+    return {
+        "makespan_s": round(max(t["ended_s"] for t in tasks) - min(t["submit_s"] for t in tasks), 1),
+        "completed": sum(t["state"] == "completed" for t in tasks),
+        "failed": sum(t["state"] == "failed" for t in tasks),
+        "oom_crashes": sum(a["outcome"] == "oom" for a in attempts),
+        "collocated_attempts": sum(not a["exclusive"] for a in attempts),
+    }

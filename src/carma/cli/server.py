@@ -1,0 +1,102 @@
+"""`carma server`: run the daemon."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from carma.cli.common import app, choice, err, fail, out
+from carma.sim.models import SHARING_MODES
+
+
+@app.command("server")
+def server_cmd(
+    fake_gpus: Annotated[
+        str | None, typer.Option(help="Run on fake GPUs, e.g. 3xA100-40GB (the twin's GPU model in wall-clock time).")
+    ] = None,
+    time_scale: Annotated[float, typer.Option(help="With fake GPUs: simulated seconds per wall second.")] = 1.0,
+    sharing: Annotated[str, typer.Option(help="With fake GPUs: how they share, mps or timeslice.")] = "mps",
+    policy: Annotated[str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm).")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML configuration file ([scheduler] section).")] = None,
+    tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (bearer tokens required).")] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).")
+    ] = None,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when cancelling.")] = 10.0,
+) -> None:
+    """Run the carma daemon: it queues, places and runs training tasks on this machine's GPUs."""
+    import asyncio
+    import logging
+    from dataclasses import replace
+
+    from carma.config import ConfigError, load_config
+    from carma.core.config import Policy
+    from carma.server.auth import Tokens
+    from carma.server.daemon import Daemon
+    from carma.server.paths import Paths, carma_home
+    from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    paths = Paths(home or carma_home())
+    try:
+        scheduler = load_config(config).scheduler
+        if policy:
+            scheduler = replace(scheduler, policy=Policy(choice(policy, [p.value for p in Policy], "--policy")))
+        if time_scale != 1.0 and not fake_gpus:
+            raise ValueError("--time-scale only applies to fake GPUs (--fake-gpus)")
+        paths.create()
+        backend, env = _backend(paths, fake_gpus, choice(sharing, SHARING_MODES, "--sharing"), time_scale)
+        daemon = Daemon(paths, backend, scheduler, time_scale=time_scale, extra_env=env, grace_s=grace)
+        sockets = [bind_unix(paths.socket)]
+        tokens = Tokens(paths.tokens)
+        if tcp:
+            sockets.append(bind_tcp(tcp))
+            if not tokens:
+                tokens.create(_me(), os.geteuid(), admin=True)
+                err.print(f"created an admin token for TCP clients in {paths.tokens}")
+    except (ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning) as e:
+        raise fail(str(e)) from None
+    gpus = ", ".join(f"{g.index}:{g.name}" for g in daemon.gpus)
+    out.print(
+        f"carma server listening on {paths.socket}{' and ' + tcp if tcp else ''}; "
+        f"policy {daemon.scheduler.config.policy.value}; GPUs {gpus}"
+        + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
+    )
+    asyncio.run(serve(daemon, sockets, tokens))
+
+
+def _me() -> str:
+    from carma.server.auth import user_name
+
+    return user_name(os.geteuid())
+
+
+def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float):  # type: ignore[no-untyped-def]
+    """The GPU backend and the environment every task gets with it."""
+    if not fake_gpus:
+        raise ValueError(
+            "real GPUs (NVML) are not supported by this version yet; run with --fake-gpus, e.g. --fake-gpus 3xA100-40GB"
+        )
+    from carma.sim.gpus import parse_gpus
+    from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
+
+    gpus = parse_gpus(fake_gpus)
+    device = _fake_device(paths.fake_gpus, gpus, sharing, time_scale, FakeDevice)
+    return FakeGpuBackend(device.root), fake_env(device.root)
+
+
+def _fake_device(root: Path, gpus, sharing: str, time_scale: float, device_cls):  # type: ignore[no-untyped-def]
+    """Reopen the fake device of an earlier run when it is the same (so placements stay valid), else make it."""
+    try:
+        device = device_cls.open(root)
+        if [(g.name, g.total_mib) for g in device.gpus()] == [(g.name, g.total_mib) for g in gpus] and (
+            device.sharing,
+            device.time_scale,
+        ) == (sharing, time_scale):
+            return device
+    except FileNotFoundError:
+        pass
+    return device_cls.create(root, gpus, sharing=sharing, time_scale=time_scale)

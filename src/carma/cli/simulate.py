@@ -1,0 +1,116 @@
+"""`carma simulate`: traces through the digital twin."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from carma.cli.common import UsageError, app, choice, err, fail, out
+from carma.sim.models import SHARING_MODES
+from carma.traces.catalog import MEMORY_SOURCES
+from carma.traces.loaders import BUILTIN_TRACES
+
+if TYPE_CHECKING:
+    from carma.sim.experiment import RunResult, TwinConfig
+
+
+def _twin_config(config_path: Path | None, gpus: str | None, sharing: str | None) -> TwinConfig:
+    from carma.config import load_config
+    from carma.sim.gpus import parse_gpus
+
+    twin = load_config(config_path).twin
+    if gpus is not None:
+        twin = replace(twin, gpus=parse_gpus(gpus))
+    if sharing is not None:
+        twin = replace(twin, sharing=choice(sharing, SHARING_MODES, "--sharing"))
+    return twin
+
+
+@app.command("simulate")
+def simulate_cmd(
+    trace: Annotated[
+        str, typer.Option(help=f"Built-in trace ({', '.join(BUILTIN_TRACES)}) or a trace file path.")
+    ] = "carma-t1",
+    policy: Annotated[
+        str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
+    ] = None,
+    memory: Annotated[str, typer.Option(help=f"Memory-need source: {', '.join(MEMORY_SOURCES)}.")] = "none",
+    no_risk_filter: Annotated[bool, typer.Option("--no-risk-filter", help="Switch the risk filter off.")] = False,
+    gpus: Annotated[str | None, typer.Option(help="Simulated GPUs, e.g. 3xA100-40GB.")] = None,
+    sharing: Annotated[str | None, typer.Option(help="GPU sharing mode: mps or timeslice.")] = None,
+    sweep_all: Annotated[
+        bool, typer.Option("--sweep", help="Run CARMA's whole configuration list and compare with Exclusive.")
+    ] = False,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the results as CSV.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write PNG charts of a sweep into this directory.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    skip_unknown: Annotated[
+        bool, typer.Option("--skip-unknown", help="Leave out trace entries of unknown tasks.")
+    ] = False,
+    jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
+    config: Annotated[Path | None, typer.Option(help="TOML configuration file.")] = None,
+) -> None:
+    """Run a trace through the digital twin of a GPU server."""
+    from carma.config import ConfigError
+    from carma.core.config import Policy
+    from carma.core.scheduler import SpecError
+    from carma.metrics.plots import PlotsUnavailable, plot_sweep
+    from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
+    from carma.sim.experiment import RunConfig, simulate
+    from carma.traces.catalog import load_catalog
+    from carma.traces.loaders import TraceError, load_trace
+
+    try:
+        twin = _twin_config(config, gpus, sharing)
+        loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
+        if loaded.skipped:
+            err.print(f"skipped {len(loaded.skipped)} entries of unknown tasks: {loaded.skipped_summary()}")
+        if sweep_all:
+            if policy or memory != "none" or no_risk_filter:
+                raise UsageError("--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter")
+            results = _run_sweep(loaded, twin, jobs, quiet=as_json)
+        else:
+            chosen = Policy(choice(policy, [p.value for p in Policy], "--policy")) if policy else None
+            risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
+            run = RunConfig(chosen or twin.scheduler.policy, choice(memory, MEMORY_SOURCES, "--memory"), risk_filter)
+            results = [simulate(loaded, run, twin)]
+        rows = sweep_rows(results) if sweep_all else [r.row() for r in results]
+        if csv_path:
+            write_csv(rows, csv_path)
+        charts = plot_sweep(results, plot) if plot else []
+    except (UsageError, ConfigError, TraceError, SpecError, PlotsUnavailable, ValueError) as e:
+        raise fail(str(e)) from None
+    if as_json:
+        print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))
+        return
+    title = f"trace {loaded.name}: {len(loaded.entries)} tasks on {_server_name(results[0])}"
+    if sweep_all:
+        out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
+    else:
+        out.print(run_table(results[0], f"{title}, {results[0].config.label}"))
+    for path in [csv_path, *charts]:
+        if path:
+            out.print(f"wrote {path}")
+
+
+def _server_name(result: RunResult) -> str:
+    counts: dict[str, int] = {}
+    for name in result.gpus:
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n}x{name}" for name, n in counts.items())
+
+
+def _run_sweep(trace, twin: TwinConfig, jobs: int, quiet: bool) -> list[RunResult]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from carma.sim.experiment import PAPER_SWEEP, sweep
+
+    columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=quiet or not sys.stderr.isatty()) as bar:
+        task = bar.add_task("sweep", total=len(PAPER_SWEEP))
+        return sweep(trace, PAPER_SWEEP, twin, jobs, progress=lambda _: bar.advance(task))

@@ -1,0 +1,288 @@
+"""The daemon's client commands: submit, queue, show, logs, cancel, wait, gpus, status, drain, resume."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import yaml
+
+from carma.cli.common import app, columns, fail, out
+
+if TYPE_CHECKING:
+    from carma.server.client import Client
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "env", "shell"}
+
+
+def _client() -> Client:
+    from carma.server.client import Client
+
+    return Client()
+
+
+def _call(fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
+    from carma.server.client import ClientError
+
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as e:
+        raise fail(str(e)) from None
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(value))
+
+
+def _spec_from_file(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise fail(f"no task file {str(path)!r}") from None
+    except yaml.YAMLError as e:
+        raise fail(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(doc, dict):
+        raise fail(f"{path}: a task file is a mapping with at least 'command'")
+    unknown = set(doc) - TASK_FILE_KEYS
+    if unknown:
+        raise fail(f"{path}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    spec = dict(doc)
+    if isinstance(spec.get("command"), str):
+        spec["command"] = [spec["command"]] if spec.get("shell") else spec["command"].split()
+    workdir = Path(spec.get("workdir") or path.parent).expanduser()
+    spec["workdir"] = str((path.parent / workdir).resolve() if not workdir.is_absolute() else workdir)
+    return spec
+
+
+@app.command("submit", context_settings={"allow_interspersed_args": False})
+def submit_cmd(
+    command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments (after --).")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="A task file (YAML) instead of a command.")] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs the task needs.")] = 1,
+    mem: Annotated[str | None, typer.Option(help="GPU memory it needs, e.g. 8GiB (unknown: recovery only).")] = None,
+    name: Annotated[str | None, typer.Option(help="A name for the queue (default: the program's).")] = None,
+    workdir: Annotated[Path | None, typer.Option(help="Working directory (default: the current one).")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="Environment variable K=V (repeatable).")] = None,
+    shell: Annotated[bool, typer.Option(help="Run the command through /bin/sh (one command line).")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit a training task: `carma submit --gpus 1 --mem 8GiB -- python train.py` or `carma submit -f task.yaml`."""
+    if file and command:
+        raise fail("give either a command (after --) or a task file (-f), not both")
+    if file:
+        spec = _spec_from_file(file)
+    elif command:
+        variables = {}
+        for item in env or []:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise fail(f"--env takes KEY=VALUE, got {item!r}")
+            variables[key] = value
+        spec = {
+            "command": [" ".join(command)] if shell else command,
+            "workdir": str((workdir or Path.cwd()).resolve()),
+            "gpus": gpus,
+            "mem": mem,
+            "env": variables,
+            "shell": shell,
+            "name": name,
+        }
+    else:
+        raise fail("nothing to run: give a command after --, or a task file with -f")
+    task = _call(_client().submit, {k: v for k, v in spec.items() if v is not None})
+    if as_json:
+        _print_json({"id": task["id"]})
+    else:
+        out.print(f"submitted task {task['id']} ({task['name']})")
+
+
+def _age(seconds: float | None, now: float) -> str:
+    if seconds is None:
+        return ""
+    s = max(0, int(now - seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+@app.command("queue")
+def queue_cmd(
+    all: Annotated[bool, typer.Option("--all", "-a", help="Include tasks that ended.")] = False,
+    state: Annotated[str | None, typer.Option(help="Only tasks in this state.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List tasks, like squeue: waiting and running ones (with --all, ended ones too)."""
+    client = _client()
+    tasks = _call(client.tasks, all=all, state=state)
+    if as_json:
+        _print_json(tasks)
+        return
+    now = _call(client.status)["clock_s"]
+    rows = []
+    for t in tasks:
+        running = t["state"] in ("dispatched", "running")
+        gpus = ",".join(map(str, t["gpus"])) if running else f"({t['gpus_requested']})"
+        started = t["start_s"] if running else t["submit_s"]
+        rows.append(
+            [
+                str(t["id"]),
+                t["name"],
+                t["user"],
+                t["state"],
+                gpus,
+                _age(started, t["ended_s"] or now),
+                t["waiting_reason"] or t["reason"] or "",
+            ]
+        )
+    print(columns(("ID", "NAME", "USER", "STATE", "GPUS", "TIME", "REASON"), rows))
+
+
+@app.command("show")
+def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
+    """Show one task: its spec, state and every attempt."""
+    task = _call(_client().task, task_id)
+    if as_json:
+        _print_json(task)
+        return
+    shell = " (shell)" if task["shell"] else ""
+    lines = [
+        f"task {task['id']}: {task['name']} ({task['user']}) is {task['state']}",
+        f"command: {' '.join(task['command'])}{shell}",
+        f"workdir: {task['workdir']}; GPUs: {task['gpus_requested']}; memory need: "
+        + (f"{task['mem_mib']} MiB" if task["mem_mib"] else "unknown (recovery only)"),
+    ]
+    if task["waiting_reason"]:
+        lines.append(f"waiting: {task['waiting_reason']}")
+    if task["reason"]:
+        lines.append(f"reason: {task['reason']}")
+    for a in task["attempt_list"]:
+        how = "recovery, exclusive" if a["recovery"] else ("exclusive" if a["exclusive"] else "collocated")
+        end = f", {a['outcome']}" if a["outcome"] else ""
+        lines.append(f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}) {a['message']}")
+    out.print("\n".join(lines), highlight=False)
+
+
+@app.command("logs")
+def logs_cmd(
+    task_id: int,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the log grows.")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="The error stream instead of stdout.")] = False,
+    attempt: Annotated[int | None, typer.Option(help="An earlier attempt's log (default: the latest).")] = None,
+) -> None:
+    """Print a task's output."""
+    client = _client()
+    offset, number = 0, attempt
+    while True:
+        chunk = _call(client.logs, task_id, "stderr" if stderr else "stdout", number, offset)
+        number = number or chunk["attempt"]
+        sys.stdout.write(chunk["text"])
+        sys.stdout.flush()
+        offset = chunk["offset"]
+        if not follow or chunk["done"]:
+            return
+        if not chunk["text"]:
+            time.sleep(0.5)
+
+
+@app.command("cancel")
+def cancel_cmd(task_ids: list[int]) -> None:
+    """Cancel tasks: waiting ones leave the queue; running ones get SIGTERM, then SIGKILL."""
+    client = _client()
+    for task_id in task_ids:
+        task = _call(client.cancel, task_id)
+        live = task["state"] in ("dispatched", "running")
+        out.print(f"task {task_id}: " + ("stopping (SIGTERM sent)" if live else "cancelled"))
+
+
+@app.command("wait")
+def wait_cmd(
+    task_ids: list[int],
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds (exit 3).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Wait until the tasks end; exit 0 if all completed, 1 otherwise."""
+    client = _client()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    ended = {"completed", "failed", "cancelled"}
+    while True:
+        tasks = [_call(client.task, t) for t in task_ids]
+        if all(t["state"] in ended for t in tasks):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise fail(
+                f"timed out waiting for task(s) {', '.join(str(t['id']) for t in tasks if t['state'] not in ended)}"
+            )
+        time.sleep(0.5)
+    if as_json:
+        _print_json([{"id": t["id"], "state": t["state"], "reason": t["reason"]} for t in tasks])
+    else:
+        for t in tasks:
+            out.print(f"task {t['id']} {t['state']}" + (f": {t['reason']}" if t["reason"] else ""), highlight=False)
+    raise typer.Exit(0 if all(t["state"] == "completed" for t in tasks) else 1)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+@app.command("gpus")
+def gpus_cmd(as_json: JsonOption = False) -> None:
+    """Per-GPU memory, SMACT/SMOCC/DRAMA and their risk, validity, and tasks."""
+    gpus = _call(_client().gpus)
+    if as_json:
+        _print_json(gpus)
+        return
+    rows = []
+    for g in gpus:
+        risk = g["risk"]
+        state = "awaiting first kernel" if g["awaiting_first_kernel"] else ("ttfk window" if not g["valid"] else "ok")
+        if g["excluded"]:
+            state += ", risky"
+        memory = f"{(g['used_mib'] or 0) / 1024:.1f}/{g['total_mib'] / 1024:.1f} GiB"
+        rows.append(
+            [
+                str(g["index"]),
+                g["name"],
+                memory,
+                _pct(g["smact"]),
+                _pct(g["smocc"]),
+                _pct(g["drama"]),
+                "/".join(_pct(risk[k]) for k in ("smact", "smocc", "drama")) if risk else "-",
+                state,
+                ",".join(map(str, g["tasks"])) + (f" +{g['other_processes']} other" if g["other_processes"] else ""),
+            ]
+        )
+    headers = ("GPU", "NAME", "MEMORY", "SMACT", "SMOCC", "DRAMA", "RISK (S/O/D)", "STATE", "TASKS")
+    print(columns(headers, rows))
+
+
+@app.command("status")
+def status_cmd(as_json: JsonOption = False) -> None:
+    """The server's version, policy, GPUs and task counts."""
+    status = _call(_client().status)
+    if as_json:
+        _print_json(status)
+        return
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(status["tasks"].items())) or "no tasks"
+    drain = " (draining: no new placements)" if status["draining"] else ""
+    out.print(
+        f"carma {status['version']}: {status['gpus']} GPU(s), policy {status['policy']}{drain}; {counts}",
+        highlight=False,
+    )
+
+
+@app.command("drain")
+def drain_cmd() -> None:
+    """Stop placing tasks (running ones continue); `carma resume` undoes it."""
+    _call(_client().drain, True)
+    out.print("draining: no new placements until `carma resume`")
+
+
+@app.command("resume")
+def resume_cmd() -> None:
+    """Place tasks again after `carma drain`."""
+    _call(_client().drain, False)
+    out.print("placing tasks again")

@@ -1,0 +1,67 @@
+"""`carma twin`: calibrating the digital twin and reporting its fidelity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from carma.cli.common import app, err, fail, out
+
+twin_app = typer.Typer(help="Calibrate the digital twin on measurements and report its fidelity.", no_args_is_help=True)
+app.add_typer(twin_app, name="twin")
+DataOption = Annotated[
+    Path | None, typer.Option("--data", help="Public datasets folder (lucid/, gpumemnet/); found beside the checkout.")
+]
+
+
+@twin_app.command("calibrate")
+def twin_calibrate(data: DataOption = None) -> None:
+    """Fit the twin's models and profiles on the measurements and write the files carma ships."""
+    try:
+        from carma.calibration.calibrate import calibrate, shipped_paths, write
+        from carma.calibration.sources import find_datasets
+
+        calibration = calibrate(find_datasets(data))
+        paths = shipped_paths()
+        write(calibration, *paths)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        raise fail(str(e)) from None
+    a, p, q = calibration.timeslice
+    out.print(
+        f"time-slicing: a={a:.3f} p={p:.2f} q={q:.2f}; MPS share {calibration.mps_share:.3f}; "
+        f"power exponent {calibration.power_exponent:.3f}; {len(calibration.profiles)} task profiles"
+    )
+    for path in paths:
+        out.print(f"wrote {path}")
+
+
+@twin_app.command("validate")
+def twin_validate(
+    data: DataOption = None,
+    report: Annotated[Path, typer.Option(help="Where to write the fidelity report.")] = Path("docs/fidelity.md"),
+    jobs: Annotated[int, typer.Option(help="Processes for the trace-1 sweep.", min=1)] = 1,
+) -> None:
+    """Cross-validate the models, check them against the thesis, run trace 1, and write the fidelity report."""
+    try:
+        from carma.calibration.calibrate import calibrate
+        from carma.calibration.fidelity import evaluate, findings, write_report
+        from carma.calibration.sources import find_datasets
+
+        root = find_datasets(data)
+        fidelity = evaluate(calibrate(root), root, jobs)
+        path = write_report(fidelity, report, "carma twin validate")
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        raise fail(str(e)) from None
+    v = fidelity.validation
+    out.print(
+        f"interference: held-out MAE {v.model_mae:.4f} (baselines: "
+        + ", ".join(f"{name} {mae:.4f}" for name, mae in v.baseline_mae.items())
+        + ")"
+    )
+    for finding in findings(fidelity):
+        out.print(f"{'yes' if finding.holds else 'NO '}  {finding.claim}: {finding.detail}")
+    if not fidelity.shipped_matches_fit:
+        err.print("the shipped parameters differ from this fit: run `carma twin calibrate`")
+    out.print(f"wrote {path}")

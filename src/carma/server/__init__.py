@@ -1,0 +1,1 @@
+"""The carma daemon: state store, process executor, HTTP API on a unix socket, and its client."""

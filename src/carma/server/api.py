@@ -1,0 +1,254 @@
+"""The daemon's HTTP API (FastAPI; OpenAPI schema at /openapi.json).
+Every handler runs on the daemon's one event-loop thread, beside the scheduling loop, so it reads and
+changes the core without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing.
+"""
+
+import re
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from carma import __version__
+from carma.core.scheduler import SpecError
+from carma.core.types import TERMINAL_STATES, Task, TaskId
+from carma.server.auth import Caller, Tokens, caller_from_peer
+from carma.server.daemon import Daemon
+from carma.server.spec import JobSpec
+from carma.units import parse_mib
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LOG_CHUNK = 1 << 20
+
+
+class SubmitRequest(BaseModel):
+    """A task spec: argv (or one shell line with `shell`), working directory, GPUs, memory, environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(min_length=1, description="argv; with shell=true, a single shell command line")
+    workdir: str = Field(description="absolute working directory")
+    name: str | None = Field(None, max_length=200)
+    gpus: int = Field(1, ge=1)
+    mem: str | int | None = Field(None, description="GPU memory need, e.g. 8GiB or MiB as a number")
+    env: dict[str, str] = Field(default_factory=dict)
+    shell: bool = False
+
+
+def _one_line(exc: RequestValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    return f"invalid request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
+
+
+def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
+    app = FastAPI(title="carma", version=__version__, description="Collocation-aware GPU resource manager")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _one_line(exc)}, status_code=422)
+
+    def caller(request: Request) -> Caller:
+        peer = request.scope.get("carma.peer")
+        if peer is not None:
+            _, uid, gid = peer
+            return caller_from_peer(uid, gid)
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        found = tokens.caller(token.strip()) if scheme.lower() == "bearer" else None
+        if found is None:
+            raise HTTPException(401, "missing or unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return found
+
+    Who = Annotated[Caller, Depends(caller)]
+
+    def admin(who: Who) -> Caller:
+        if not who.admin:
+            raise HTTPException(403, "only root or the daemon's owner may do this")
+        return who
+
+    def task_or_404(task_id: TaskId) -> Task:
+        try:
+            return daemon.scheduler.task(task_id)
+        except KeyError:
+            raise HTTPException(404, f"no task with id {task_id}") from None
+
+    def owned(task: Task, who: Caller) -> None:
+        if not who.admin and daemon.jobs[task.id].uid != who.uid:
+            raise HTTPException(403, f"task {task.id} belongs to {daemon.jobs[task.id].user}, not to {who.user}")
+
+    @app.get("/v1/status")
+    def status(who: Who) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for task in daemon.scheduler.tasks:
+            counts[task.state.value] = counts.get(task.state.value, 0) + 1
+        return {
+            "version": __version__,
+            "clock_s": daemon.clock.now(),
+            "uptime_s": round(daemon.clock.now() - daemon.clock.to_clock(daemon.started), 1),
+            "time_scale": daemon.clock.scale,
+            "policy": daemon.scheduler.config.policy.value,
+            "draining": daemon.draining,
+            "gpus": len(daemon.gpus),
+            "tasks": counts,
+            "you": {"user": who.user, "uid": who.uid, "admin": who.admin},
+        }
+
+    @app.get("/v1/gpus")
+    def gpus(_: Who) -> list[dict[str, Any]]:
+        return [gpu_view(status) for status in daemon.scheduler.gpu_status(daemon.clock.now())]
+
+    @app.post("/v1/tasks", status_code=201)
+    def submit(request: SubmitRequest, who: Who) -> dict[str, Any]:
+        bad_env = [k for k in request.env if not _ENV_NAME.match(k)]
+        if bad_env:
+            raise HTTPException(422, f"invalid request: environment variable name {bad_env[0]!r}")
+        if request.shell and len(request.command) != 1:
+            raise HTTPException(422, "invalid request: with shell=true, command must be one shell line")
+        try:
+            mem = parse_mib(request.mem) if request.mem is not None else None
+        except ValueError as e:
+            raise HTTPException(422, f"invalid request: mem: {e}") from None
+        job = JobSpec(
+            name=request.name or request.command[0].split("/")[-1].split()[0],
+            argv=tuple(request.command),
+            workdir=request.workdir,
+            gpus=request.gpus,
+            mem_mib=mem,
+            env=request.env,
+            shell=request.shell,
+            uid=who.uid,
+            gid=who.gid,
+            user=who.user,
+        )
+        try:
+            task = daemon.submit(job)
+        except SpecError as e:
+            raise HTTPException(422, str(e)) from None
+        return task_view(daemon, task)
+
+    @app.get("/v1/tasks")
+    def tasks(_: Who, state: str | None = None, all: bool = False) -> list[dict[str, Any]]:
+        selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
+        if state:
+            selected = [t for t in selected if t.state.value == state]
+        return [task_summary(daemon, t) for t in selected]
+
+    @app.get("/v1/tasks/{task_id}")
+    def show(task_id: TaskId, _: Who) -> dict[str, Any]:
+        return task_view(daemon, task_or_404(task_id))
+
+    @app.post("/v1/tasks/{task_id}/cancel")
+    def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
+        task = task_or_404(task_id)
+        owned(task, who)
+        if task.state in TERMINAL_STATES:
+            raise HTTPException(409, f"task {task_id} already ended ({task.state.value})")
+        return task_view(daemon, daemon.cancel(task_id))
+
+    @app.get("/v1/tasks/{task_id}/logs")
+    def logs(
+        task_id: TaskId,
+        who: Who,
+        stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
+        attempt: int | None = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> dict[str, Any]:
+        task = task_or_404(task_id)
+        owned(task, who)
+        number = attempt or (task.current.number if task.current else None)
+        if number is None:
+            return {"attempt": None, "text": "", "offset": 0, "done": task.state in TERMINAL_STATES}
+        if not 1 <= number <= len(task.attempts):
+            raise HTTPException(404, f"task {task_id} has no attempt {number}")
+        path = daemon.executor.log_path(task_id, number, stream)
+        text, end = "", offset
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(LOG_CHUNK)
+            text, end = data.decode(errors="replace"), offset + len(data)
+        finished = task.state in TERMINAL_STATES or number < len(task.attempts)
+        return {"attempt": number, "text": text, "offset": end, "done": finished and len(text) < LOG_CHUNK}
+
+    @app.post("/v1/drain")
+    def drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+        daemon.draining = True
+        return {"draining": True}
+
+    @app.post("/v1/resume")
+    def resume(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+        daemon.draining = False
+        return {"draining": False}
+
+    return app
+
+
+def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
+    job = daemon.jobs[task.id]
+    a = task.current
+    return {
+        "id": task.id,
+        "name": job.name,
+        "user": job.user,
+        "state": task.state.value,
+        "gpus_requested": job.gpus,
+        "mem_mib": job.mem_mib,
+        "gpus": list(a.gpus) if a and a.ended_s is None else [],
+        "submit_s": task.submit_s,
+        "start_s": task.attempts[0].dispatched_s if task.attempts else None,
+        "ended_s": task.ended_s,
+        "attempts": len(task.attempts),
+        "waiting_reason": daemon.scheduler.waiting_reason(task.id),
+        "reason": task.reason,
+    }
+
+
+def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
+    job = daemon.jobs[task.id]
+    return {
+        **task_summary(daemon, task),
+        "command": list(job.argv),
+        "shell": job.shell,
+        "workdir": job.workdir,
+        "env": dict(job.env),
+        "attempt_list": [
+            {
+                "number": a.number,
+                "gpus": list(a.gpus),
+                "dispatched_s": a.dispatched_s,
+                "first_kernel_s": a.first_kernel_s,
+                "ended_s": a.ended_s,
+                "outcome": a.outcome.value if a.outcome else None,
+                "message": a.message,
+                "recovery": a.recovery,
+                "exclusive": a.exclusive,
+                "need_mib": a.need.mib if a.need else None,
+                "need": a.need.kind.value if a.need else None,
+            }
+            for a in task.attempts
+        ],
+    }
+
+
+def gpu_view(status) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    s, r = status.latest, status.risk
+    return {
+        "index": status.gpu.index,
+        "name": status.gpu.name,
+        "uuid": status.gpu.uuid,
+        "total_mib": status.gpu.total_mib,
+        "used_mib": s.used_mib if s else None,
+        "smact": s.smact if s else None,
+        "smocc": s.smocc if s else None,
+        "drama": s.drama if s else None,
+        "power_w": s.power_w if s else None,
+        "risk": {"smact": r.smact, "smocc": r.smocc, "drama": r.drama} if r else None,
+        "excluded": status.excluded,
+        "valid": status.valid,
+        "awaiting_first_kernel": status.awaiting_first_kernel,
+        "tasks": list(status.tasks),
+        "other_processes": status.foreign,
+    }

@@ -1,0 +1,87 @@
+"""Who is calling: the unix socket's peer credentials, or a bearer token on the TCP listener.
+
+On the unix socket the kernel tells the daemon the caller's uid (SO_PEERCRED), so nothing can be forged.
+On TCP a request carries `Authorization: Bearer <token>`; the tokens file (mode 0600, one
+`<token> <user> <uid> [admin]` per line) maps it to a user. Root and the daemon's own user are admins:
+they may cancel and read the logs of every task; others only of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int
+    user: str
+    admin: bool
+    gid: int = -1
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def caller_from_peer(uid: int, gid: int) -> Caller:
+    return Caller(uid, user_name(uid), admin=uid in (0, os.geteuid()), gid=gid)
+
+
+class PeerCredProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, adding the unix-socket peer's (pid, uid, gid) to each request scope."""
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        peer = None
+        if sock is not None and sock.family == socket.AF_UNIX:
+            size = struct.calcsize("3i")
+            peer = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, size))
+        app = self.app
+
+        async def with_peer(scope, receive, send):  # type: ignore[no-untyped-def]
+            scope["carma.peer"] = peer  # None on TCP
+            await app(scope, receive, send)
+
+        self.app = with_peer
+
+
+class Tokens:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._by_token: dict[str, Caller] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                fields = line.split()
+                if len(fields) >= 3 and not line.startswith("#"):
+                    self._by_token[fields[0]] = Caller(int(fields[2]), fields[1], admin="admin" in fields[3:])
+
+    def caller(self, token: str) -> Caller | None:
+        for known, caller in self._by_token.items():
+            if secrets.compare_digest(known, token):
+                return caller
+        return None
+
+    def create(self, user: str, uid: int, admin: bool = False) -> str:
+        """Add a token for `user` and return it (the file stays readable by the daemon's user only)."""
+        token = secrets.token_urlsafe(32)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(f"{token} {user} {uid}{' admin' if admin else ''}\n")
+        os.chmod(self.path, 0o600)
+        self._by_token[token] = Caller(uid, user, admin)
+        return token
+
+    def __bool__(self) -> bool:
+        return bool(self._by_token)

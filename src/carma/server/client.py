@@ -1,0 +1,111 @@
+"""A client of the daemon's API: the unix socket by default, or `CARMA_URL` with `CARMA_TOKEN` over TCP.
+
+It uses the standard library's http.client: a CLI command pays for every import at start-up, and a JSON
+round trip needs nothing more.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from carma.server.paths import Paths, carma_home
+
+TIMEOUT_S = 30.0
+
+
+class ClientError(Exception):
+    """A request the server refused or could not take, as one line for the user."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("carma", timeout=TIMEOUT_S)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+class Client:
+    def __init__(self, socket_path: Path | None = None, url: str | None = None, token: str | None = None) -> None:
+        url = url or os.environ.get("CARMA_URL")
+        token = token or os.environ.get("CARMA_TOKEN")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if url:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ClientError(f"cannot use CARMA_URL {url!r}: write http://HOST:PORT")
+            self.where = url
+            self._connect = lambda: http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=TIMEOUT_S)
+        else:
+            path = str(socket_path or Paths(carma_home()).socket)
+            self.where = path
+            self._connect = lambda: _UnixConnection(path)
+
+    def request(self, method: str, path: str, params: dict[str, Any] | None = None, json_body: Any = None) -> Any:
+        query = (
+            "?" + urlencode({k: str(v).lower() if isinstance(v, bool) else v for k, v in params.items()})
+            if params
+            else ""
+        )
+        body = json.dumps(json_body).encode() if json_body is not None else None
+        headers = {**self._headers, **({"Content-Type": "application/json"} if body is not None else {})}
+        conn = self._connect()
+        try:
+            conn.request(method, path + query, body=body, headers=headers)
+            response = conn.getresponse()
+            payload = response.read()
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise ClientError(
+                f"the carma server is not running (nothing answers at {self.where}); start it with `carma server`"
+            ) from None
+        except OSError as e:
+            raise ClientError(f"could not talk to the carma server at {self.where}: {e}") from None
+        finally:
+            conn.close()
+        try:
+            data = json.loads(payload) if payload else None
+        except ValueError:
+            data = None
+        if response.status >= 400:
+            detail = data.get("detail") if isinstance(data, dict) else payload.decode(errors="replace").strip()
+            raise ClientError(str(detail or f"HTTP {response.status}"))
+        return data
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", "/v1/tasks", json_body=spec)
+
+    def tasks(self, all: bool = False, state: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"all": all}
+        if state:
+            params["state"] = state
+        return self.request("GET", "/v1/tasks", params)
+
+    def task(self, task_id: int) -> dict[str, Any]:
+        return self.request("GET", f"/v1/tasks/{task_id}")
+
+    def cancel(self, task_id: int) -> dict[str, Any]:
+        return self.request("POST", f"/v1/tasks/{task_id}/cancel")
+
+    def logs(self, task_id: int, stream: str = "stdout", attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
+        params: dict[str, Any] = {"stream": stream, "offset": offset}
+        if attempt:
+            params["attempt"] = attempt
+        return self.request("GET", f"/v1/tasks/{task_id}/logs", params)
+
+    def gpus(self) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/gpus")
+
+    def status(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/status")
+
+    def drain(self, on: bool) -> dict[str, Any]:
+        return self.request("POST", "/v1/drain" if on else "/v1/resume")

@@ -1,0 +1,194 @@
+"""The daemon's world: the decision core driven by the wall clock, real processes and a GPU backend.
+
+One asyncio thread runs both the HTTP API and the scheduling loop, so the core is never touched
+concurrently. On start the daemon restores every task from the store: waiting tasks rejoin their queue,
+live processes are re-adopted, and exits that happened while it was down are read from the tasks'
+exit-status files, so no task is lost or run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from carma.core.config import SchedulerConfig
+from carma.core.loop import SchedulingLoop
+from carma.core.ports import GpuProcesses, TelemetryReading
+from carma.core.scheduler import Scheduler, SpecError
+from carma.core.types import ACTIVE_STATES, GpuInfo, Task, TaskId, TaskState
+from carma.server import proctree
+from carma.server.executor import ProcessExecutor, SpawnRecord
+from carma.server.paths import Paths
+from carma.server.spec import JobSpec
+from carma.server.store import Spawn, Store
+from carma.telemetry import GpuBackend
+
+
+class DaemonClock:
+    """The scheduler's time base: wall-clock seconds, or sped up by `scale` for fake GPUs.
+
+    The origin is persisted, so a restarted daemon's clock continues where the old one would be.
+    """
+
+    def __init__(self, scale: float, origin_wall: float, origin: float) -> None:
+        if scale <= 0:
+            raise ValueError("time scale must be positive")
+        self.scale = scale
+        self._origin_wall = origin_wall
+        self._origin = origin
+
+    def now(self) -> float:
+        return self.to_clock(time.time())
+
+    def to_clock(self, wall_s: float) -> float:
+        return self._origin + (wall_s - self._origin_wall) * self.scale
+
+
+class BackendTelemetry:
+    """The core's Telemetry port over a GPU backend: GPU pids resolved to tasks through the process tree."""
+
+    def __init__(self, backend: GpuBackend, owners: Callable[[], Mapping[int, TaskId]]) -> None:
+        self._backend = backend
+        self._owners = owners
+
+    def gpus(self) -> list[GpuInfo]:
+        return list(self._backend.gpus())
+
+    def read(self, now: float) -> TelemetryReading:
+        readings = self._backend.read(now)
+        owner_of = proctree.owners([p.pid for r in readings for p in r.processes], self._owners())
+        processes = {}
+        for r in readings:
+            tasks = frozenset(owner_of[p.pid] for p in r.processes if p.pid in owner_of)
+            foreign = sum(1 for p in r.processes if p.pid not in owner_of)
+            processes[r.sample.gpu] = GpuProcesses(tasks, foreign)
+        return TelemetryReading([r.sample for r in readings], processes)
+
+
+class Daemon:
+    def __init__(
+        self,
+        paths: Paths,
+        backend: GpuBackend,
+        config: SchedulerConfig,
+        time_scale: float = 1.0,
+        extra_env: Mapping[str, str] | None = None,
+        grace_s: float = 10.0,
+    ) -> None:
+        self.paths = paths
+        self.backend = backend
+        self.store = Store(paths.database)
+        self.clock = self._clock(time_scale)
+        self.gpus = list(backend.gpus())
+        self._check_gpus()
+        self.scheduler = Scheduler(self.gpus, config)
+        self.jobs: dict[TaskId, JobSpec] = {}
+        self.executor = ProcessExecutor(
+            home=paths.home,
+            jobs=self.jobs.__getitem__,
+            gpu_uuids={g.index: g.uuid for g in self.gpus},
+            to_clock=self.clock.to_clock,
+            extra_env=dict(extra_env or {}),
+            run_as_owner=os.geteuid() == 0,
+            grace_s=grace_s,
+            on_spawn=self._on_spawn,
+        )
+        telemetry = BackendTelemetry(backend, self.executor.shim_pids)
+        self.loop = SchedulingLoop(self.scheduler, self.clock, telemetry, self.executor, journal=self.store)
+        self.draining = False
+        self.started = time.time()
+        self._restore()
+
+    # ----------------------------------------------------------------- set-up
+
+    def _clock(self, scale: float) -> DaemonClock:
+        origin = self.store.meta("clock")
+        if origin is None or origin["scale"] != scale:
+            now = time.time()
+            previous = DaemonClock(origin["scale"], origin["wall"], origin["clock"]).now() if origin else now
+            origin = {"scale": scale, "wall": now, "clock": previous}
+            self.store.set_meta("clock", origin)
+        return DaemonClock(scale, origin["wall"], origin["clock"])
+
+    def _check_gpus(self) -> None:
+        """A restarted daemon must see the GPUs its placements refer to."""
+        uuids = [g.uuid for g in self.gpus]
+        known = self.store.meta("gpus")
+        if known is not None and known != uuids:
+            live = [s for s in self.store.load() if s.task.state in ACTIVE_STATES]
+            if live:
+                raise RuntimeError(
+                    f"the GPUs changed since the last start ({len(known)} before, {len(uuids)} now) while "
+                    f"{len(live)} task(s) still hold placements; restore the GPUs or start with a new CARMA_HOME"
+                )
+        self.store.set_meta("gpus", uuids)
+
+    def _restore(self) -> None:
+        for stored in self.store.load():
+            task = stored.task
+            self.jobs[task.id] = stored.job
+            if task.state in ACTIVE_STATES:
+                self._readopt(task, stored.spawns.get(task.current.number))
+            self.scheduler.restore(task)
+
+    def _readopt(self, task: Task, spawn: Spawn | None) -> None:
+        attempt = task.current
+        record = (
+            SpawnRecord(task.id, attempt.number, spawn.pid, spawn.start_ticks, spawn.run_dir)
+            if spawn
+            else self.executor.recover_unrecorded(task.id, attempt.number)
+        )
+        if record is None:  # placed, but the daemon died before the process started: place it again
+            task.attempts.pop()
+            task.state = TaskState.RECOVERING if attempt.recovery else TaskState.QUEUED
+            self.store.drop_attempt(task, attempt.number)
+            return
+        if spawn is None:
+            self._on_spawn(record)
+        self.executor.adopt(record)
+        if task.cancel_requested:  # the old daemon's SIGTERM/SIGKILL escalation died with it
+            self.executor.kill(task.id)
+
+    def _on_spawn(self, record: SpawnRecord) -> None:
+        self.store.record_spawn(record.task_id, record.attempt, Spawn(record.pid, record.start_ticks, record.run_dir))
+
+    # ----------------------------------------------------------------- running
+
+    @property
+    def interval_wall_s(self) -> float:
+        """Wall seconds between steps: one telemetry sample per GPU per scheduler second."""
+        return self.scheduler.config.sample_interval_s / self.clock.scale
+
+    def step(self) -> None:
+        self.loop.step(place=not self.draining)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.step()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_wall_s)
+
+    def close(self) -> None:
+        self.backend.close()
+        self.store.close()
+
+    # ----------------------------------------------------------------- requests
+
+    def submit(self, job: JobSpec) -> Task:
+        """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run)."""
+        if job.gpus > len(self.gpus):
+            raise SpecError(f"task {job.name!r} needs {job.gpus} GPUs but this server has {len(self.gpus)}")
+        workdir = Path(job.workdir)
+        if not workdir.is_absolute() or not workdir.is_dir():
+            raise SpecError(f"working directory {job.workdir!r} does not exist (give an absolute path)")
+        task_id = self.store.add(job, self.clock.now())
+        self.jobs[task_id] = job
+        return self.loop.submit(job.task_spec(), task_id)
+
+    def cancel(self, task_id: TaskId) -> Task:
+        self.loop.cancel(task_id)
+        return self.scheduler.task(task_id)

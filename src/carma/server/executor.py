@@ -1,0 +1,315 @@
+"""The daemon's process executor (Linux only): runs tasks through a shim and reports how they end.
+
+Each attempt gets a run directory, `home/tasks/<task_id>/<attempt>/`, holding
+
+    shim.json    the shim's pid, start ticks and start time (or the daemon's "abandoned" marker)
+    stdout.log   the task's standard output (appended to, also across daemon restarts)
+    stderr.log   the task's standard error, and the shim's and executor's own messages
+    exit.json    how the task ended: exit_code or signal, and ended_at (wall time)
+
+The shim (`carma.server.shim`) leads the task's session and process group, so a cancel is one `killpg`,
+and it outlives the daemon: after a crash the daemon `adopt`s the attempts it had recorded (pid plus start
+ticks, via `on_spawn`), and `recover_unrecorded` settles a placement persisted before its pid was. Every
+exit is reported exactly once, from `exit.json` when the shim could write it.
+
+Not thread-safe: the daemon calls everything from one thread. `poll_exits` must run regularly (the
+scheduling loop's step does): it reaps the shims and escalates a cancel to SIGKILL once `grace_s` passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from carma.core.ports import TaskExit
+from carma.core.types import Launch, ProcessExit, Task, TaskId
+from carma.server import proctree
+from carma.server.shim import ABANDONED, EXIT_FILE, SHIM_FILE, STDERR_FILE, STDOUT_FILE, claim
+from carma.server.spec import JobSpec
+
+LOG_TAIL_BYTES = 8192
+Stream = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class SpawnRecord:
+    """What the daemon persists about a started attempt to find it again after a restart."""
+
+    task_id: TaskId
+    attempt: int
+    pid: int  # the shim's, which is also the process group id
+    start_ticks: int | None
+    run_dir: str
+
+
+@dataclass
+class _Run:
+    """A tracked attempt: our own child (`child` set) or one adopted after a restart."""
+
+    record: SpawnRecord
+    child: subprocess.Popen[bytes] | None = None
+    sigkill_at: float | None = None  # monotonic deadline of a pending cancel
+    sigkilled: bool = False
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.record.run_dir)
+
+
+class ProcessExecutor:
+    """Runs each task's argv as a process group under a shim; implements `carma.core.ports.Executor`."""
+
+    def __init__(
+        self,
+        home: Path,
+        jobs: Callable[[TaskId], JobSpec],
+        *,
+        gpu_uuids: Mapping[int, str] | None = None,
+        to_clock: Callable[[float], float] = lambda wall: wall,
+        extra_env: Mapping[str, str] | None = None,
+        run_as_owner: bool = False,
+        grace_s: float = 10.0,
+        on_spawn: Callable[[SpawnRecord], None] = lambda record: None,
+    ) -> None:
+        self.home = Path(home).absolute()  # the shim runs in the job's workdir: its RUN_DIR must be absolute
+        self.jobs = jobs
+        self.gpu_uuids = dict(gpu_uuids or {})
+        self.to_clock = to_clock
+        self.extra_env = dict(extra_env or {})
+        self.run_as_owner = run_as_owner
+        self.grace_s = grace_s
+        self.on_spawn = on_spawn
+        self._runs: dict[TaskId, _Run] = {}
+        self._failed: list[TaskExit] = []  # launches that never got a process, reported at the next poll
+
+    # --- the Executor protocol -------------------------------------------------------------------------
+
+    def launch(self, task: Task, launch: Launch) -> None:
+        """Start the attempt; a failure to start is reported as its exit at the next poll, never raised."""
+        job = self.jobs(task.id)
+        run_dir = self.run_dir(task.id, launch.attempt)
+        try:
+            self._prepare_run_dir(run_dir, job)
+            child = self._spawn(run_dir, job, self._environment(job, launch))
+        except OSError as exc:
+            message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
+            self._note(run_dir, message)
+            self._failed.append(TaskExit(task.id, ProcessExit(None, message), self.to_clock(time.time())))
+            return
+        record = SpawnRecord(task.id, launch.attempt, child.pid, proctree.start_ticks(child.pid), str(run_dir))
+        self._runs[task.id] = _Run(record, child)
+        self.on_spawn(record)
+
+    def kill(self, task_id: TaskId) -> None:
+        """SIGTERM the task's process group now, SIGKILL it at a poll after `grace_s`; idempotent."""
+        run = self._runs.get(task_id)
+        if run is None or run.sigkill_at is not None or run.sigkilled:
+            return
+        if self._signal(run, signal.SIGTERM):
+            run.sigkill_at = time.monotonic() + self.grace_s
+
+    def poll_exits(self) -> Sequence[TaskExit]:
+        """The exits since the last poll, each once; also escalates cancels whose grace period is over."""
+        exits, self._failed = self._failed, []
+        for task_id, run in list(self._runs.items()):
+            if self._ended(run):
+                del self._runs[task_id]
+                exits.append(self._exit(run))
+            elif run.sigkill_at is not None and time.monotonic() >= run.sigkill_at:
+                self._signal(run, signal.SIGKILL)
+                run.sigkill_at, run.sigkilled = None, True
+        return exits
+
+    # --- restart --------------------------------------------------------------------------------------
+
+    def adopt(self, record: SpawnRecord) -> None:
+        """Track an attempt started by a previous daemon; its exit is reported by a later poll.
+
+        Whether it still runs, ended with an exit.json, or vanished without one (its group SIGKILLed) is
+        settled by `poll_exits`. Adopting a task already tracked changes nothing.
+        """
+        self._runs.setdefault(record.task_id, _Run(record))
+
+    def recover_unrecorded(self, task_id: TaskId, attempt: int) -> SpawnRecord | None:
+        """For a placement persisted before its pid: the shim's record if it started, else None.
+
+        None is final: the run dir is marked abandoned, so a shim still starting up will not run the task
+        (the caller may relaunch it without running it twice). A record should be persisted and adopted.
+        """
+        run_dir = self.run_dir(task_id, attempt)
+        if run_dir.is_dir():
+            claim(run_dir / SHIM_FILE, {ABANDONED: True, "at": time.time()})
+        shim = _read_json(run_dir / SHIM_FILE) or {}
+        pid = _int(shim.get("pid"))
+        if pid is None or shim.get(ABANDONED):
+            return None
+        return SpawnRecord(task_id, attempt, pid, _int(shim.get("start_ticks")), str(run_dir))
+
+    # --- queries --------------------------------------------------------------------------------------
+
+    def shim_pids(self) -> dict[int, TaskId]:
+        """Pid of each tracked task's shim, the roots for `proctree.owners`."""
+        return {run.record.pid: task_id for task_id, run in self._runs.items()}
+
+    def run_dir(self, task_id: TaskId, attempt: int) -> Path:
+        return self.home / "tasks" / str(task_id) / str(attempt)
+
+    def log_path(self, task_id: TaskId, attempt: int, stream: Stream) -> Path:
+        return self.run_dir(task_id, attempt) / {"stdout": STDOUT_FILE, "stderr": STDERR_FILE}[stream]
+
+    # --- launching ------------------------------------------------------------------------------------
+
+    def _environment(self, job: JobSpec, launch: Launch) -> dict[str, str]:
+        """The job's environment, the daemon's additions, the task's identity and its GPUs (by UUID, so
+        the task sees exactly its GPUs whatever the device order; the index when a GPU has no UUID)."""
+        devices = ",".join(self.gpu_uuids.get(gpu) or str(gpu) for gpu in launch.gpus)
+        return {
+            **job.env,
+            **self.extra_env,
+            "CARMA_TASK_ID": str(launch.task_id),
+            "CARMA_ATTEMPT": str(launch.attempt),
+            "CUDA_VISIBLE_DEVICES": devices,
+        }
+
+    def _prepare_run_dir(self, run_dir: Path, job: JobSpec) -> None:
+        """Create the run dir and empty logs; hand them to the job's owner when the task runs as them."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in (STDOUT_FILE, STDERR_FILE):
+            (run_dir / name).touch()
+        if self.run_as_owner:
+            for parent in (run_dir.parent.parent, run_dir.parent):  # tasks/ and tasks/<id>/: traversable
+                parent.chmod(0o711)
+            for path in (run_dir, run_dir / STDOUT_FILE, run_dir / STDERR_FILE):
+                os.chown(path, job.uid, job.gid, follow_symlinks=False)
+            run_dir.chmod(0o700)
+
+    def _spawn(self, run_dir: Path, job: JobSpec, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start the shim in a new session, in the job's workdir and environment (and user, as root).
+
+        `-I` keeps the job's PYTHON* variables and working directory out of the shim's own interpreter.
+        The shim's own diagnostics (say, a traceback) land in stderr.log.
+        """
+        argv = [sys.executable, "-I", "-m", "carma.server.shim", str(run_dir)]
+        argv += ["--shell", "--", *job.argv] if job.shell else ["--", *job.argv]
+        owner: dict[str, object] = {}
+        if self.run_as_owner:  # the user's own groups too: /dev/nvidia* is often group-restricted
+            owner = {"user": job.uid, "group": job.gid, "extra_groups": _groups_of(job)}
+        with _open_log(run_dir / STDERR_FILE) as err:
+            return subprocess.Popen(
+                argv,
+                cwd=job.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                **owner,
+            )
+
+    def _note(self, run_dir: Path, message: str) -> None:
+        """Leave the executor's own message in stderr.log, where the user looks, if the dir exists."""
+        with contextlib.suppress(OSError), _open_log(run_dir / STDERR_FILE) as err:
+            err.write(f"{message}\n".encode())
+
+    # --- ending ---------------------------------------------------------------------------------------
+
+    def _signal(self, run: _Run, signum: int) -> bool:
+        """Signal the task's process group; False when there is nothing left to signal."""
+        ours = run.child is not None and run.child.returncode is None  # unreaped: the pid is still ours
+        if not ours and not _shim_lives(run.record):
+            return False
+        try:
+            os.killpg(run.record.pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def _ended(self, run: _Run) -> bool:
+        """Whether the attempt is over: our child reaped, or an adopted shim recorded its exit or vanished."""
+        if run.child is not None:
+            return run.child.poll() is not None
+        return (run.run_dir / EXIT_FILE).exists() or not _shim_lives(run.record)
+
+    def _exit(self, run: _Run) -> TaskExit:
+        """How the attempt ended: exit.json if the shim wrote one, else what the kernel or we know."""
+        ended = _read_json(run.run_dir / EXIT_FILE)
+        if ended is not None:
+            code, sig, ended_at = _int(ended.get("exit_code")), _int(ended.get("signal")), ended.get("ended_at")
+        else:
+            (code, sig), ended_at = _status_without_record(run), None
+        wall = ended_at if isinstance(ended_at, int | float) else time.time()
+        exit = ProcessExit(code, _log_tail(run.run_dir), sig)
+        return TaskExit(run.record.task_id, exit, self.to_clock(wall))
+
+
+def _status_without_record(run: _Run) -> tuple[int | None, int | None]:
+    """(exit_code, signal) of a shim that died without writing exit.json (its group was SIGKILLed, say):
+    the kernel's status for our own child; for an adopted one, only whether we sent the SIGKILL."""
+    if run.child is None:
+        return None, (signal.SIGKILL if run.sigkilled else None)
+    returncode = run.child.returncode
+    return (None, -returncode) if returncode < 0 else (returncode, None)
+
+
+def _shim_lives(record: SpawnRecord) -> bool:
+    """Whether the recorded shim still runs: same pid and start time, and its command names this run dir,
+    so neither a reused pid nor a forged shim.json in a user-owned run dir gets a foreign group signalled."""
+    return proctree.alive(record.pid, record.start_ticks) and record.run_dir in proctree.cmdline(record.pid)
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """Open a log for appending without following a symlink planted in a user-owned run dir."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
+
+
+def _open_record(path: Path) -> BinaryIO:
+    """Open a run-dir file for reading without following a symlink (the daemon may read it as root)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
+
+def _read_tail(path: Path, size: int) -> str:
+    try:
+        with _open_record(path) as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read(size).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_tail(run_dir: Path) -> str:
+    """What the classifier reads: the end of stderr, or of stdout when the task wrote no errors."""
+    tail = _read_tail(run_dir / STDERR_FILE, LOG_TAIL_BYTES)
+    return tail if tail.strip() else _read_tail(run_dir / STDOUT_FILE, LOG_TAIL_BYTES)
+
+
+def _int(value: object) -> int | None:
+    """An integer field of a record file, None when absent or not an integer."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _read_json(path: Path) -> dict[str, object] | None:
+    """A record file, or None when it is missing or unreadable (never half-written: written atomically)."""
+    try:
+        with _open_record(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _groups_of(job: JobSpec) -> list[int]:
+    """The supplementary groups the job's user has (none for a uid without a user name)."""
+    try:
+        return os.getgrouplist(pwd.getpwuid(job.uid).pw_name, job.gid)
+    except KeyError:
+        return []

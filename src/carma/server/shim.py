@@ -1,0 +1,130 @@
+"""The per-task supervisor: `python -m carma.server.shim RUN_DIR [--shell] -- ARGV...` (Linux only).
+
+The executor starts it in a new session, so the shim leads the task's session and process group and the
+daemon can signal the whole task with one `killpg`. The shim outlives the daemon: it records its identity
+in `shim.json` before starting the task, and the task's exit in `exit.json` when it ends, so a restarted
+daemon can re-adopt a running task or learn how it ended while nobody watched.
+
+Working directory, environment and user are the shim's own (the executor sets them); the task inherits
+them. SIGTERM and SIGINT only mark the shim as cancelled: the same group signal reaches the task, and the
+shim must survive it to record the exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from carma.server import proctree
+
+SHIM_FILE = "shim.json"
+EXIT_FILE = "exit.json"
+STDOUT_FILE = "stdout.log"
+STDERR_FILE = "stderr.log"
+ABANDONED = "abandoned"  # key of the marker the daemon leaves in place of shim.json (see `claim`)
+
+
+def _write_temp(path: Path, data: dict[str, object]) -> Path:
+    """Write `data` to a fresh, uniquely named file beside `path` (never through a planted symlink)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    return Path(tmp)
+
+
+def write_json_atomically(path: Path, data: dict[str, object]) -> None:
+    """Write `path` whole or not at all (temp file + rename), so a reader never sees half a record."""
+    os.replace(_write_temp(path, data), path)
+
+
+def claim(path: Path, data: dict[str, object]) -> bool:
+    """Create `path` with `data` atomically, unless it already exists.
+
+    The shim and a restarting daemon race for shim.json: the shim to record that it started the task, the
+    daemon to mark an attempt it gave up on as abandoned. Exactly one wins, so a task the daemon
+    considers never started cannot start later.
+    """
+    tmp = _write_temp(path, data)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+
+
+def parse_args(args: list[str]) -> tuple[Path, bool, list[str]]:
+    """Split `RUN_DIR [--shell] -- ARGV...`; everything after `--` is the task's, untouched."""
+    parser = argparse.ArgumentParser(prog="python -m carma.server.shim", description="Run and record one task.")
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--shell", action="store_true", help="run ARGV joined by spaces through /bin/sh -c")
+    if "--" not in args or args.index("--") == len(args) - 1:
+        parser.error("the task's command must follow '--'")
+    cut = args.index("--")
+    options = parser.parse_args(args[:cut])
+    return options.run_dir, options.shell, args[cut + 1 :]
+
+
+def command(argv: list[str], shell: bool) -> list[str]:
+    """The argv to execute: the task's own, or one shell command line made of its words."""
+    return ["/bin/sh", "-c", " ".join(argv)] if shell else argv
+
+
+def record_exit(run_dir: Path, exit_code: int | None, sig: int | None) -> None:
+    write_json_atomically(run_dir / EXIT_FILE, {"exit_code": exit_code, "signal": sig, "ended_at": time.time()})
+
+
+def run(run_dir: Path, argv: list[str]) -> int:
+    """Start the task, wait for it, record how it ended; return the shim's own exit status."""
+    cancelled = []
+    for signum in (signal.SIGTERM, signal.SIGINT):  # a handler, not SIG_IGN: exec resets handlers only
+        signal.signal(signum, lambda sig, _frame: cancelled.append(sig))
+    me = {"pid": os.getpid(), "start_ticks": proctree.start_ticks(os.getpid()), "started_at": time.time()}
+    if not claim(run_dir / SHIM_FILE, me):
+        print("carma: the daemon abandoned this attempt before it started; not running it", file=sys.stderr)
+        return 1
+    if cancelled:  # cancelled before the task existed: the group signal had nobody else to reach
+        record_exit(run_dir, None, cancelled[0])
+        return 128 + cancelled[0]
+    with open(run_dir / STDOUT_FILE, "ab") as out, open(run_dir / STDERR_FILE, "ab") as err:
+        try:
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            err.write(f"carma: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+            record_exit(run_dir, code, None)
+            return code
+    returncode = child.wait()
+    if returncode < 0:
+        record_exit(run_dir, None, -returncode)
+    else:
+        record_exit(run_dir, returncode, None)
+    end_stragglers()
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def end_stragglers() -> None:
+    """Kill what the task left running in its group (background processes holding GPU memory, say).
+
+    The task has ended and its exit is recorded; anything still in the group would keep resources the
+    scheduler now considers free. `killpg` reaches them atomically, and the shim with them.
+    """
+    if proctree.group_members(os.getpgrp()) - {os.getpid()}:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def main(args: list[str] | None = None) -> int:
+    run_dir, shell, argv = parse_args(sys.argv[1:] if args is None else args)
+    return run(run_dir, command(argv, shell))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The daemon's durable state: one SQLite file in WAL mode.
+
+Every accepted task is inserted before it is acknowledged, and every state change and placement is
+written (`save`, the core's Journal port) before the daemon acts on it. Commits are synchronous (FULL),
+so an acknowledged task survives the daemon being killed and the machine losing power.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, Task, TaskId, TaskState
+from carma.server.spec import JobSpec
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    id INTEGER PRIMARY KEY,
+    job TEXT NOT NULL,
+    uid INTEGER NOT NULL,
+    user TEXT NOT NULL,
+    submit_s REAL NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    ended_s REAL
+);
+CREATE INDEX IF NOT EXISTS tasks_state ON tasks (state);
+CREATE TABLE IF NOT EXISTS attempts (
+    task_id INTEGER NOT NULL REFERENCES tasks (id),
+    number INTEGER NOT NULL,
+    gpus TEXT NOT NULL,
+    dispatched_s REAL NOT NULL,
+    exclusive INTEGER NOT NULL,
+    recovery INTEGER NOT NULL,
+    first_kernel_s REAL,
+    ended_s REAL,
+    outcome TEXT,
+    message TEXT NOT NULL DEFAULT '',
+    need TEXT,
+    shared INTEGER NOT NULL DEFAULT 0,
+    pid INTEGER,
+    start_ticks INTEGER,
+    run_dir TEXT,
+    PRIMARY KEY (task_id, number)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    t REAL NOT NULL,
+    task_id INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """The process of an attempt, as the executor recorded it."""
+
+    pid: int
+    start_ticks: int
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class StoredTask:
+    task: Task
+    job: JobSpec
+    spawns: dict[int, Spawn]  # attempt number -> its process
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+        self._states: dict[TaskId, str] = dict(self._db.execute("SELECT id, state FROM tasks"))
+        self._next_id = (self._db.execute("SELECT max(id) FROM tasks").fetchone()[0] or 0) + 1
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ----------------------------------------------------------------- writing
+
+    def add(self, job: JobSpec, submit_s: float) -> TaskId:
+        """Record a newly accepted job as queued; returns its id."""
+        task_id = self._next_id
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO tasks (id, job, uid, user, submit_s, state) VALUES (?, ?, ?, ?, ?, ?)",
+                (task_id, json.dumps(asdict(job)), job.uid, job.user, submit_s, TaskState.QUEUED.value),
+            )
+            db.execute("INSERT INTO events (t, task_id, state) VALUES (?, ?, ?)", (submit_s, task_id, "queued"))
+        self._next_id += 1
+        self._states[task_id] = TaskState.QUEUED.value
+        return task_id
+
+    def save(self, tasks: Sequence[Task]) -> None:
+        """Persist the tasks' states and attempts (the core's Journal port); one transaction."""
+        with self._transaction() as db:
+            for task in tasks:
+                db.execute(
+                    "UPDATE tasks SET state = ?, reason = ?, cancel_requested = ?, ended_s = ? WHERE id = ?",
+                    (task.state.value, task.reason, int(task.cancel_requested), task.ended_s, task.id),
+                )
+                for a in task.attempts:
+                    db.execute(
+                        """INSERT INTO attempts (task_id, number, gpus, dispatched_s, exclusive, recovery,
+                               first_kernel_s, ended_s, outcome, message, need, shared)
+                           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                           ON CONFLICT (task_id, number) DO UPDATE SET first_kernel_s = excluded.first_kernel_s,
+                               ended_s = excluded.ended_s, outcome = excluded.outcome, message = excluded.message,
+                               shared = excluded.shared""",
+                        (
+                            task.id,
+                            a.number,
+                            json.dumps(a.gpus),
+                            a.dispatched_s,
+                            int(a.exclusive),
+                            int(a.recovery),
+                            a.first_kernel_s,
+                            a.ended_s,
+                            a.outcome.value if a.outcome else None,
+                            a.message,
+                            json.dumps(asdict(a.need)) if a.need else None,
+                            int(a.shared),
+                        ),
+                    )
+                if self._states.get(task.id) != task.state.value:
+                    self._states[task.id] = task.state.value
+                    t = _last_time(task)
+                    db.execute(
+                        "INSERT INTO events (t, task_id, state, detail) VALUES (?, ?, ?, ?)",
+                        (t, task.id, task.state.value, _event_detail(task)),
+                    )
+
+    def record_spawn(self, task_id: TaskId, attempt: int, spawn: Spawn) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE attempts SET pid = ?, start_ticks = ?, run_dir = ? WHERE task_id = ? AND number = ?",
+                (spawn.pid, spawn.start_ticks, spawn.run_dir, task_id, attempt),
+            )
+
+    def drop_attempt(self, task: Task, number: int) -> None:
+        """Forget a placement whose process never started (the daemon died in between)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM attempts WHERE task_id = ? AND number = ?", (task.id, number))
+        self.save([task])
+
+    def set_meta(self, key: str, value: object) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    # ----------------------------------------------------------------- reading
+
+    def meta(self, key: str, default: object = None) -> object:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def load(self) -> list[StoredTask]:
+        """Every task with its job and attempts, in submission order (to restore the scheduler)."""
+        attempts: dict[TaskId, list[tuple[Attempt, Spawn | None]]] = {}
+        for row in self._db.execute("SELECT * FROM attempts ORDER BY task_id, number"):
+            attempts.setdefault(row[0], []).append(_attempt(row))
+        out = []
+        for task_id, job, _, _, submit_s, state, reason, cancel, ended_s in self._db.execute(
+            "SELECT * FROM tasks ORDER BY id"
+        ):
+            rows = attempts.get(task_id, [])
+            task = Task(
+                task_id,
+                _job(job).task_spec(),
+                submit_s,
+                TaskState(state),
+                [a for a, _ in rows],
+                reason,
+                bool(cancel),
+                ended_s,
+            )
+            spawns = {a.number: s for a, s in rows if s is not None}
+            out.append(StoredTask(task, _job(job), spawns))
+        return out
+
+
+def _job(text: str) -> JobSpec:
+    data = json.loads(text)
+    return JobSpec(**{**data, "argv": tuple(data["argv"])})
+
+
+def _attempt(row: tuple) -> tuple[Attempt, Spawn | None]:
+    (_, number, gpus, dispatched_s, exclusive, recovery, first_kernel_s, ended_s, outcome, message, need, shared,
+     pid, start_ticks, run_dir) = row  # fmt: skip
+    need_value = None
+    if need:
+        data = json.loads(need)
+        need_value = MemoryNeed(NeedKind(data["kind"]), data["mib"], data["source"])
+    attempt = Attempt(
+        number=number,
+        gpus=tuple(json.loads(gpus)),
+        dispatched_s=dispatched_s,
+        exclusive=bool(exclusive),
+        recovery=bool(recovery),
+        first_kernel_s=first_kernel_s,
+        ended_s=ended_s,
+        outcome=ExitKind(outcome) if outcome else None,
+        message=message,
+        need=need_value,
+        shared=bool(shared),
+    )
+    spawn = Spawn(pid, start_ticks, run_dir) if pid is not None else None
+    return attempt, spawn
+
+
+def _last_time(task: Task) -> float:
+    if task.ended_s is not None:
+        return task.ended_s
+    a = task.current
+    if a is None:
+        return task.submit_s
+    return a.ended_s or a.first_kernel_s or a.dispatched_s
+
+
+def _event_detail(task: Task) -> str:
+    a = task.current
+    if task.state is TaskState.DISPATCHED and a:
+        return f"attempt {a.number} on GPU {','.join(map(str, a.gpus))}" + (" (recovery)" if a.recovery else "")
+    if task.state is TaskState.OOM_CRASHED and a:
+        return a.message
+    return task.reason

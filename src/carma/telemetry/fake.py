@@ -1,0 +1,295 @@
+"""Fake GPUs: the twin's GPU model running in wall-clock time, so the daemon can be tested without a GPU.
+
+A fake device lives in a directory, so that the daemon (reading telemetry) and the fake jobs it launches
+(`python -m carma.fakejob`, allocating memory and computing) share it across processes the way they share
+a real GPU through its driver:
+
+    root/device.json      the GPUs (index, name, memory, power limits, UUID), sharing mode, time scale
+    root/device.lock      taken exclusively (flock) by every change, so allocations never over-commit
+    root/procs/<pid>.json one registration per process: its memory on each GPU (by UUID) and its load
+                          while computing (null before); written atomically, read without the lock
+
+The model is the twin's (see `carma.sim.twin`): an allocation fails when it exceeds the free memory less
+a fragmentation allowance of what the co-runners hold; a computing process runs at its solo speed divided
+by its largest slowdown over its GPUs; a GPU's SMACT/SMOCC/DRAMA are the computing processes' solo values
+times their speed, capped at 1. Registrations of dead processes are ignored and removed (a SIGKILLed job
+cannot clean up after itself), as the driver frees the memory of a process that exits.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from carma.core.types import GpuInfo, GpuSample
+from carma.sim.gpus import GpuType
+from carma.sim.models import SHARING_MODES, Load, calibrated_interference, calibrated_power
+from carma.telemetry import DeviceReading, GpuProcess
+
+ENV_ROOT = "CARMA_FAKE_GPUS"
+ENV_TIME_SCALE = "CARMA_TIME_SCALE"
+UUID_PREFIX = "GPU-fake-"
+
+_PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class _Registration:
+    """One process's footprint on the device: MiB per GPU UUID, and its load once it computes."""
+
+    pid: int
+    mib: dict[str, int]
+    load: Load | None
+
+
+class FakeDevice:
+    """A fake multi-GPU device in a directory, shared by every process that opens it."""
+
+    def __init__(
+        self,
+        root: Path,
+        gpus: Sequence[GpuType],
+        uuids: Sequence[str],
+        sharing: str,
+        time_scale: float,
+        fragmentation: float,
+    ) -> None:
+        self.root = root
+        self.sharing = sharing
+        self.time_scale = time_scale
+        self.fragmentation = fragmentation
+        self._kinds = list(gpus)
+        self._uuids = list(uuids)
+        self._procs = root / "procs"
+
+    # ----------------------------------------------------------------- creating and opening
+
+    @classmethod
+    def create(
+        cls,
+        root: str | Path,
+        gpus: Sequence[GpuType],
+        sharing: str = "mps",
+        time_scale: float = 1.0,
+        fragmentation: float = 0.05,
+    ) -> FakeDevice:
+        """A fresh device at `root`, replacing any earlier one there (with its registrations)."""
+        if not gpus:
+            raise ValueError("a fake device needs at least one GPU")
+        if sharing not in SHARING_MODES:
+            raise ValueError(f"unknown sharing mode {sharing!r} (use {' or '.join(SHARING_MODES)})")
+        if not time_scale > 0:
+            raise ValueError(f"time scale must be positive, got {time_scale}")
+        if not 0 <= fragmentation < 1:
+            raise ValueError(f"fragmentation must be in [0, 1), got {fragmentation}")
+        root, time_scale = Path(root).resolve(), float(time_scale)
+        token = secrets.token_hex(4)
+        uuids = [f"{UUID_PREFIX}{i}-{token}" for i in range(len(gpus))]
+        device = cls(root, gpus, uuids, sharing, time_scale, fragmentation)
+        device._procs.mkdir(parents=True, exist_ok=True)
+        for stale in device._procs.glob("*.json"):
+            stale.unlink(missing_ok=True)
+        gpu_list = [{"index": i, "uuid": u, **asdict(k)} for i, (k, u) in enumerate(zip(gpus, uuids, strict=True))]
+        description = {"gpus": gpu_list, "sharing": sharing, "time_scale": time_scale, "fragmentation": fragmentation}
+        _write_atomic(root / "device.json", description)
+        return device
+
+    @classmethod
+    def open(cls, root: str | Path) -> FakeDevice:
+        root = Path(root).resolve()
+        try:
+            description = json.loads((root / "device.json").read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no fake GPU device at {root} (create one with FakeDevice.create)") from None
+        gpus = sorted(description["gpus"], key=lambda g: g["index"])
+        kinds = [GpuType(g["name"], g["total_mib"], g["idle_w"], g["max_w"]) for g in gpus]
+        uuids = [g["uuid"] for g in gpus]
+        return cls(root, kinds, uuids, description["sharing"], description["time_scale"], description["fragmentation"])
+
+    # ----------------------------------------------------------------- what the device is
+
+    def gpus(self) -> list[GpuInfo]:
+        return [
+            GpuInfo(i, k.name, k.total_mib, u) for i, (k, u) in enumerate(zip(self._kinds, self._uuids, strict=True))
+        ]
+
+    def index_of(self, uuid: str) -> int:
+        try:
+            return self._uuids.index(uuid)
+        except ValueError:
+            raise ValueError(f"{uuid!r} is not a GPU of the fake device at {self.root}") from None
+
+    # ----------------------------------------------------------------- what processes do
+
+    def allocate(self, pid: int, uuids: Sequence[str], total_mib: int) -> tuple[bool, str]:
+        """Grow `pid`'s allocation on each of `uuids` to `total_mib`, all or nothing.
+
+        Returns (True, "") or (False, the CUDA out-of-memory message PyTorch prints, naming the GPU by its
+        ordinal within `uuids`, as CUDA_VISIBLE_DEVICES renumbers devices for the process).
+        """
+        indices = [self.index_of(u) for u in uuids]
+        with self._locked():
+            regs = self._live()
+            mine = next((r for r in regs if r.pid == pid), _Registration(pid, {}, None))
+            for ordinal, (uuid, index) in enumerate(zip(uuids, indices, strict=True)):
+                own = mine.mib.get(uuid, 0)
+                request = total_mib - own
+                used = sum(r.mib.get(uuid, 0) for r in regs)
+                free = self._kinds[index].total_mib - used
+                if request > 0 and request > free - self.fragmentation * (used - own):
+                    return False, oom_message(ordinal, request, self._kinds[index].total_mib, free)
+            grown = {**mine.mib, **{u: max(total_mib, mine.mib.get(u, 0)) for u in uuids}}
+            self._write(_Registration(pid, grown, mine.load))
+        return True, ""
+
+    def set_load(self, pid: int, load: Load | None) -> None:
+        """Mark `pid` computing with `load` on all its GPUs, or (None) holding memory without computing."""
+        with self._locked():
+            mine = next((r for r in self._live() if r.pid == pid), None)
+            if mine is None:
+                raise ValueError(f"process {pid} holds no memory on the fake device at {self.root}")
+            self._write(_Registration(pid, mine.mib, load))
+
+    def release(self, pid: int) -> None:
+        """Free everything `pid` holds, as the driver does when a process exits."""
+        with self._locked():
+            (self._procs / f"{pid}.json").unlink(missing_ok=True)
+
+    # ----------------------------------------------------------------- what the device shows
+
+    def processes(self, uuid: str) -> list[tuple[int, int, Load | None]]:
+        """(pid, used MiB, load or None) of the live processes holding memory on GPU `uuid`, by pid."""
+        self.index_of(uuid)  # an unknown GPU is an error, not an idle one
+        return [(r.pid, r.mib[uuid], r.load) for r in self._live() if r.mib.get(uuid, 0) > 0]
+
+    def speed(self, pid: int) -> float:
+        """`pid`'s speed as a fraction of its solo speed; 1 while it is not computing."""
+        return _speeds(self._live(), self._uuids, self.sharing).get(pid, 1.0)
+
+    def sample(self, uuid: str, now: float) -> GpuSample:
+        regs = self._live()
+        return self._sample(self.index_of(uuid), regs, _speeds(regs, self._uuids, self.sharing), now)
+
+    def readings(self, now: float) -> list[DeviceReading]:
+        """Every GPU's sample and processes from one consistent look at the registry, in index order."""
+        regs = self._live()
+        speeds = _speeds(regs, self._uuids, self.sharing)
+        return [
+            DeviceReading(
+                self._sample(i, regs, speeds, now),
+                tuple(GpuProcess(r.pid, r.mib[uuid]) for r in regs if r.mib.get(uuid, 0) > 0),
+            )
+            for i, uuid in enumerate(self._uuids)
+        ]
+
+    def _sample(self, index: int, regs: Sequence[_Registration], speeds: dict[int, float], now: float) -> GpuSample:
+        uuid, kind = self._uuids[index], self._kinds[index]
+        holders = [r for r in regs if r.mib.get(uuid, 0) > 0]
+        computing = [(r.load, speeds[r.pid]) for r in holders if r.load is not None]
+        smact = min(1.0, sum(load.smact * s for load, s in computing))
+        smocc = min(1.0, sum(load.smocc * s for load, s in computing))
+        drama = min(1.0, sum(load.drama * s for load, s in computing))
+        used = sum(r.mib[uuid] for r in holders)
+        power = calibrated_power().power_w(kind, smact)
+        return GpuSample(index, now, used, kind.total_mib, smact, smocc, drama, power)
+
+    # ----------------------------------------------------------------- the registry
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / "device.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield  # closing the file drops the lock, also when the holder is interrupted
+
+    def _live(self) -> list[_Registration]:
+        """The registrations of live processes, by pid; those of dead ones are removed on the way."""
+        regs = []
+        for path in self._procs.glob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except FileNotFoundError:
+                continue  # released while we listed
+            if not _alive(data["pid"]):
+                path.unlink(missing_ok=True)
+                continue
+            load = Load(**data["load"]) if data["load"] is not None else None
+            regs.append(_Registration(data["pid"], data["mib"], load))
+        return sorted(regs, key=lambda r: r.pid)
+
+    def _write(self, reg: _Registration) -> None:
+        load = asdict(reg.load) if reg.load is not None else None
+        _write_atomic(self._procs / f"{reg.pid}.json", {"pid": reg.pid, "mib": reg.mib, "load": load})
+
+
+class FakeGpuBackend:
+    """The daemon's GPU backend over a fake device (the `carma.telemetry.GpuBackend` protocol)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.device = FakeDevice.open(root)
+
+    def gpus(self) -> list[GpuInfo]:
+        return self.device.gpus()
+
+    def read(self, now: float) -> list[DeviceReading]:
+        return self.device.readings(now)
+
+    def close(self) -> None:
+        """Nothing to let go of: the device is files, opened afresh on every read."""
+
+
+def fake_env(root: str | Path) -> dict[str, str]:
+    """What the daemon adds to every task's environment so that a fake job finds its device and clock."""
+    device = FakeDevice.open(root)
+    return {ENV_ROOT: str(device.root), ENV_TIME_SCALE: repr(device.time_scale)}
+
+
+def oom_message(ordinal: int, request_mib: int, total_mib: int, free_mib: int) -> str:
+    """The line PyTorch prints when a CUDA allocation does not fit (the format the twin uses too)."""
+    return (
+        "torch.OutOfMemoryError: CUDA out of memory. "
+        f"Tried to allocate {request_mib / 1024:.2f} GiB. GPU {ordinal} has a total capacity of "
+        f"{total_mib / 1024:.2f} GiB of which {max(free_mib, 0)} MiB is free."
+    )
+
+
+def _speeds(regs: Sequence[_Registration], uuids: Sequence[str], sharing: str) -> dict[int, float]:
+    """Each computing process's speed: 1 / its largest slowdown among the GPUs it computes on."""
+    model = calibrated_interference()
+    worst: dict[int, float] = {}
+    for uuid in uuids:
+        running = [(r.pid, r.load) for r in regs if r.load is not None and r.mib.get(uuid, 0) > 0]
+        slowdowns = model.slowdowns([load for _, load in running], sharing)
+        for (pid, _), slowdown in zip(running, slowdowns, strict=True):
+            worst[pid] = max(worst.get(pid, 1.0), slowdown)
+    return {pid: 1.0 / slowdown for pid, slowdown in worst.items()}
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs. A zombie counts as dead: a process's GPU memory is freed when it exits,
+    before its parent reaps it."""
+    if _PROC.is_dir():
+        try:
+            stat = (_PROC / str(pid) / "stat").read_text()
+        except OSError:
+            return False
+        return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_atomic(path: Path, data: object) -> None:
+    """Write JSON so that readers without the lock see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)

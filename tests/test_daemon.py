@@ -1,0 +1,101 @@
+"""The daemon's world in-process: submission checks, restarts after a crash, its clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from carma.core import SchedulerConfig, SpecError, TaskState
+from carma.server.daemon import Daemon, DaemonClock
+from carma.server.paths import Paths
+from carma.server.spec import JobSpec
+from carma.sim.gpus import parse_gpus
+from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
+
+
+@pytest.fixture
+def home(tmp_path):
+    paths = Paths(tmp_path / "home")
+    paths.create()
+    FakeDevice.create(paths.fake_gpus, parse_gpus("2xA100-40GB"), time_scale=10.0)
+    return paths
+
+
+def daemon(paths: Paths, grace_s: float = 10.0) -> Daemon:
+    backend = FakeGpuBackend(paths.fake_gpus)
+    return Daemon(paths, backend, SchedulerConfig(), 10.0, fake_env(paths.fake_gpus), grace_s)
+
+
+def job(*argv: str, **fields: object) -> JobSpec:
+    return JobSpec(fields.pop("name", "job"), argv, fields.pop("workdir", "/tmp"), **fields)  # type: ignore[arg-type]
+
+
+def step_until(d: Daemon, predicate, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d.step()
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (job("true", gpus=3), "needs 3 GPUs but this server has 2"),
+        (job("true", workdir="relative/dir"), "does not exist"),
+        (job("true", workdir="/no/such/dir"), "does not exist"),
+    ],
+)
+def test_jobs_it_can_never_run_are_refused_and_not_stored(home, spec, message):
+    d = daemon(home)
+    with pytest.raises(SpecError, match=message):
+        d.submit(spec)
+    assert d.store.load() == [] and d.scheduler.tasks == []
+    d.close()
+
+
+def test_a_placement_whose_process_never_started_is_placed_again(home):
+    first = daemon(home)
+    task = first.submit(job("true"))
+    first.loop.step(place=False)  # a first telemetry reading: GPUs never sampled are never used
+    launches = first.scheduler.decide(first.clock.now())  # placed and persisted...
+    first.store.save(first.scheduler.take_changes())
+    assert launches and first.store.load()[0].task.state is TaskState.DISPATCHED
+    first.close()  # ...but the daemon died before launching it
+    second = daemon(home)
+    restored = second.scheduler.task(task.id)
+    assert restored.state is TaskState.QUEUED and restored.attempts == []
+    step_until(second, lambda: second.scheduler.task(task.id).state is TaskState.COMPLETED)
+    assert len(second.scheduler.task(task.id).attempts) == 1
+    second.close()
+
+
+def test_a_cancel_survives_a_crash_of_the_daemon(home):
+    first = daemon(home, grace_s=0.3)
+    stubborn = first.submit(job("sh", "-c", "trap '' TERM; sleep 60"))
+    step_until(first, lambda: first.scheduler.task(stubborn.id).state is TaskState.DISPATCHED)
+    first.loop.cancel(stubborn.id)  # SIGTERM is ignored; the SIGKILL would come after the grace period...
+    first.close()  # ...but the daemon dies first
+    second = daemon(home, grace_s=0.3)
+    step_until(second, lambda: second.scheduler.task(stubborn.id).state is TaskState.CANCELLED)
+    second.close()
+
+
+def test_the_scaled_clock_continues_across_restarts(home):
+    first = daemon(home)
+    before = first.clock.now()
+    first.close()
+    time.sleep(0.2)
+    second = daemon(home)
+    assert second.clock.now() >= before + 10 * 0.2  # simulated time kept running at 10x while it was down
+    second.close()
+
+
+def test_clock_conversions():
+    clock = DaemonClock(60.0, origin_wall=1000.0, origin=5000.0)
+    assert clock.to_clock(1001.0) == 5060.0
+    with pytest.raises(ValueError):
+        DaemonClock(0, 0, 0)

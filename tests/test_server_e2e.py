@@ -1,0 +1,339 @@
+"""The daemon end to end on fake GPUs: the real `carma server`, the real CLI, real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from carma.core.config import Policy
+from carma.server.client import Client, ClientError
+from carma.sim.experiment import RunConfig, simulate
+from carma.traces.catalog import load_catalog
+from carma.traces.loaders import Trace, load_trace
+from support import CARMA, cli_env, run_carma
+
+FAKEJOB = [sys.executable, "-m", "carma.fakejob"]
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Server:
+    """A carma daemon in its own short state dir (unix socket paths must stay short)."""
+
+    def __init__(self, home: Path, *options: str) -> None:
+        self.home = home
+        self.options = options
+        self.env = cli_env(CARMA_HOME=str(home))
+        self.client = Client(home / "carma.sock")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Server:
+        log = open(self.home / "test-server.log", "ab")  # noqa: SIM115 (kept open for the daemon's lifetime)
+        self.proc = subprocess.Popen([CARMA, "server", *self.options], env=self.env, stdout=log, stderr=log)
+        wait_until(self._answers, 20, "the server to answer")
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            self.client.status()
+            return True
+        except ClientError:
+            return False
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+
+    def cli(self, *args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return run_carma(*args, env={**self.env, **(env or {})})
+
+    def json(self, *args: object) -> object:
+        result = self.cli(*args, "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def task(self, task_id: int) -> dict:
+        return self.client.task(task_id)
+
+    def wait_state(self, task_id: int, *states: str, timeout: float = 60.0) -> dict:
+        return wait_until(
+            lambda: (t := self.task(task_id))["state"] in states and t, timeout, f"task {task_id} {states}"
+        )
+
+    def submit(self, *command: str, **options: object) -> int:
+        flags = [x for k, v in options.items() for x in (f"--{k}", str(v))]
+        result = self.cli("submit", "--json", *flags, "--", *command)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["id"]
+
+
+@pytest.fixture
+def start_server():  # type: ignore[no-untyped-def]
+    servers: list[Server] = []
+    homes: list[Path] = []
+
+    def start(*options: str, home: Path | None = None) -> Server:
+        if home is None:
+            home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
+            homes.append(home)
+        server = Server(home, *options).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+    for home in homes:
+        for pid_dir in (home / "tasks").glob("*/*"):
+            with contextlib.suppress(OSError, ValueError, KeyError):  # leave no task process behind
+                info = json.loads((pid_dir / "shim.json").read_text())
+                os.killpg(info["pid"], signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def fakejob(seconds: float, mem: str = "2GiB", *extra: str) -> list[str]:
+    return [*FAKEJOB, "--mem", mem, "--seconds", f"{seconds:g}", "--ttfk", "1", "--warmup", "1", *extra]
+
+
+# ----------------------------------------------------------------------------- the basic workflow
+
+
+def test_submit_queue_show_logs_cancel_wait(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "2xA100-40GB", "--time-scale", "50")
+    quick = server.submit(*fakejob(60), mem="4GiB", name="quick")
+    slow = server.submit(*fakejob(100000))
+    done = server.cli("wait", quick)
+    assert done.returncode == 0 and f"task {quick} completed" in done.stdout
+    assert "step" in server.cli("logs", quick).stdout
+    shown = server.json("show", quick)
+    assert (shown["name"], shown["mem_mib"], shown["state"]) == ("quick", 4096, "completed")
+    assert shown["attempt_list"][0]["outcome"] == "success"
+
+    server.wait_state(slow, "running")
+    queue = server.cli("queue")
+    assert queue.returncode == 0 and "running" in queue.stdout and "quick" not in queue.stdout
+    assert {t["id"] for t in server.json("queue", "--all")} >= {quick, slow}
+    gpus = server.json("gpus")
+    assert len(gpus) == 2 and any(slow in g["tasks"] for g in gpus)
+    assert any(g["used_mib"] == 2048 for g in gpus)  # the fake device shows the job's allocation
+
+    cancelled = server.cli("cancel", slow)
+    assert cancelled.returncode == 0 and "SIGTERM" in cancelled.stdout
+    end = server.cli("wait", slow, "--timeout", "30")
+    assert end.returncode == 1 and f"task {slow} cancelled" in end.stdout
+    assert "received SIGTERM" in server.cli("logs", slow, "--stderr").stdout
+    follow = server.cli("logs", "-f", quick)  # follow ends by itself once the task has ended
+    assert follow.returncode == 0 and "step" in follow.stdout
+
+
+def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
+    task_file = tmp_path / "task.yaml"
+    task_file.write_text(
+        'name: greeter\ncommand: echo "hello $WHO" > out.txt\nshell: true\nenv: {WHO: world}\nworkdir: .\n'
+    )
+    task_id = json.loads(server.cli("submit", "-f", task_file, "--json").stdout)["id"]
+    assert server.cli("wait", task_id).returncode == 0
+    assert (tmp_path / "out.txt").read_text() == "hello world\n"
+    literal = server.submit("/bin/echo", "$HOME", "a b", workdir=tmp_path)  # no shell: arguments as given
+    server.cli("wait", literal)
+    assert server.cli("logs", literal).stdout == "$HOME a b\n"
+
+
+def test_failing_task_fails_with_its_reason(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    task_id = server.submit(*fakejob(30, "1GiB", "--exit-code", "3"))
+    result = server.cli("wait", task_id)
+    assert result.returncode == 1
+    task = server.task(task_id)
+    assert task["state"] == "failed" and task["reason"].startswith("exit code 3")
+
+
+def test_status_reports_the_caller_from_the_socket(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    status = server.json("status")
+    assert status["you"] == {"user": "root" if os.geteuid() == 0 else status["you"]["user"], "uid": os.geteuid(),
+                             "admin": True}  # fmt: skip
+    mode = (server.home / "carma.sock").stat().st_mode & 0o777
+    assert mode == 0o600 if os.geteuid() != 0 else mode in (0o660, 0o666)
+
+
+def test_client_without_a_server_says_so_in_one_line():
+    home = tempfile.mkdtemp(prefix="c", dir="/tmp")
+    result = run_carma("queue", env=cli_env(CARMA_HOME=home))
+    shutil.rmtree(home)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "carma server is not running" in result.stderr
+
+
+def test_a_second_server_on_the_same_state_dir_is_refused(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    second = server.cli("server", "--fake-gpus", "1xA100-40GB")
+    assert second.returncode == 2 and "already running" in second.stderr
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "2xA100-40GB")
+    server.cli("drain")
+    kept = server.submit("true")
+    before = server.json("queue", "--all")
+    cases = [
+        (["submit", "--gpus", "-1", "--", "true"], "greater than or equal to 1"),
+        (["submit", "--gpus", "3", "--", "true"], "needs 3 GPUs but this server has 2"),
+        (["submit", "--mem", "lots", "--", "true"], "cannot read 'lots' as a memory size"),
+        (["submit"], "nothing to run"),
+        (
+            ["submit", "--workdir", "/does/not/exist", "--", "true"],
+            "working directory '/does/not/exist' does not exist",
+        ),
+        (["submit", "--env", "1BAD=x", "--", "true"], "environment variable name '1BAD'"),
+        (["submit", "--env", "NOEQUALS", "--", "true"], "--env takes KEY=VALUE"),
+        (["submit", "-f", tmp_path / "missing.yaml"], "no task file"),
+        (["show", "999"], "no task with id 999"),
+        (["cancel", "999"], "no task with id 999"),
+        (["logs", "999"], "no task with id 999"),
+        (["logs", kept, "--attempt", "5"], f"task {kept} has no attempt 5"),
+    ]
+    for args, message in cases:
+        result = server.cli(*args)
+        assert result.returncode == 2, args
+        assert result.stderr.count("\n") == 1 and message in result.stderr, (args, result.stderr)
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text("command: [true]\ngpu: 2\n")
+    result = server.cli("submit", "-f", bad_file)
+    assert result.returncode == 2 and "unknown key(s) gpu" in result.stderr
+    assert server.json("queue", "--all") == before
+
+
+def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    server.cli("drain")
+    api = server.client
+    for body, message in (
+        ({"command": [], "workdir": "/tmp"}, "command"),
+        ({"command": ["true"], "workdir": "/tmp", "colour": "red"}, "colour"),
+        ({"command": ["a", "b"], "workdir": "/tmp", "shell": True}, "one shell line"),
+        ({"command": ["true"]}, "workdir"),
+    ):
+        with pytest.raises(ClientError, match=message):
+            api.submit(body)
+    assert api.tasks(all=True) == []
+    schema = api.request("GET", "/openapi.json")
+    assert "/v1/tasks" in schema["paths"]
+
+
+# ----------------------------------------------------------------------------- who may do what
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # type: ignore[no-untyped-def]
+    home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
+    (home / "tokens").write_text("alice-token alice 1001\nbob-token bob 1002\nadmin-token ops 0 admin\n")
+    port = free_port()
+    server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", home=home)
+    url = f"http://127.0.0.1:{port}"
+    alice, bob, admin, nobody = (Client(url=url, token=t) for t in ("alice-token", "bob-token", "admin-token", "x"))
+    admin.drain(True)  # keep the tasks waiting
+    task = alice.submit({"command": ["true"], "workdir": "/tmp"})
+    assert task["user"] == "alice"
+    with pytest.raises(ClientError, match="belongs to alice, not to bob"):
+        bob.cancel(task["id"])
+    with pytest.raises(ClientError, match="belongs to alice"):
+        bob.logs(task["id"])
+    with pytest.raises(ClientError, match="only root or the daemon's owner"):
+        bob.drain(False)
+    with pytest.raises(ClientError, match="missing or unknown bearer token"):
+        nobody.tasks()
+    assert bob.task(task["id"])["state"] == "queued"  # reading the queue is open to all
+    assert alice.cancel(task["id"])["state"] == "cancelled"
+    other = bob.submit({"command": ["true"], "workdir": "/tmp"})
+    assert admin.cancel(other["id"])["state"] == "cancelled"  # admins may cancel anyone's
+    via_cli = server.cli("queue", "--all", env={"CARMA_URL": url, "CARMA_TOKEN": "bob-token"})
+    assert via_cli.returncode == 0 and "alice" in via_cli.stdout
+
+
+# ----------------------------------------------------------------------------- recovery and crash safety
+
+
+def test_an_oom_crashed_task_is_recovered_and_completes(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    big = server.submit(*fakejob(600, "30000MiB"))
+    late = server.submit(*fakejob(200, "20000MiB"))
+    assert server.cli("wait", big, late, "--timeout", "90").returncode == 0
+    attempts = server.task(late)["attempt_list"]
+    assert [a["outcome"] for a in attempts] == ["oom", "success"]
+    assert not attempts[0]["exclusive"] and attempts[1]["recovery"] and attempts[1]["exclusive"]
+    assert "CUDA out of memory" in attempts[0]["message"]
+    assert "CUDA out of memory" in server.cli("logs", late, "--stderr", "--attempt", "1").stdout
+
+
+def test_killing_the_daemon_loses_no_task_and_runs_none_twice(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "2xA100-40GB", "--time-scale", "100")
+    durations = [150, 300, 900, 200, 1500, 150]
+    ids = [server.submit(*fakejob(d, "6GiB")) for d in durations]
+    running = wait_until(lambda: [t for t in ids if server.task(t)["state"] == "running"], 30, "running tasks")
+    long_one = max(running, key=lambda t: durations[ids.index(t)])
+    log_before = len(server.cli("logs", long_one).stdout)
+    server.kill9()
+    time.sleep(3)  # some tasks end while no daemon watches
+    server.start()
+    assert server.cli("wait", *ids, "--timeout", "120").returncode == 0
+    for task_id in ids:
+        outcomes = [a["outcome"] for a in server.task(task_id)["attempt_list"]]
+        assert outcomes.count("success") == 1 and outcomes[-1] == "success", (task_id, outcomes)
+        run_dirs = list((server.home / "tasks" / str(task_id)).iterdir())
+        assert len(run_dirs) == len(outcomes)  # every attempt the daemon knows of, and no other process
+    assert len(server.cli("logs", long_one).stdout) > log_before  # the re-adopted task's log kept growing
+
+
+# ----------------------------------------------------------------------------- against the twin
+
+
+def test_a_30_task_replay_matches_the_twin(start_server):  # type: ignore[no-untyped-def]
+    """30 tasks of CARMA's trace 1 at 400x on 3 fake A100s, MAGM, recovery only.
+
+    Tolerance: makespan within 10% of the twin's for the same tasks (measured: 0.2%-1% apart; fake jobs add
+    their Python start-up, about 0.2 s of wall time = 80 simulated seconds, to each time to first kernel).
+    """
+    server = start_server("--fake-gpus", "3xA100-40GB", "--time-scale", "400")
+    result = server.cli("replay", "carma-t1", "--limit", "30", "--wait", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)["figures"]
+    trace = load_trace("carma-t1", load_catalog())
+    twin = simulate(Trace("t1-30", trace.entries[:30]), RunConfig(Policy.MAGM)).metrics
+    assert figures["completed"] == 30 and figures["failed"] == 0
+    assert figures["collocated_attempts"] > 10  # MAGM collocated
+    assert abs(figures["makespan_s"] / twin.makespan_s - 1) < 0.10, (figures, twin.makespan_s)
+    assert abs(figures["oom_crashes"] - twin.oom_crashes) <= 2

@@ -1,0 +1,88 @@
+"""The daemon's SQLite store: what is written comes back after a restart."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, TaskState
+from carma.server.spec import JobSpec
+from carma.server.store import Spawn, Store
+
+JOB = JobSpec(
+    "train", ("python", "train.py", "--lr", "0.1"), "/work", 2, 8192, {"SEED": "1"}, False, 1001, 1001, "alice"
+)
+
+
+@pytest.fixture
+def path(tmp_path):
+    return tmp_path / "carma.db"
+
+
+def test_a_job_added_comes_back_queued_with_its_spec(path):
+    store = Store(path)
+    task_id = store.add(JOB, 100.0)
+    store.close()
+    (stored,) = Store(path).load()
+    assert stored.job == JOB
+    assert (stored.task.id, stored.task.state, stored.task.submit_s) == (task_id, TaskState.QUEUED, 100.0)
+    assert stored.task.spec.gpus == 2 and stored.task.spec.mem_mib == 8192
+
+
+def test_states_attempts_and_processes_round_trip(path):
+    store = Store(path)
+    task_id = store.add(JOB, 0.0)
+    (stored,) = store.load()
+    task = stored.task
+    need = MemoryNeed(NeedKind.KNOWN, 8192, "user")
+    task.attempts.append(Attempt(1, (0, 1), 10.0, exclusive=False, recovery=False, need=need, shared=True))
+    task.state = TaskState.DISPATCHED
+    store.save([task])
+    store.record_spawn(task_id, 1, Spawn(4242, 123456, "/state/tasks/1/1"))
+    task.attempts[0].first_kernel_s = 15.0
+    task.attempts[0].ended_s, task.attempts[0].outcome = 40.0, ExitKind.OOM
+    task.attempts[0].message = "torch.OutOfMemoryError: CUDA out of memory."
+    task.state = TaskState.RECOVERING
+    store.save([task])
+    store.close()
+    (again,) = Store(path).load()
+    assert again.task.state is TaskState.RECOVERING
+    assert again.task.attempts == task.attempts  # every field, the need included
+    assert again.spawns == {1: Spawn(4242, 123456, "/state/tasks/1/1")}
+
+
+def test_dropping_a_placement_that_never_started(path):
+    store = Store(path)
+    task_id = store.add(JOB, 0.0)
+    task = store.load()[0].task
+    task.attempts.append(Attempt(1, (0,), 5.0, exclusive=True, recovery=False))
+    task.state = TaskState.DISPATCHED
+    store.save([task])
+    task.attempts.pop()
+    task.state = TaskState.QUEUED
+    store.drop_attempt(task, 1)
+    (again,) = store.load()
+    assert (again.task.id, again.task.state, again.task.attempts) == (task_id, TaskState.QUEUED, [])
+
+
+def test_ids_continue_after_a_restart_and_events_follow_state_changes(path):
+    store = Store(path)
+    first = store.add(JOB, 0.0)
+    task = store.load()[0].task
+    store.save([task])  # unchanged state: no new event
+    task.state, task.reason, task.ended_s = TaskState.CANCELLED, "cancelled by request", 3.0
+    store.save([task])
+    store.close()
+    reopened = Store(path)
+    assert reopened.add(JOB, 5.0) == first + 1
+    events = sqlite3.connect(path).execute("SELECT task_id, state, detail FROM events ORDER BY id").fetchall()
+    assert events == [(1, "queued", ""), (1, "cancelled", "cancelled by request"), (2, "queued", "")]
+
+
+def test_meta_values_and_the_database_mode(path):
+    store = Store(path)
+    assert store.meta("clock") is None and store.meta("clock", 1) == 1
+    store.set_meta("gpus", ["GPU-a", "GPU-b"])
+    assert Store(path).meta("gpus") == ["GPU-a", "GPU-b"]
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
