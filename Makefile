@@ -18,8 +18,8 @@ demo: setup
 	$(BIN)/carma simulate --trace carma-t1 --sweep --csv results/sweep-carma-t1.csv --plot results/plots
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks validation
+	$(BIN)/ruff format --check src tests benchmarks validation
 	$(BIN)/python -m pytest
 
 bench: setup

@@ -44,9 +44,9 @@ OOM_LOG = "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out 
 @dataclass
 class Load:
     used_mib: int = 0
-    smact: float = 0.0
-    smocc: float = 0.0
-    drama: float = 0.0
+    smact: float | None = 0.0
+    smocc: float | None = 0.0
+    drama: float | None = 0.0
 
 
 class Bench:

@@ -82,3 +82,31 @@ def test_window_ignores_a_sample_it_already_holds():
     window.add(_sample(0, 0.9))
     assert len(window) == 1
     assert window.latest.smact == 0.2
+
+
+@pytest.mark.parametrize(
+    ("risk", "missing", "excluded"),
+    [
+        (Risk(None, None, None), "risky", True),  # no metrics at all: kept out of collocation...
+        (Risk(None, None, None), "skip", False),  # ...or judged by nothing
+        (Risk(0.9, None, 0.5), "risky", True),
+        (Risk(0.9, None, 0.5), "skip", True),  # the rule on the metrics there are
+        (Risk(0.9, None, 0.1), "skip", False),
+        (Risk(0.1, 0.1, 0.1), "risky", False),  # all present: the plain rule
+    ],
+)
+def test_missing_metrics_follow_the_configured_choice(risk, missing, excluded):
+    assert risk.excluded(RiskConfig(missing=missing)) is excluded
+
+
+def test_window_scores_only_the_samples_that_have_a_metric():
+    window = MonitorWindow(30, RiskWeights(mean=1.0, median=0.0, p95=0.0, ema=0.0))
+    window.add(GpuSample(0, 0, 0, 40960, None, None, None))
+    assert window.risk() == Risk(None, None, None)
+    window.add(GpuSample(0, 1, 0, 40960, 0.4, None, 0.2))
+    assert window.risk() == Risk(pytest.approx(0.4), None, pytest.approx(0.2))
+
+
+def test_the_missing_choice_is_validated():
+    with pytest.raises(ValueError, match="'risky' or 'skip'"):
+        RiskConfig(missing="ignore")

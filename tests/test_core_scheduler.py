@@ -414,3 +414,43 @@ def test_gpu_status_shows_samples_risk_and_waiting_for_a_first_kernel():
     assert status.latest.used_mib == 10_000 and status.excluded and status.foreign == 1
     assert status.risk.smact == pytest.approx(0.9)
     assert task.id not in status.tasks and not status.awaiting_first_kernel
+
+
+# ------------------------------------------------------------------ degraded telemetry and MIG instances
+
+
+def test_a_gpu_without_profiling_metrics_is_kept_out_of_collocation_unless_configured_to_skip():
+    for missing, placed in (("risky", False), ("skip", True)):
+        b = Bench(gpus=1, risk=RiskConfig(missing=missing))
+        busy(b, [0], used_mib=5_000, smact=None, smocc=None, drama=None)
+        task = b.submit()
+        assert (task.id in b.placed()) is placed, missing
+        if not placed:
+            assert "risk filter" in b.sched.waiting_reason(task.id)
+
+
+def test_lug_ranks_gpus_of_unknown_smact_last():
+    b = Bench(gpus=2, policy=Policy.LUG, prefer_idle=False, risk=RiskConfig(missing="skip"))
+    busy(b, [0, 1])
+    b.set(0, smact=None)
+    b.set(1, smact=0.7)
+    b.advance(30)
+    task = b.submit()
+    assert b.placed() == {task.id: (1,)}
+
+
+def test_mig_instances_take_one_task_each():
+    from carma.core import GpuInfo, Scheduler, SchedulerConfig
+
+    b = Bench(gpus=1)
+    b.sched = Scheduler([GpuInfo(0, "A100 MIG 3g.20gb", 20096, "MIG-x", exclusive=True)], SchedulerConfig())
+    b.total_mib = 20096
+    b.sample()
+    first, second = b.submit(), b.submit()
+    assert b.placed() == {first.id: (0,)}
+    b.first_kernel(first.id)
+    b.advance(60)
+    assert b.placed() == {}  # plenty of memory, but an instance is never shared
+    assert "shareable" in b.sched.waiting_reason(second.id)
+    b.exit(first.id)
+    assert b.placed() == {second.id: (0,)}

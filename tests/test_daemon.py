@@ -99,3 +99,28 @@ def test_clock_conversions():
     assert clock.to_clock(1001.0) == 5060.0
     with pytest.raises(ValueError):
         DaemonClock(0, 0, 0)
+
+
+def test_api_handlers_run_on_the_event_loop_beside_the_scheduler(home, tmp_path):
+    """FastAPI runs plain-function handlers in worker threads, where they would race the scheduling loop:
+    every endpoint and dependency must be a coroutine."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+
+    from carma.server.api import create_app
+    from carma.server.auth import Tokens
+
+    d = daemon(home)
+    routes = [r for r in create_app(d, Tokens(tmp_path / "tokens")).routes if isinstance(r, APIRoute)]
+    assert len(routes) >= 10
+    for route in routes:
+        calls = [route.dependant.call, *(dep.call for dep in _dependencies(route.dependant))]
+        assert all(inspect.iscoroutinefunction(call) for call in calls), route.path
+    d.close()
+
+
+def _dependencies(dependant):  # type: ignore[no-untyped-def]
+    for dep in dependant.dependencies:
+        yield dep
+        yield from _dependencies(dep)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -230,9 +231,25 @@ def test_backend_reads_every_gpu_in_index_order(device: FakeDevice, live_pids: C
     readings = backend.read(12.0)
     assert [r.sample.gpu for r in readings] == [0, 1]
     assert [r.processes for r in readings] == [(), (GpuProcess(a, 3000),)]
-    assert readings[1].sample == device.sample(g1, 12.0)
+    assert readings[1].sample == replace(device.sample(g1, 12.0), energy_j=0.0)
     assert readings[0].sample.used_mib == 0 and readings[0].sample.t == 12.0
     backend.close()
+
+
+def test_backend_counts_energy_like_nvml(device: FakeDevice, live_pids: Callable[[], int]) -> None:
+    """Joules since the backend started: each interval at the power read at its start, never decreasing."""
+    _, g1 = uuids(device)
+    backend = FakeGpuBackend(device.root)
+    idle = backend.read(100.0)[1].sample
+    assert idle.energy_j == 0.0 and idle.power_w > 0
+    a = live_pids()
+    assert device.allocate(a, [g1], 3000)[0]
+    device.set_load(a, BUSY)
+    busy = backend.read(110.0)[1].sample
+    assert busy.energy_j == pytest.approx(10 * idle.power_w)
+    assert busy.power_w > idle.power_w
+    later = backend.read(112.0)[1].sample
+    assert later.energy_j == pytest.approx(10 * idle.power_w + 2 * busy.power_w)
 
 
 def test_fake_env_points_jobs_at_the_device(tmp_path: Path) -> None:

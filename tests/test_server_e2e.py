@@ -39,10 +39,10 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):  # ty
 class Server:
     """A carma daemon in its own short state dir (unix socket paths must stay short)."""
 
-    def __init__(self, home: Path, *options: str) -> None:
+    def __init__(self, home: Path, *options: str, env: dict[str, str] | None = None) -> None:
         self.home = home
         self.options = options
-        self.env = cli_env(CARMA_HOME=str(home))
+        self.env = cli_env(CARMA_HOME=str(home), **(env or {}))
         self.client = Client(home / "carma.sock")
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -96,11 +96,11 @@ def start_server():  # type: ignore[no-untyped-def]
     servers: list[Server] = []
     homes: list[Path] = []
 
-    def start(*options: str, home: Path | None = None) -> Server:
+    def start(*options: str, home: Path | None = None, env: dict[str, str] | None = None) -> Server:
         if home is None:
             home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
             homes.append(home)
-        server = Server(home, *options).start()
+        server = Server(home, *options, env=env).start()
         servers.append(server)
         return server
 
@@ -162,6 +162,23 @@ def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped
     literal = server.submit("/bin/echo", "$HOME", "a b", workdir=tmp_path)  # no shell: arguments as given
     server.cli("wait", literal)
     assert server.cli("logs", literal).stdout == "$HOME a b\n"
+
+
+def test_tasks_inherit_the_submitters_environment_unless_clean(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """As sbatch exports it: a task finds its user's HOME, PATH and settings, never their carma token."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
+    mine = {"MY_SETTING": "on", "CARMA_TOKEN": "secret", "CUDA_VISIBLE_DEVICES": "7"}
+    show = ["sh", "-c", "echo setting=$MY_SETTING token=$CARMA_TOKEN home=${HOME:+set} cvd=$CUDA_VISIBLE_DEVICES"]
+
+    def run(*flags: str) -> str:
+        result = server.cli("submit", "--json", *flags, "--", *show, env=mine)
+        task_id = json.loads(result.stdout)["id"]
+        server.cli("wait", task_id)
+        return server.cli("logs", task_id).stdout
+
+    inherited = run("--env", "MY_SETTING=overridden")
+    assert inherited.startswith("setting=overridden token= home=set cvd=GPU-fake-")
+    assert run("--clean-env").startswith("setting= token= home= cvd=GPU-fake-")
 
 
 def test_failing_task_fails_with_its_reason(start_server):  # type: ignore[no-untyped-def]
@@ -337,3 +354,37 @@ def test_a_30_task_replay_matches_the_twin(start_server):  # type: ignore[no-unt
     assert figures["collocated_attempts"] > 10  # MAGM collocated
     assert abs(figures["makespan_s"] / twin.makespan_s - 1) < 0.10, (figures, twin.makespan_s)
     assert abs(figures["oom_crashes"] - twin.oom_crashes) <= 2
+
+
+# ----------------------------------------------------------------------------- MPS and history
+
+
+def test_mps_clients_get_carmas_pipe_and_their_limits(start_server):  # type: ignore[no-untyped-def]
+    stand_in = str(Path(__file__).parent / "bin")
+    server = start_server("--fake-gpus", "1xA100-40GB", "--mps", env={"PATH": f"{stand_in}:{os.environ['PATH']}"})
+    assert server.json("status")["mps"]
+    show_env = ["sh", "-c", "env | grep ^CUDA_MPS | sort"]
+    limited = server.submit(*show_env, mem="4GiB", **{"mps-threads": 50})
+    plain = server.submit(*show_env)
+    server.cli("wait", limited, plain)
+    pipe = server.home / "mps" / "pipe"
+    assert server.cli("logs", limited).stdout.splitlines() == [
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        f"CUDA_MPS_LOG_DIRECTORY={server.home / 'mps' / 'log'}",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=6144M",  # the 4 GiB need plus the 2 GiB margin
+        f"CUDA_MPS_PIPE_DIRECTORY={pipe}",
+    ]
+    assert "PINNED" not in server.cli("logs", plain).stdout  # no known need, no limit
+    assert server.cli("mps", "stop").returncode == 0
+
+
+def test_history_records_what_the_gpus_saw_of_a_run(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    task_id = server.submit(*fakejob(200, "3GiB", "--smact", "0.4", "--smocc", "0.2", "--drama", "0.3"))
+    assert server.cli("wait", task_id).returncode == 0
+    (run,) = server.json("history")
+    assert (run["task_id"], run["attempt"], run["outcome"], run["peak_mib"]) == (task_id, 1, "success", 3072)
+    assert run["smact_mean"] == pytest.approx(0.4, abs=0.05)  # alone on its GPU, its own SMACT
+    assert run["exec_s"] > 150
+    table = server.cli("history")
+    assert table.returncode == 0 and "3.00" in table.stdout

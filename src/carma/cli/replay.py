@@ -38,7 +38,7 @@ def replay_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the submitted ids (and figures) as JSON.")] = False,
 ) -> None:
     """Replay a trace against a running server (fake GPUs): each task is a carma.fakejob with its profile."""
-    from carma.server.client import Client, ClientError
+    from carma.server.client import Client, ClientError, run_figures
     from carma.traces.catalog import load_catalog
     from carma.traces.loaders import TraceError, load_trace
 
@@ -52,7 +52,7 @@ def replay_cmd(
     try:
         scale = time_scale or client.status()["time_scale"]
         ids = _submit_all(client, entries, scale, memory == "oracle", quiet=as_json)
-        figures = _wait(client, ids) if wait else None
+        figures = run_figures(client.wait(ids)) if wait else None
     except ClientError as e:
         raise fail(str(e)) from None
     if as_json:
@@ -83,20 +83,3 @@ def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool) -> lis
         if not quiet:
             err.print(f"t={entry.submit_s:g}s submitted task {task['id']} ({w.name})", highlight=False)
     return ids
-
-
-def _wait(client, ids: list[int]) -> dict[str, float | int]:
-    ended = {"completed", "failed", "cancelled"}
-    while True:
-        tasks = [client.task(i) for i in ids]
-        if all(t["state"] in ended for t in tasks):
-            break
-        time.sleep(0.5)
-    attempts = [a for t in tasks for a in t["attempt_list"]]
-    return {
-        "makespan_s": round(max(t["ended_s"] for t in tasks) - min(t["submit_s"] for t in tasks), 1),
-        "completed": sum(t["state"] == "completed" for t in tasks),
-        "failed": sum(t["state"] == "failed" for t in tasks),
-        "oom_crashes": sum(a["outcome"] == "oom" for a in attempts),
-        "collocated_attempts": sum(not a["exclusive"] for a in attempts),
-    }

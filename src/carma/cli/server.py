@@ -26,6 +26,7 @@ def server_cmd(
         Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).")
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when cancelling.")] = 10.0,
+    mps: Annotated[bool, typer.Option(help="Run tasks as clients of carma's MPS control daemon (started).")] = False,
 ) -> None:
     """Run the carma daemon: it queues, places and runs training tasks on this machine's GPUs."""
     import asyncio
@@ -36,8 +37,10 @@ def server_cmd(
     from carma.core.config import Policy
     from carma.server.auth import Tokens
     from carma.server.daemon import Daemon
+    from carma.server.mps import MpsControl, MpsError
     from carma.server.paths import Paths, carma_home
     from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, serve
+    from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     paths = Paths(home or carma_home())
@@ -49,7 +52,10 @@ def server_cmd(
             raise ValueError("--time-scale only applies to fake GPUs (--fake-gpus)")
         paths.create()
         backend, env = _backend(paths, fake_gpus, choice(sharing, SHARING_MODES, "--sharing"), time_scale)
-        daemon = Daemon(paths, backend, scheduler, time_scale=time_scale, extra_env=env, grace_s=grace)
+        control = MpsControl(paths.home) if mps else None
+        if control is not None:
+            control.start()
+        daemon = Daemon(paths, backend, scheduler, time_scale, env, grace, control)
         sockets = [bind_unix(paths.socket)]
         tokens = Tokens(paths.tokens)
         if tcp:
@@ -57,13 +63,18 @@ def server_cmd(
             if not tokens:
                 tokens.create(_me(), os.geteuid(), admin=True)
                 err.print(f"created an admin token for TCP clients in {paths.tokens}")
-    except (ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning) as e:
+    except (ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
         raise fail(str(e)) from None
+    missing = scheduler.risk.missing
+    for gpu, names in backend.missing().items():
+        effect = "kept out of collocation" if missing == "risky" else "judged without them"
+        err.print(f"warning: GPU {gpu} reports no {', '.join(names)}: {effect} ([scheduler.risk] missing = {missing})")
     gpus = ", ".join(f"{g.index}:{g.name}" for g in daemon.gpus)
     out.print(
         f"carma server listening on {paths.socket}{' and ' + tcp if tcp else ''}; "
         f"policy {daemon.scheduler.config.policy.value}; GPUs {gpus}"
         + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
+        + ("; tasks run under MPS" if mps else "")
     )
     asyncio.run(serve(daemon, sockets, tokens))
 
@@ -75,11 +86,11 @@ def _me() -> str:
 
 
 def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float):  # type: ignore[no-untyped-def]
-    """The GPU backend and the environment every task gets with it."""
+    """The GPU backend (NVML for real GPUs, or fake ones) and the environment every task gets with it."""
     if not fake_gpus:
-        raise ValueError(
-            "real GPUs (NVML) are not supported by this version yet; run with --fake-gpus, e.g. --fake-gpus 3xA100-40GB"
-        )
+        from carma.telemetry.nvml import NvmlBackend
+
+        return NvmlBackend(), {}
     from carma.sim.gpus import parse_gpus
     from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
 
@@ -100,3 +111,46 @@ def _fake_device(root: Path, gpus, sharing: str, time_scale: float, device_cls):
     except FileNotFoundError:
         pass
     return device_cls.create(root, gpus, sharing=sharing, time_scale=time_scale)
+
+
+mps_app = typer.Typer(help="carma's own MPS control daemon (pipe and logs under the state dir).", no_args_is_help=True)
+app.add_typer(mps_app, name="mps")
+HomeOption = Annotated[Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).")]
+
+
+def _mps(home: Path | None):  # type: ignore[no-untyped-def]
+    from carma.server.mps import MpsControl
+    from carma.server.paths import Paths, carma_home
+
+    return MpsControl(Paths(home or carma_home()).home)
+
+
+def _mps_do(action: str, home: Path | None) -> None:
+    from carma.server.mps import MpsError
+
+    control = _mps(home)
+    try:
+        status = getattr(control, action)()
+    except MpsError as e:
+        raise fail(str(e)) from None
+    state = "running" if status.running else "stopped"
+    servers = f", MPS servers {', '.join(map(str, status.servers))}" if status.servers else ""
+    out.print(f"MPS control daemon {state} (pipe {control.pipe_dir}){servers}", highlight=False)
+
+
+@mps_app.command("start")
+def mps_start(home: HomeOption = None) -> None:
+    """Start carma's MPS control daemon."""
+    _mps_do("start", home)
+
+
+@mps_app.command("stop")
+def mps_stop(home: HomeOption = None) -> None:
+    """Stop it (it quits once its clients are done)."""
+    _mps_do("stop", home)
+
+
+@mps_app.command("status")
+def mps_status(home: HomeOption = None) -> None:
+    """Whether it runs, and its servers."""
+    _mps_do("status", home)

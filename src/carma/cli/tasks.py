@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from carma.server.client import Client
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "env", "shell"}
+TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "env", "shell", "mps_threads"}
 
 
 def _client() -> Client:
@@ -69,6 +70,12 @@ def submit_cmd(
     workdir: Annotated[Path | None, typer.Option(help="Working directory (default: the current one).")] = None,
     env: Annotated[list[str] | None, typer.Option(help="Environment variable K=V (repeatable).")] = None,
     shell: Annotated[bool, typer.Option(help="Run the command through /bin/sh (one command line).")] = False,
+    clean_env: Annotated[
+        bool, typer.Option("--clean-env", help="Give the task only --env (or the file's env), not your environment.")
+    ] = False,
+    mps_threads: Annotated[
+        int | None, typer.Option(help="Under MPS: the task's share of the SMs in percent (1-100).")
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a training task: `carma submit --gpus 1 --mem 8GiB -- python train.py` or `carma submit -f task.yaml`."""
@@ -91,9 +98,14 @@ def submit_cmd(
             "env": variables,
             "shell": shell,
             "name": name,
+            "mps_threads": mps_threads,
         }
     else:
         raise fail("nothing to run: give a command after --, or a task file with -f")
+    if not clean_env and isinstance(spec.get("env") or {}, dict):
+        from carma.server.spec import inherited_env
+
+        spec["env"] = {**inherited_env(os.environ), **(spec.get("env") or {})}
     task = _call(_client().submit, {k: v for k, v in spec.items() if v is not None})
     if as_json:
         _print_json({"id": task["id"]})
@@ -204,18 +216,7 @@ def wait_cmd(
     as_json: JsonOption = False,
 ) -> None:
     """Wait until the tasks end; exit 0 if all completed, 1 otherwise."""
-    client = _client()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    ended = {"completed", "failed", "cancelled"}
-    while True:
-        tasks = [_call(client.task, t) for t in task_ids]
-        if all(t["state"] in ended for t in tasks):
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            raise fail(
-                f"timed out waiting for task(s) {', '.join(str(t['id']) for t in tasks if t['state'] not in ended)}"
-            )
-        time.sleep(0.5)
+    tasks = _call(_client().wait, task_ids, timeout)
     if as_json:
         _print_json([{"id": t["id"], "state": t["state"], "reason": t["reason"]} for t in tasks])
     else:
@@ -268,10 +269,45 @@ def status_cmd(as_json: JsonOption = False) -> None:
         return
     counts = ", ".join(f"{n} {state}" for state, n in sorted(status["tasks"].items())) or "no tasks"
     drain = " (draining: no new placements)" if status["draining"] else ""
+    mps = ", MPS" if status["mps"] else ""
     out.print(
-        f"carma {status['version']}: {status['gpus']} GPU(s), policy {status['policy']}{drain}; {counts}",
+        f"carma {status['version']}: {status['gpus']} GPU(s){mps}, policy {status['policy']}{drain}; {counts}",
         highlight=False,
     )
+    for gpu, names in status["missing_metrics"].items():
+        out.print(f"GPU {gpu}: no {', '.join(names)} (see `[scheduler.risk] missing`)", highlight=False)
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+@app.command("history")
+def history_cmd(
+    hours: Annotated[float | None, typer.Option(help="Only attempts that ended in the last H hours.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Finished runs with what the GPUs saw of them: peak memory, execution time, mean SMACT/SMOCC/DRAMA."""
+    runs = _call(_client().history, hours)
+    if as_json:
+        _print_json(runs)
+        return
+    rows = [
+        [
+            f"{r['task_id']}.{r['attempt']}",
+            r["name"],
+            r["user"],
+            r["outcome"] or "",
+            ",".join(map(str, r["gpus"])),
+            f"{r['exec_s'] / 60:.1f}",
+            "-" if r["peak_mib"] is None else f"{r['peak_mib'] / 1024:.2f}",
+            "-" if r["mem_mib"] is None else f"{r['mem_mib'] / 1024:.2f}",
+            f"{_fmt(r['smact_mean'])}/{_fmt(r['smocc_mean'])}/{_fmt(r['drama_mean'])}",
+        ]
+        for r in runs
+    ]
+    headers = ("RUN", "NAME", "USER", "OUTCOME", "GPUS", "MINUTES", "PEAK GiB", "DECLARED GiB", "SMACT/SMOCC/DRAMA")
+    print(columns(headers, rows))
 
 
 @app.command("drain")

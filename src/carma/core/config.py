@@ -43,11 +43,16 @@ class RiskConfig:
     smocc: float = 0.45
     drama: float = 0.40
     weights: RiskWeights = field(default_factory=RiskWeights)
+    # when a GPU's telemetry lacks SMACT, SMOCC or DRAMA: "risky" keeps it out of collocation, "skip"
+    # judges it by the metrics it has (no metric at all: not excluded)
+    missing: str = "risky"
 
     def __post_init__(self) -> None:
         for name in ("smact", "smocc", "drama"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"risk threshold {name} must be a fraction in [0, 1]")
+        if self.missing not in ("risky", "skip"):
+            raise ValueError(f"risk missing must be 'risky' or 'skip', got {self.missing!r}")
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ class MonitorWindow:
         if not self._samples:
             raise ValueError("no samples in the window")
         if self._risk is None:
-            w = self._weights
-            self._risk = Risk(
-                smact=risk_score([s.smact for s in self._samples], w),
-                smocc=risk_score([s.smocc for s in self._samples], w),
-                drama=risk_score([s.drama for s in self._samples], w),
-            )
+            self._risk = Risk(*(self._score(metric) for metric in ("smact", "smocc", "drama")))
         return self._risk
+
+    def _score(self, metric: str) -> float | None:
+        """The metric's risk over the samples that have it (None when none do)."""
+        values = [v for s in self._samples if (v := getattr(s, metric)) is not None]
+        return risk_score(values, self._weights) if values else None

@@ -42,10 +42,20 @@ def risk_score(values: Sequence[float], weights: RiskWeights) -> float:
 
 @dataclass(frozen=True)
 class Risk:
-    smact: float
-    smocc: float
-    drama: float
+    """Risk scores per metric; None for a metric the GPU's telemetry does not provide."""
+
+    smact: float | None
+    smocc: float | None
+    drama: float | None
 
     def excluded(self, config: RiskConfig) -> bool:
-        """CARMA's rule: compute saturated and either the SMs are full or memory bandwidth is busy."""
-        return self.smact >= config.smact and (self.smocc >= config.smocc or self.drama >= config.drama)
+        """CARMA's rule: compute saturated and either the SMs are full or memory bandwidth is busy.
+
+        With a metric missing, `config.missing` decides: "risky" excludes the GPU; "skip" applies the rule
+        to the metrics there are (without SMACT, a GPU is never excluded).
+        """
+        if None in (self.smact, self.smocc, self.drama) and config.missing == "risky":
+            return True
+        if self.smact is None or self.smact < config.smact:
+            return False
+        return (self.smocc or 0.0) >= config.smocc or (self.drama or 0.0) >= config.drama

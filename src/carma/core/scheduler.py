@@ -304,7 +304,12 @@ class Scheduler:
 
     def _candidates(self, gpus: list[int]) -> list[Candidate]:
         lug = self.config.policy is Policy.LUG
-        return [Candidate(g, self._free_mib(g), self._windows[g].risk().smact if lug else 0.0) for g in gpus]
+        return [Candidate(g, self._free_mib(g), self._lug_key(g) if lug else 0.0) for g in gpus]
+
+    def _lug_key(self, gpu: int) -> float:
+        """LUG ranks by SMACT risk; a GPU whose SMACT is unknown ranks last."""
+        smact = self._windows[gpu].risk().smact
+        return float("inf") if smact is None else smact
 
     def _place(self, task: Task, now: float) -> list[int] | str:
         """GPUs for the head task, or why it must wait."""
@@ -321,9 +326,13 @@ class Scheduler:
             return f"waiting for {n} whole idle GPU(s)"
         if cfg.prefer_idle and len(idle) >= n:
             return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
-        gpus = [g for g in self._windows if self._windows[g].latest is not None and self._ttfk.valid(g, now)]
+        gpus = [
+            g
+            for g in self._windows
+            if not self.gpus[g].exclusive and self._windows[g].latest is not None and self._ttfk.valid(g, now)
+        ]
         if len(gpus) < n:
-            return f"needs {n} GPU(s); {len(gpus)} not awaiting a first kernel (TTFK)"
+            return f"needs {n} GPU(s); {len(gpus)} shareable and not awaiting a first kernel (TTFK)"
         if cfg.policy is not Policy.RR:
             required = need.mib + cfg.margin_mib if need.kind is NeedKind.KNOWN else cfg.min_free_mib
             gpus = [g for g in gpus if self._free_mib(g) >= required]

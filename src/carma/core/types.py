@@ -64,24 +64,30 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """A placement target: a whole GPU, or a MIG instance (`exclusive`: one task at a time, no collocation)."""
+
     index: int
     name: str
     total_mib: int
     uuid: str = ""
+    exclusive: bool = False
 
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One 1 Hz reading of one GPU. Utilization metrics are fractions in [0, 1]."""
+    """One 1 Hz reading of one GPU. Utilization metrics are fractions in [0, 1]; None where the backend
+    cannot read them (the risk rule then follows `RiskConfig.missing`, never a made-up zero)."""
 
     gpu: int
     t: float
     used_mib: int
     total_mib: int
-    smact: float
-    smocc: float
-    drama: float
-    power_w: float = 0.0
+    smact: float | None
+    smocc: float | None
+    drama: float | None
+    power_w: float | None = None  # board power (None for a MIG instance: power is per GPU)
+    energy_j: float | None = None  # the device's cumulative energy counter
+    temperature_c: float | None = None
 
     @property
     def free_mib(self) -> int:

@@ -1,9 +1,9 @@
 """The daemon's HTTP API (FastAPI; OpenAPI schema at /openapi.json).
-Every handler runs on the daemon's one event-loop thread, beside the scheduling loop, so it reads and
-changes the core without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing.
+Every handler and dependency is a coroutine, so it runs on the daemon's one event-loop thread beside the
+scheduling loop (FastAPI would run plain functions in worker threads) and reads and changes the core
+without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing.
 """
 
-import re
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -16,10 +16,9 @@ from carma.core.scheduler import SpecError
 from carma.core.types import TERMINAL_STATES, Task, TaskId
 from carma.server.auth import Caller, Tokens, caller_from_peer
 from carma.server.daemon import Daemon
-from carma.server.spec import JobSpec
+from carma.server.spec import ENV_NAME, JobSpec
 from carma.units import parse_mib
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 LOG_CHUNK = 1 << 20
 
 
@@ -35,6 +34,7 @@ class SubmitRequest(BaseModel):
     mem: str | int | None = Field(None, description="GPU memory need, e.g. 8GiB or MiB as a number")
     env: dict[str, str] = Field(default_factory=dict)
     shell: bool = False
+    mps_threads: int | None = Field(None, ge=1, le=100, description="MPS active thread percentage")
 
 
 def _one_line(exc: RequestValidationError) -> str:
@@ -50,7 +50,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _one_line(exc)}, status_code=422)
 
-    def caller(request: Request) -> Caller:
+    async def caller(request: Request) -> Caller:
         peer = request.scope.get("carma.peer")
         if peer is not None:
             _, uid, gid = peer
@@ -64,7 +64,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     Who = Annotated[Caller, Depends(caller)]
 
-    def admin(who: Who) -> Caller:
+    async def admin(who: Who) -> Caller:
         if not who.admin:
             raise HTTPException(403, "only root or the daemon's owner may do this")
         return who
@@ -80,7 +80,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(403, f"task {task.id} belongs to {daemon.jobs[task.id].user}, not to {who.user}")
 
     @app.get("/v1/status")
-    def status(who: Who) -> dict[str, Any]:
+    async def status(who: Who) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for task in daemon.scheduler.tasks:
             counts[task.state.value] = counts.get(task.state.value, 0) + 1
@@ -92,17 +92,19 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             "policy": daemon.scheduler.config.policy.value,
             "draining": daemon.draining,
             "gpus": len(daemon.gpus),
+            "mps": daemon.mps is not None,
+            "missing_metrics": {str(gpu): list(names) for gpu, names in daemon.backend.missing().items()},
             "tasks": counts,
             "you": {"user": who.user, "uid": who.uid, "admin": who.admin},
         }
 
     @app.get("/v1/gpus")
-    def gpus(_: Who) -> list[dict[str, Any]]:
+    async def gpus(_: Who) -> list[dict[str, Any]]:
         return [gpu_view(status) for status in daemon.scheduler.gpu_status(daemon.clock.now())]
 
     @app.post("/v1/tasks", status_code=201)
-    def submit(request: SubmitRequest, who: Who) -> dict[str, Any]:
-        bad_env = [k for k in request.env if not _ENV_NAME.match(k)]
+    async def submit(request: SubmitRequest, who: Who) -> dict[str, Any]:
+        bad_env = [k for k in request.env if not ENV_NAME.match(k)]
         if bad_env:
             raise HTTPException(422, f"invalid request: environment variable name {bad_env[0]!r}")
         if request.shell and len(request.command) != 1:
@@ -122,6 +124,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             uid=who.uid,
             gid=who.gid,
             user=who.user,
+            mps_threads=request.mps_threads,
         )
         try:
             task = daemon.submit(job)
@@ -130,18 +133,18 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         return task_view(daemon, task)
 
     @app.get("/v1/tasks")
-    def tasks(_: Who, state: str | None = None, all: bool = False) -> list[dict[str, Any]]:
+    async def tasks(_: Who, state: str | None = None, all: bool = False) -> list[dict[str, Any]]:
         selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
         if state:
             selected = [t for t in selected if t.state.value == state]
         return [task_summary(daemon, t) for t in selected]
 
     @app.get("/v1/tasks/{task_id}")
-    def show(task_id: TaskId, _: Who) -> dict[str, Any]:
+    async def show(task_id: TaskId, _: Who) -> dict[str, Any]:
         return task_view(daemon, task_or_404(task_id))
 
     @app.post("/v1/tasks/{task_id}/cancel")
-    def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
+    async def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
         task = task_or_404(task_id)
         owned(task, who)
         if task.state in TERMINAL_STATES:
@@ -149,7 +152,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         return task_view(daemon, daemon.cancel(task_id))
 
     @app.get("/v1/tasks/{task_id}/logs")
-    def logs(
+    async def logs(
         task_id: TaskId,
         who: Who,
         stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
@@ -173,13 +176,19 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         finished = task.state in TERMINAL_STATES or number < len(task.attempts)
         return {"attempt": number, "text": text, "offset": end, "done": finished and len(text) < LOG_CHUNK}
 
+    @app.get("/v1/history")
+    async def history(_: Who, hours: Annotated[float | None, Query(gt=0)] = None) -> list[dict[str, Any]]:
+        """Ended attempts with what telemetry saw of them, the last `hours` (all without it)."""
+        since = None if hours is None else daemon.clock.now() - hours * 3600
+        return daemon.store.history(since)
+
     @app.post("/v1/drain")
-    def drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    async def drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
         daemon.draining = True
         return {"draining": True}
 
     @app.post("/v1/resume")
-    def resume(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
+    async def resume(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
         daemon.draining = False
         return {"draining": False}
 
@@ -240,11 +249,14 @@ def gpu_view(status) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         "name": status.gpu.name,
         "uuid": status.gpu.uuid,
         "total_mib": status.gpu.total_mib,
+        "exclusive": status.gpu.exclusive,  # a MIG instance: one task at a time
         "used_mib": s.used_mib if s else None,
         "smact": s.smact if s else None,
         "smocc": s.smocc if s else None,
         "drama": s.drama if s else None,
         "power_w": s.power_w if s else None,
+        "energy_j": s.energy_j if s else None,
+        "temperature_c": s.temperature_c if s else None,
         "risk": {"smact": r.smact, "smocc": r.smocc, "drama": r.drama} if r else None,
         "excluded": status.excluded,
         "valid": status.valid,

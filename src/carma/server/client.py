@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -17,10 +18,15 @@ from urllib.parse import urlencode, urlsplit
 from carma.server.paths import Paths, carma_home
 
 TIMEOUT_S = 30.0
+ENDED = frozenset({"completed", "failed", "cancelled"})
 
 
 class ClientError(Exception):
     """A request the server refused or could not take, as one line for the user."""
+
+
+class WaitTimeout(ClientError):
+    """Tasks still had not ended when the wait gave up."""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -92,6 +98,18 @@ class Client:
     def task(self, task_id: int) -> dict[str, Any]:
         return self.request("GET", f"/v1/tasks/{task_id}")
 
+    def wait(self, task_ids: list[int], timeout_s: float | None = None, poll_s: float = 0.5) -> list[dict[str, Any]]:
+        """The tasks once every one has ended (completed, failed or cancelled)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            tasks = [self.task(t) for t in task_ids]
+            pending = [str(t["id"]) for t in tasks if t["state"] not in ENDED]
+            if not pending:
+                return tasks
+            if deadline is not None and time.monotonic() > deadline:
+                raise WaitTimeout(f"timed out waiting for task(s) {', '.join(pending)}")
+            time.sleep(poll_s)
+
     def cancel(self, task_id: int) -> dict[str, Any]:
         return self.request("POST", f"/v1/tasks/{task_id}/cancel")
 
@@ -107,5 +125,20 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self.request("GET", "/v1/status")
 
+    def history(self, hours: float | None = None) -> list[dict[str, Any]]:
+        return self.request("GET", "/v1/history", {"hours": hours} if hours else None)
+
     def drain(self, on: bool) -> dict[str, Any]:
         return self.request("POST", "/v1/drain" if on else "/v1/resume")
+
+
+def run_figures(tasks: list[dict[str, Any]]) -> dict[str, float | int]:
+    """A finished run's figures from its tasks as the API shows them: makespan, outcomes, OOM crashes."""
+    attempts = [a for t in tasks for a in t["attempt_list"]]
+    return {
+        "makespan_s": round(max(t["ended_s"] for t in tasks) - min(t["submit_s"] for t in tasks), 1),
+        "completed": sum(t["state"] == "completed" for t in tasks),
+        "failed": sum(t["state"] == "failed" for t in tasks),
+        "oom_crashes": sum(a["outcome"] == "oom" for a in attempts),
+        "collocated_attempts": sum(not a["exclusive"] for a in attempts),
+    }

@@ -12,20 +12,23 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from carma.core.config import SchedulerConfig
 from carma.core.loop import SchedulingLoop
 from carma.core.ports import GpuProcesses, TelemetryReading
 from carma.core.scheduler import Scheduler, SpecError
-from carma.core.types import ACTIVE_STATES, GpuInfo, Task, TaskId, TaskState
+from carma.core.types import ACTIVE_STATES, GpuInfo, Launch, NeedKind, Task, TaskId, TaskState
 from carma.server import proctree
 from carma.server.executor import ProcessExecutor, SpawnRecord
+from carma.server.mps import MpsControl, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
-from carma.server.store import Spawn, Store
-from carma.telemetry import GpuBackend
+from carma.server.store import Observation, Spawn, Store
+from carma.telemetry import DeviceReading, GpuBackend
+
+METRICS = ("smact", "smocc", "drama")
 
 
 class DaemonClock:
@@ -48,12 +51,67 @@ class DaemonClock:
         return self._origin + (wall_s - self._origin_wall) * self.scale
 
 
+class RunRecorder:
+    """Per live task: the most GPU memory its processes held on one GPU, and the metrics it ran under.
+
+    Seen from telemetry once the task shows on its GPUs; a task re-adopted after a restart is observed
+    from then on.
+    """
+
+    def __init__(self) -> None:
+        self._peak: dict[TaskId, int] = {}
+        self._sums: dict[TaskId, dict[str, list[float]]] = {}
+
+    def observe(self, readings: Sequence[DeviceReading], owner_of: Mapping[int, TaskId]) -> None:
+        used: dict[TaskId, dict[int, int]] = {}
+        for r in readings:
+            for p in r.processes:
+                if p.pid in owner_of:
+                    per_gpu = used.setdefault(owner_of[p.pid], {})
+                    per_gpu[r.sample.gpu] = per_gpu.get(r.sample.gpu, 0) + p.used_mib
+        samples = {r.sample.gpu: r.sample for r in readings}
+        for task_id, per_gpu in used.items():
+            self._peak[task_id] = max(self._peak.get(task_id, 0), *per_gpu.values())
+            sums = self._sums.setdefault(task_id, {m: [] for m in METRICS})
+            for gpu in per_gpu:
+                for metric in METRICS:
+                    value = getattr(samples[gpu], metric)
+                    if value is not None:
+                        sums[metric].append(value)
+
+    def finish(self, task_id: TaskId) -> Observation | None:
+        """What was seen of the task's attempt that just ended (None if it never showed on a GPU)."""
+        if task_id not in self._peak:
+            return None
+        sums = self._sums.pop(task_id)
+        means = [sum(v) / len(v) if v else None for v in (sums[m] for m in METRICS)]
+        return Observation(self._peak.pop(task_id), *means)
+
+
+class Journal:
+    """The core's Journal port: the store, plus each ended attempt's observation."""
+
+    def __init__(self, store: Store, recorder: RunRecorder) -> None:
+        self._store = store
+        self._recorder = recorder
+
+    def save(self, tasks: Sequence[Task]) -> None:
+        self._store.save(tasks)
+        for task in tasks:
+            attempt = task.current
+            if attempt is not None and attempt.ended_s is not None:
+                seen = self._recorder.finish(task.id)
+                if seen is not None:
+                    self._store.record_observation(task.id, attempt.number, seen)
+
+
 class BackendTelemetry:
     """The core's Telemetry port over a GPU backend: GPU pids resolved to tasks through the process tree."""
 
-    def __init__(self, backend: GpuBackend, owners: Callable[[], Mapping[int, TaskId]]) -> None:
+    def __init__(self, backend: GpuBackend, owners: Callable[[], Mapping[int, TaskId]], recorder: RunRecorder) -> None:
         self._backend = backend
         self._owners = owners
+        self._recorder = recorder
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._backend.gpus())
@@ -61,6 +119,7 @@ class BackendTelemetry:
     def read(self, now: float) -> TelemetryReading:
         readings = self._backend.read(now)
         owner_of = proctree.owners([p.pid for r in readings for p in r.processes], self._owners())
+        self._recorder.observe(readings, owner_of)
         processes = {}
         for r in readings:
             tasks = frozenset(owner_of[p.pid] for p in r.processes if p.pid in owner_of)
@@ -78,6 +137,7 @@ class Daemon:
         time_scale: float = 1.0,
         extra_env: Mapping[str, str] | None = None,
         grace_s: float = 10.0,
+        mps: MpsControl | None = None,
     ) -> None:
         self.paths = paths
         self.backend = backend
@@ -87,18 +147,22 @@ class Daemon:
         self._check_gpus()
         self.scheduler = Scheduler(self.gpus, config)
         self.jobs: dict[TaskId, JobSpec] = {}
+        self.mps = mps
         self.executor = ProcessExecutor(
             home=paths.home,
             jobs=self.jobs.__getitem__,
             gpu_uuids={g.index: g.uuid for g in self.gpus},
             to_clock=self.clock.to_clock,
-            extra_env=dict(extra_env or {}),
+            extra_env={**(extra_env or {}), **(mps.client_env() if mps else {})},
             run_as_owner=os.geteuid() == 0,
             grace_s=grace_s,
             on_spawn=self._on_spawn,
+            task_env=self._mps_limits if mps else lambda task, launch: {},
         )
-        telemetry = BackendTelemetry(backend, self.executor.shim_pids)
-        self.loop = SchedulingLoop(self.scheduler, self.clock, telemetry, self.executor, journal=self.store)
+        recorder = RunRecorder()
+        telemetry = BackendTelemetry(backend, self.executor.shim_pids, recorder)
+        journal = Journal(self.store, recorder)
+        self.loop = SchedulingLoop(self.scheduler, self.clock, telemetry, self.executor, journal=journal)
         self.draining = False
         self.started = time.time()
         self._restore()
@@ -152,6 +216,12 @@ class Daemon:
         self.executor.adopt(record)
         if task.cancel_requested:  # the old daemon's SIGTERM/SIGKILL escalation died with it
             self.executor.kill(task.id)
+
+    def _mps_limits(self, task: Task, launch: Launch) -> dict[str, str]:
+        need = task.current.need
+        known = need.mib if need is not None and need.kind is NeedKind.KNOWN else None
+        margin = self.scheduler.config.margin_mib
+        return client_limits(known, margin, len(launch.gpus), self.jobs[task.id].mps_threads)
 
     def _on_spawn(self, record: SpawnRecord) -> None:
         self.store.record_spawn(record.task_id, record.attempt, Spawn(record.pid, record.start_ticks, record.run_dir))

@@ -80,6 +80,7 @@ class ProcessExecutor:
         run_as_owner: bool = False,
         grace_s: float = 10.0,
         on_spawn: Callable[[SpawnRecord], None] = lambda record: None,
+        task_env: Callable[[Task, Launch], Mapping[str, str]] = lambda task, launch: {},
     ) -> None:
         self.home = Path(home).absolute()  # the shim runs in the job's workdir: its RUN_DIR must be absolute
         self.jobs = jobs
@@ -89,6 +90,7 @@ class ProcessExecutor:
         self.run_as_owner = run_as_owner
         self.grace_s = grace_s
         self.on_spawn = on_spawn
+        self.task_env = task_env  # per-attempt additions, e.g. an MPS memory limit from the task's need
         self._runs: dict[TaskId, _Run] = {}
         self._failed: list[TaskExit] = []  # launches that never got a process, reported at the next poll
 
@@ -100,7 +102,7 @@ class ProcessExecutor:
         run_dir = self.run_dir(task.id, launch.attempt)
         try:
             self._prepare_run_dir(run_dir, job)
-            child = self._spawn(run_dir, job, self._environment(job, launch))
+            child = self._spawn(run_dir, job, self._environment(job, task, launch))
         except OSError as exc:
             message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
             self._note(run_dir, message)
@@ -169,13 +171,14 @@ class ProcessExecutor:
 
     # --- launching ------------------------------------------------------------------------------------
 
-    def _environment(self, job: JobSpec, launch: Launch) -> dict[str, str]:
+    def _environment(self, job: JobSpec, task: Task, launch: Launch) -> dict[str, str]:
         """The job's environment, the daemon's additions, the task's identity and its GPUs (by UUID, so
         the task sees exactly its GPUs whatever the device order; the index when a GPU has no UUID)."""
         devices = ",".join(self.gpu_uuids.get(gpu) or str(gpu) for gpu in launch.gpus)
         return {
             **job.env,
             **self.extra_env,
+            **self.task_env(task, launch),
             "CARMA_TASK_ID": str(launch.task_id),
             "CARMA_ATTEMPT": str(launch.attempt),
             "CUDA_VISIBLE_DEVICES": devices,

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from carma.core.types import TaskSpec
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of a submitter's environment a task inherits (as sbatch exports it): all but carma's own
+    variables (its token among them) and CUDA_VISIBLE_DEVICES, which carma sets; names a shell cannot
+    export (e.g. exported bash functions) are left out."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if ENV_NAME.match(k) and not k.startswith("CARMA_") and k != "CUDA_VISIBLE_DEVICES"
+    }
 
 
 @dataclass(frozen=True)
@@ -22,6 +36,7 @@ class JobSpec:
     uid: int = 0
     gid: int = 0
     user: str = ""
+    mps_threads: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, when the server runs tasks under MPS
 
     def task_spec(self) -> TaskSpec:
         return TaskSpec(self.name, self.gpus, self.mem_mib)

@@ -47,6 +47,10 @@ CREATE TABLE IF NOT EXISTS attempts (
     pid INTEGER,
     start_ticks INTEGER,
     run_dir TEXT,
+    peak_mib INTEGER,
+    smact_mean REAL,
+    smocc_mean REAL,
+    drama_mean REAL,
     PRIMARY KEY (task_id, number)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -66,6 +70,16 @@ class Spawn:
     pid: int
     start_ticks: int
     run_dir: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the telemetry saw of an attempt: its processes' peak GPU memory, the metrics it ran under."""
+
+    peak_mib: int
+    smact_mean: float | None
+    smocc_mean: float | None
+    drama_mean: float | None
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,14 @@ class Store:
                 (spawn.pid, spawn.start_ticks, spawn.run_dir, task_id, attempt),
             )
 
+    def record_observation(self, task_id: TaskId, attempt: int, seen: Observation) -> None:
+        with self._transaction() as db:
+            db.execute(
+                """UPDATE attempts SET peak_mib = ?, smact_mean = ?, smocc_mean = ?, drama_mean = ?
+                   WHERE task_id = ? AND number = ?""",
+                (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, task_id, attempt),
+            )
+
     def drop_attempt(self, task: Task, number: int) -> None:
         """Forget a placement whose process never started (the daemon died in between)."""
         with self._transaction() as db:
@@ -174,6 +196,41 @@ class Store:
     def meta(self, key: str, default: object = None) -> object:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
+
+    def history(self, since_s: float | None = None) -> list[dict[str, object]]:
+        """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates)."""
+        rows = self._db.execute(
+            """SELECT a.task_id, a.number, t.job, t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
+                      a.outcome, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean
+               FROM attempts a JOIN tasks t ON t.id = a.task_id
+               WHERE a.ended_s IS NOT NULL AND a.ended_s >= ? ORDER BY a.ended_s, a.task_id""",
+            (since_s if since_s is not None else float("-inf"),),
+        )
+        out = []
+        for task_id, number, job, state, gpus, start, first, end, outcome, peak, smact, smocc, drama in rows:
+            spec = _job(job)
+            out.append(
+                {
+                    "task_id": task_id,
+                    "attempt": number,
+                    "name": spec.name,
+                    "user": spec.user,
+                    "command": list(spec.argv),
+                    "state": state,
+                    "outcome": outcome,
+                    "gpus": json.loads(gpus),
+                    "mem_mib": spec.mem_mib,
+                    "dispatched_s": start,
+                    "first_kernel_s": first,
+                    "ended_s": end,
+                    "exec_s": end - start,
+                    "peak_mib": peak,
+                    "smact_mean": smact,
+                    "smocc_mean": smocc,
+                    "drama_mean": drama,
+                }
+            )
+        return out
 
     def load(self) -> list[StoredTask]:
         """Every task with its job and attempts, in submission order (to restore the scheduler)."""
@@ -207,7 +264,7 @@ def _job(text: str) -> JobSpec:
 
 def _attempt(row: tuple) -> tuple[Attempt, Spawn | None]:
     (_, number, gpus, dispatched_s, exclusive, recovery, first_kernel_s, ended_s, outcome, message, need, shared,
-     pid, start_ticks, run_dir) = row  # fmt: skip
+     pid, start_ticks, run_dir, *_observed) = row  # fmt: skip
     need_value = None
     if need:
         data = json.loads(need)

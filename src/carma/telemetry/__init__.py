@@ -6,7 +6,7 @@ A backend reports raw process ids; the daemon resolves them to carma tasks throu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +30,10 @@ class GpuBackend(Protocol):
 
     def read(self, now: float) -> Sequence[DeviceReading]:
         """One reading per GPU, in index order, stamped `now` (the daemon's clock)."""
+        ...
+
+    def missing(self) -> Mapping[int, Sequence[str]]:
+        """Per GPU index, the profiling metrics the backend cannot read (reported, never faked)."""
         ...
 
     def close(self) -> None: ...

@@ -24,7 +24,7 @@ import os
 import secrets
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from carma.core.types import GpuInfo, GpuSample
@@ -232,12 +232,27 @@ class FakeGpuBackend:
 
     def __init__(self, root: str | Path) -> None:
         self.device = FakeDevice.open(root)
+        self._energy: dict[int, tuple[float, float, float]] = {}  # gpu -> (time, power, joules) at last read
 
     def gpus(self) -> list[GpuInfo]:
         return self.device.gpus()
 
     def read(self, now: float) -> list[DeviceReading]:
-        return self.device.readings(now)
+        """The device's readings, with an energy counter like NVML's: joules since this backend started,
+        each interval counted at the power of its start (the daemon reads once a second)."""
+        readings = self.device.readings(now)
+        stamped = []
+        for r in readings:
+            s = r.sample
+            then, power, joules = self._energy.get(s.gpu, (now, 0.0, 0.0))
+            joules += power * max(0.0, now - then)
+            self._energy[s.gpu] = (now, s.power_w or 0.0, joules)
+            stamped.append(DeviceReading(replace(s, energy_j=joules), r.processes))
+        return stamped
+
+    def missing(self) -> dict[int, tuple[str, ...]]:
+        """Nothing: the fake device models every metric."""
+        return {}
 
     def close(self) -> None:
         """Nothing to let go of: the device is files, opened afresh on every read."""

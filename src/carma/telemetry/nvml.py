@@ -1,0 +1,237 @@
+"""Real GPUs through NVML (nvidia-ml-py): memory, power, energy, temperature, processes, and the
+profiling metrics SMACT, SMOCC and DRAMA.
+
+One NVML session for the daemon's lifetime, no subprocess per sample. The profiling metrics come from
+NVML's GPU Performance Monitoring (GPM: Hopper and newer) or from DCGM (`dcgmi dmon`, e.g. on an A100);
+where neither exists they are reported missing (None), and the risk rule's `missing` setting decides,
+never a made-up zero. MIG instances are discovered (not created) and become exclusive placement targets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from carma.core.types import GpuInfo, GpuSample
+from carma.telemetry import DeviceReading, GpuProcess
+
+METRICS = ("smact", "smocc", "drama")
+GPM_METRICS = {
+    "smact": "NVML_GPM_METRIC_SM_UTIL",
+    "smocc": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "drama": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+}
+MPS_SERVER = "nvidia-cuda-mps"  # the MPS server's process name starts so: infrastructure, not a foreign job
+MIB = 1 << 20
+log = logging.getLogger("carma.nvml")
+
+
+class NvmlUnavailable(RuntimeError):
+    """No usable NVML: library, driver or GPU missing; the message says which."""
+
+
+def load_nvml() -> Any:
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlUnavailable("real GPUs need nvidia-ml-py (a dependency of carma): pip install nvidia-ml-py") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise NvmlUnavailable(
+            f"NVML could not start ({e}): is the NVIDIA driver installed and a GPU present?"
+        ) from None
+    return pynvml
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class _Gpm:
+    """GPM metrics of one GPU over the time between two of its samples (the previous read and this one)."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        self._primed = False
+
+    def read(self) -> dict[str, float | None] | None:
+        nvml = self._nvml
+        nvml.nvmlGpmSampleGet(self._handle, self._samples[1])
+        if not self._primed:  # the first sample only opens the interval
+            self._samples.reverse()
+            self._primed = True
+            return None
+        query = nvml.c_nvmlGpmMetricsGet_t()
+        query.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        query.numMetrics = len(GPM_METRICS)
+        query.sample1, query.sample2 = self._samples
+        for k, constant in enumerate(GPM_METRICS.values()):
+            query.metrics[k].metricId = getattr(nvml, constant)
+        nvml.nvmlGpmMetricsGet(query)
+        self._samples.reverse()  # this sample opens the next interval
+        return {
+            name: query.metrics[k].value / 100 if query.metrics[k].nvmlReturn == nvml.NVML_SUCCESS else None
+            for k, name in enumerate(GPM_METRICS)
+        }
+
+    def close(self) -> None:
+        for sample in self._samples:
+            self._nvml.nvmlGpmSampleFree(sample)
+
+
+@dataclass
+class _Target:
+    """A placement target: a whole GPU, or a MIG instance of one (`physical` is the GPU's NVML index)."""
+
+    info: GpuInfo
+    handle: Any
+    physical: int
+    gpu_handle: Any  # the whole GPU (power, energy and temperature are per GPU, not per instance)
+    gpm: _Gpm | None = None
+
+
+class NvmlBackend:
+    """The daemon's GpuBackend for real GPUs."""
+
+    def __init__(self, nvml: Any | None = None, dcgm_factory: Callable[[Iterable[int]], Any] | None = None) -> None:
+        self._nvml = nvml if nvml is not None else load_nvml()
+        self._targets = self._discover()
+        self._dcgm = self._start_dcgm(dcgm_factory)
+
+    # ----------------------------------------------------------------- discovery
+
+    def _discover(self) -> list[_Target]:
+        nvml = self._nvml
+        targets: list[_Target] = []
+        for physical in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(physical)
+            if self._mig_enabled(handle):
+                for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                    try:
+                        mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                    except nvml.NVMLError:
+                        continue  # an empty slot
+                    info = self._info(len(targets), mig, exclusive=True)
+                    targets.append(_Target(info, mig, physical, handle))
+            else:
+                targets.append(_Target(self._info(len(targets), handle), handle, physical, handle, self._gpm(handle)))
+        if not targets:
+            raise NvmlUnavailable("NVML sees no GPU (and no MIG instance) on this machine")
+        return targets
+
+    def _info(self, index: int, handle: Any, exclusive: bool = False) -> GpuInfo:
+        nvml = self._nvml
+        total = nvml.nvmlDeviceGetMemoryInfo(handle).total // MIB
+        name, uuid = _text(nvml.nvmlDeviceGetName(handle)), _text(nvml.nvmlDeviceGetUUID(handle))
+        return GpuInfo(index, name, total, uuid, exclusive)
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        nvml = self._nvml
+        try:
+            current, _ = nvml.nvmlDeviceGetMigMode(handle)
+        except nvml.NVMLError:
+            return False  # a GPU without MIG support
+        return current == nvml.NVML_DEVICE_MIG_ENABLE
+
+    def _gpm(self, handle: Any) -> _Gpm | None:
+        nvml = self._nvml
+        try:
+            if nvml.nvmlDeviceGetArchitecture(handle) < nvml.NVML_DEVICE_ARCH_HOPPER:
+                return None
+            if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                return None
+            return _Gpm(nvml, handle)
+        except nvml.NVMLError as e:
+            log.info("GPM unavailable: %s", e)
+            return None
+
+    def _start_dcgm(self, factory: Callable[[Iterable[int]], Any] | None) -> Any:
+        """DCGM for the whole GPUs GPM does not cover; None when there are none or DCGM is absent."""
+        needy = sorted({t.physical for t in self._targets if t.gpm is None and not t.info.exclusive})
+        if not needy:
+            return None
+        if factory is None:
+            from carma.telemetry.dcgm import DcgmDmon as factory
+        try:
+            return factory(needy)
+        except (FileNotFoundError, OSError) as e:
+            log.info("DCGM unavailable: %s", e)
+            return None
+
+    # ----------------------------------------------------------------- the GpuBackend protocol
+
+    def gpus(self) -> list[GpuInfo]:
+        return [t.info for t in self._targets]
+
+    def missing(self) -> dict[int, tuple[str, ...]]:
+        """Per shared GPU, the profiling metrics with no source (MIG instances need none: never shared)."""
+        dcgm = self._dcgm is not None and self._dcgm.alive()
+        return {t.info.index: METRICS for t in self._targets if not t.info.exclusive and t.gpm is None and not dcgm}
+
+    def read(self, now: float) -> list[DeviceReading]:
+        readings = []
+        for target in self._targets:
+            try:
+                readings.append(self._read(target, now))
+            except self._nvml.NVMLError as e:  # e.g. a GPU fallen off the bus: skip it this round, loudly
+                log.warning("reading %s failed: %s", target.info.name, e)
+        return readings
+
+    def _read(self, target: _Target, now: float) -> DeviceReading:
+        nvml = self._nvml
+        memory = nvml.nvmlDeviceGetMemoryInfo(target.handle)
+        metrics = self._metrics(target)
+        whole = not target.info.exclusive
+        sample = GpuSample(
+            gpu=target.info.index,
+            t=now,
+            used_mib=memory.used // MIB,
+            total_mib=memory.total // MIB,
+            smact=metrics.get("smact"),
+            smocc=metrics.get("smocc"),
+            drama=metrics.get("drama"),
+            power_w=nvml.nvmlDeviceGetPowerUsage(target.gpu_handle) / 1000 if whole else None,
+            energy_j=nvml.nvmlDeviceGetTotalEnergyConsumption(target.gpu_handle) / 1000 if whole else None,
+            temperature_c=nvml.nvmlDeviceGetTemperature(target.gpu_handle, nvml.NVML_TEMPERATURE_GPU),
+        )
+        return DeviceReading(sample, self._processes(target.handle))
+
+    def _metrics(self, target: _Target) -> dict[str, float | None]:
+        if target.gpm is not None:
+            return target.gpm.read() or {}
+        if self._dcgm is not None and not target.info.exclusive:
+            return self._dcgm.latest(target.physical) or {}
+        return {}
+
+    def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
+        """Compute processes and MPS clients on the target, without the MPS server itself."""
+        nvml = self._nvml
+        found: dict[int, int] = {}
+        for query in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetMPSComputeRunningProcesses):
+            try:
+                processes = query(handle)
+            except nvml.NVMLError:
+                continue  # e.g. MPS queries on a driver without them
+            for p in processes:
+                used = (p.usedGpuMemory or 0) // MIB  # None where the driver cannot attribute memory
+                found[p.pid] = max(found.get(p.pid, 0), used)
+        return tuple(GpuProcess(pid, used) for pid, used in found.items() if not self._is_mps_server(pid))
+
+    def _is_mps_server(self, pid: int) -> bool:
+        try:
+            return _text(self._nvml.nvmlSystemGetProcessName(pid)).rsplit("/", 1)[-1].startswith(MPS_SERVER)
+        except self._nvml.NVMLError:
+            return False
+
+    def close(self) -> None:
+        for target in self._targets:
+            if target.gpm is not None:
+                target.gpm.close()
+        if self._dcgm is not None:
+            self._dcgm.close()
+        self._nvml.nvmlShutdown()
