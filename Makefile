@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/carma simulate --trace carma-t1 --sweep --csv results/sweep-carma-t1.csv --plot results/plots
+	$(BIN)/carma simulate --trace carma-t1 --sweep --csv results/sweep-carma-t1.csv --plot results/plots \
+		--save results/sweep-carma-t1.json
+	$(BIN)/carma report results/sweep-carma-t1.json --out results/report
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks validation
@@ -25,6 +27,7 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/twin_speed.py
 	$(BIN)/python benchmarks/server_bench.py
+	$(BIN)/python benchmarks/dashboard_bench.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

@@ -27,9 +27,9 @@ CARMA = str(Path(sys.executable).parent / "carma")
 SLEEP = "3601.5"  # a marker to find the benchmark's task processes afterwards
 
 
-def start_server(home: Path, gpus: str) -> subprocess.Popen[bytes]:
+def start_server(home: Path, gpus: str, *options: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "CARMA_HOME": str(home)}
-    proc = subprocess.Popen([CARMA, "server", "--fake-gpus", gpus], env=env, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([CARMA, "server", "--fake-gpus", gpus, *options], env=env, stdout=subprocess.DEVNULL)
     client = Client(home / "carma.sock")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

@@ -124,3 +124,18 @@ def _dependencies(dependant):  # type: ignore[no-untyped-def]
     for dep in dependant.dependencies:
         yield dep
         yield from _dependencies(dep)
+
+
+def test_tcp_connections_send_responses_without_delay():
+    """asyncio sets TCP_NODELAY only on sockets created as IPPROTO_TCP; without it each keep-alive
+    response waited 40 ms (Nagle and delayed ACKs)."""
+    import socket
+
+    from carma.server.serve import bind_tcp
+
+    listener = bind_tcp("127.0.0.1:0")
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    assert accepted.proto == socket.IPPROTO_TCP
+    for s in (client, accepted, listener):
+        s.close()

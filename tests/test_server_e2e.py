@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,103 +16,8 @@ from carma.server.client import Client, ClientError
 from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import Trace, load_trace
-from support import CARMA, cli_env, run_carma
-
-FAKEJOB = [sys.executable, "-m", "carma.fakejob"]
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Server:
-    """A carma daemon in its own short state dir (unix socket paths must stay short)."""
-
-    def __init__(self, home: Path, *options: str, env: dict[str, str] | None = None) -> None:
-        self.home = home
-        self.options = options
-        self.env = cli_env(CARMA_HOME=str(home), **(env or {}))
-        self.client = Client(home / "carma.sock")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Server:
-        log = open(self.home / "test-server.log", "ab")  # noqa: SIM115 (kept open for the daemon's lifetime)
-        self.proc = subprocess.Popen([CARMA, "server", *self.options], env=self.env, stdout=log, stderr=log)
-        wait_until(self._answers, 20, "the server to answer")
-        return self
-
-    def _answers(self) -> bool:
-        try:
-            self.client.status()
-            return True
-        except ClientError:
-            return False
-
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=20)
-
-    def cli(self, *args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return run_carma(*args, env={**self.env, **(env or {})})
-
-    def json(self, *args: object) -> object:
-        result = self.cli(*args, "--json")
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
-
-    def task(self, task_id: int) -> dict:
-        return self.client.task(task_id)
-
-    def wait_state(self, task_id: int, *states: str, timeout: float = 60.0) -> dict:
-        return wait_until(
-            lambda: (t := self.task(task_id))["state"] in states and t, timeout, f"task {task_id} {states}"
-        )
-
-    def submit(self, *command: str, **options: object) -> int:
-        flags = [x for k, v in options.items() for x in (f"--{k}", str(v))]
-        result = self.cli("submit", "--json", *flags, "--", *command)
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)["id"]
-
-
-@pytest.fixture
-def start_server():  # type: ignore[no-untyped-def]
-    servers: list[Server] = []
-    homes: list[Path] = []
-
-    def start(*options: str, home: Path | None = None, env: dict[str, str] | None = None) -> Server:
-        if home is None:
-            home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
-            homes.append(home)
-        server = Server(home, *options, env=env).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
-    for home in homes:
-        for pid_dir in (home / "tasks").glob("*/*"):
-            with contextlib.suppress(OSError, ValueError, KeyError):  # leave no task process behind
-                info = json.loads((pid_dir / "shim.json").read_text())
-                os.killpg(info["pid"], signal.SIGKILL)
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def fakejob(seconds: float, mem: str = "2GiB", *extra: str) -> list[str]:
-    return [*FAKEJOB, "--mem", mem, "--seconds", f"{seconds:g}", "--ttfk", "1", "--warmup", "1", *extra]
-
+from servers import fakejob, free_port, wait_until
+from support import cli_env, run_carma
 
 # ----------------------------------------------------------------------------- the basic workflow
 
@@ -267,12 +167,6 @@ def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
 
 
 # ----------------------------------------------------------------------------- who may do what
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # type: ignore[no-untyped-def]

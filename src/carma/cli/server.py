@@ -56,6 +56,7 @@ def server_cmd(
         if control is not None:
             control.start()
         daemon = Daemon(paths, backend, scheduler, time_scale, env, grace, control)
+        daemon.tcp = tcp
         sockets = [bind_unix(paths.socket)]
         tokens = Tokens(paths.tokens)
         if tcp:
@@ -71,7 +72,7 @@ def server_cmd(
         err.print(f"warning: GPU {gpu} reports no {', '.join(names)}: {effect} ([scheduler.risk] missing = {missing})")
     gpus = ", ".join(f"{g.index}:{g.name}" for g in daemon.gpus)
     out.print(
-        f"carma server listening on {paths.socket}{' and ' + tcp if tcp else ''}; "
+        f"carma server listening on {paths.socket}{' and http://' + tcp + ' (dashboard)' if tcp else ''}; "
         f"policy {daemon.scheduler.config.policy.value}; GPUs {gpus}"
         + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
         + ("; tasks run under MPS" if mps else "")
@@ -154,3 +155,29 @@ def mps_stop(home: HomeOption = None) -> None:
 def mps_status(home: HomeOption = None) -> None:
     """Whether it runs, and its servers."""
     _mps_do("status", home)
+
+
+@app.command("dashboard")
+def dashboard_cmd(home: HomeOption = None) -> None:
+    """Print the dashboard's address, with your token when the server's tokens file is yours to read."""
+    from carma.server.auth import Tokens
+    from carma.server.client import Client, ClientError
+    from carma.server.paths import Paths, carma_home
+
+    paths = Paths(home or carma_home())
+    try:
+        status = Client(paths.socket).status()
+    except ClientError as e:
+        raise fail(str(e)) from None
+    if not status.get("tcp"):
+        raise fail("the server does not listen on TCP: start it with --tcp 127.0.0.1:8765 to use the dashboard")
+    url = f"http://{status['tcp']}/"
+    try:
+        token = os.environ.get("CARMA_TOKEN") or Tokens(paths.tokens).of_uid(os.geteuid())
+    except OSError:
+        token = None
+    if token:
+        out.print(f"{url}#token={token}", highlight=False, soft_wrap=True)
+    else:
+        out.print(url, highlight=False)
+        err.print("sign in on the page with your token (the server's admin can make you one)")

@@ -48,6 +48,9 @@ def simulate_cmd(
     ] = False,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the results as CSV.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write PNG charts of a sweep into this directory.")] = None,
+    save: Annotated[
+        Path | None, typer.Option(help="Also write the run(s) as a report file (JSON) for `carma report`.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     skip_unknown: Annotated[
         bool, typer.Option("--skip-unknown", help="Leave out trace entries of unknown tasks.")
@@ -60,6 +63,7 @@ def simulate_cmd(
     from carma.core.config import Policy
     from carma.core.scheduler import SpecError
     from carma.metrics.plots import PlotsUnavailable, plot_sweep
+    from carma.metrics.record import from_run_result, write_records
     from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
     from carma.sim.experiment import RunConfig, simulate
     from carma.traces.catalog import load_catalog
@@ -83,7 +87,10 @@ def simulate_cmd(
         if csv_path:
             write_csv(rows, csv_path)
         charts = plot_sweep(results, plot) if plot else []
-    except (UsageError, ConfigError, TraceError, SpecError, PlotsUnavailable, ValueError) as e:
+        if save:
+            source = f"carma simulate, trace {loaded.name} on {_server_name(results[0])}"
+            write_records([from_run_result(r, source) for r in results], save)
+    except (UsageError, ConfigError, TraceError, SpecError, PlotsUnavailable, ValueError, OSError) as e:
         raise fail(str(e)) from None
     if as_json:
         print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))
@@ -93,7 +100,7 @@ def simulate_cmd(
         out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
     else:
         out.print(run_table(results[0], f"{title}, {results[0].config.label}"))
-    for path in [csv_path, *charts]:
+    for path in [csv_path, *charts, save]:
         if path:
             out.print(f"wrote {path}")
 

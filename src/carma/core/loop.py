@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from carma.core.ports import Clock, Executor, Journal, Telemetry
 from carma.core.scheduler import Scheduler
 from carma.core.types import Launch, Task, TaskId, TaskSpec
@@ -15,12 +18,14 @@ class SchedulingLoop:
         telemetry: Telemetry,
         executor: Executor,
         journal: Journal | None = None,
+        on_decision: Callable[[float], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.clock = clock
         self.telemetry = telemetry
         self.executor = executor
         self.journal = journal
+        self.on_decision = on_decision  # told how many seconds each decision took (instrumentation only)
 
     def submit(self, spec: TaskSpec, task_id: TaskId | None = None) -> Task:
         task = self.scheduler.submit(spec, self.clock.now(), task_id)
@@ -44,10 +49,18 @@ class SchedulingLoop:
             sched.record_sample(sample)
         for gpu, procs in reading.processes.items():
             sched.record_gpu_processes(gpu, procs.tasks, procs.foreign, now)
-        launches = sched.decide(now) if place else []
+        launches = self._decide(now) if place else []
         self._persist()  # every change, placements included, is written before it is acted on
         for launch in launches:
             self.executor.launch(sched.task(launch.task_id), launch)
+        return launches
+
+    def _decide(self, now: float) -> list[Launch]:
+        if self.on_decision is None:
+            return self.scheduler.decide(now)
+        began = time.perf_counter()
+        launches = self.scheduler.decide(now)
+        self.on_decision(time.perf_counter() - began)
         return launches
 
     def _persist(self) -> None:

@@ -1,19 +1,31 @@
-"""PNG charts of simulation results (matplotlib is an optional extra: `pip install 'carma[plot]'`)."""
+"""PNG charts of runs (`RunRecord`s), for `carma simulate --plot` and `carma report` alike.
+
+matplotlib is an optional extra (`pip install 'carma[plot]'`); it draws with the Agg backend, so charts
+render on machines without a display. The first run of a chart is the baseline: dashed in every chart.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from carma.metrics.timeline import Segment
-from carma.sim.experiment import RunResult
+import numpy as np
+
+from carma.metrics.record import RunRecord, from_run_result
+
+if TYPE_CHECKING:
+    from carma.sim.experiment import RunResult
+
+DPI = 110
+OOM_MARK = {"marker": "v", "markersize": 7, "linestyle": "none", "markeredgecolor": "black", "markeredgewidth": 0.5}
 
 
 class PlotsUnavailable(RuntimeError):
     pass
 
 
-def _pyplot():
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -24,61 +36,138 @@ def _pyplot():
     return plt
 
 
-def _steps(segments: Sequence[Segment], metric: str, start: float, end: float, scale: float):
-    xs, ys = [], []
-    for seg in segments:
-        if seg.t > end:
-            break
-        xs.append((max(seg.t, start) - start) / 3600)
-        ys.append(getattr(seg, metric) * scale)
-    xs.append((end - start) / 3600)
-    ys.append(ys[-1])
-    return xs, ys
+def _styles(n: int) -> list[dict[str, Any]]:
+    """One line style per run: the first (the baseline) black and dashed when there is more than one."""
+    cmap = _pyplot().get_cmap("tab20")
+    order = [*range(0, 20, 2), *range(1, 20, 2)]  # its dark colours first, then the light ones
+    styles = [{"color": cmap(order[i % 20]), "linestyle": "-"} for i in range(n)]
+    if n > 1:
+        styles = [{"color": "black", "linestyle": "--"}, *styles[:-1]]
+    return styles
 
 
-def plot_makespan_energy(results: Sequence[RunResult], path: Path) -> Path:
-    plt = _pyplot()
-    labels = [r.config.label for r in results]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.45 * len(results) + 1.5), sharey=True)
-    ax1.barh(labels, [r.metrics.makespan_s / 3600 for r in results], color="#4477aa")
-    ax1.set_xlabel("makespan (h)")
-    ax2.barh(labels, [r.metrics.energy_mj for r in results], color="#ee6677")
-    ax2.set_xlabel("GPU energy (MJ)")
-    for ax, value in ((ax1, results[0].metrics.makespan_s / 3600), (ax2, results[0].metrics.energy_mj)):
-        ax.axvline(value, color="grey", linestyle="--", linewidth=1)
-    ax1.invert_yaxis()
-    fig.suptitle("Makespan and energy per configuration (dashed: first configuration)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _legend(fig: Any, handles: Sequence[Any], labels: Sequence[str]) -> None:
+    """A legend right of the panels, outside them (constrained layout makes room)."""
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+
+
+def _unit(seconds: float) -> tuple[float, str]:
+    """Hours for spans of hours, minutes below two hours (a daemon's short window stays readable)."""
+    return (3600.0, "h") if seconds >= 7200 else (60.0, "min")
+
+
+def _values(values: Sequence[float | None]) -> np.ndarray:
+    """None (not measured) becomes NaN, which matplotlib leaves as a gap instead of drawing a zero."""
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI)
+    _pyplot().close(fig)
     return path
 
 
-def plot_timelines(runs: Sequence[RunResult], path: Path, gpu: int = 0) -> Path:
-    """GPU memory used and SMACT over time on one GPU, one line per run (CARMA figure 5)."""
+def plot_makespan_energy(records: Sequence[RunRecord], path: Path) -> Path:
+    """Makespan and energy per configuration, the first configuration dashed as the baseline."""
     plt = _pyplot()
-    fig, (mem_ax, smact_ax) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
-    for run in runs:
-        start = min(t.submit_s for t in run.tasks)
-        end = start + run.metrics.makespan_s
-        segments = run.timelines[gpu]
-        mem_ax.step(*_steps(segments, "used_mib", start, end, 1 / 1024), where="post", label=run.config.label)
-        smact_ax.step(*_steps(segments, "smact", start, end, 1.0), where="post", label=run.config.label)
-    mem_ax.set_ylabel(f"GPU {gpu} memory used (GiB)")
-    smact_ax.set_ylabel(f"GPU {gpu} SMACT")
-    smact_ax.set_xlabel("time since first submission (h)")
-    mem_ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    makespans = [r.figures.get("makespan_s") for r in records]
+    scale, unit = _unit(max((m for m in makespans if m is not None), default=0.0))
+    panels = (
+        ([None if m is None else m / scale for m in makespans], f"makespan ({unit})", "#4477aa"),
+        ([r.figures.get("energy_mj") for r in records], "GPU energy (MJ)", "#ee6677"),
+    )
+    positions = np.arange(len(records))  # positions, not labels: two runs may share a label
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(records) + 1.6), sharey=True, layout="constrained")
+    for ax, (values, xlabel, color) in zip(axes, panels, strict=True):
+        known = [(p, v) for p, v in zip(positions, values, strict=True) if v is not None]
+        if known:
+            bars = ax.barh([p for p, _ in known], [v for _, v in known], color=color)
+            ax.bar_label(bars, fmt="%.3g", padding=3, fontsize=8)
+        for p, v in zip(positions, values, strict=True):
+            if v is None:
+                ax.text(0, p, " n/a", va="center", fontsize=8, color="grey")
+        if values[0] is not None:
+            ax.axvline(values[0], color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel(xlabel)
+        ax.margins(x=0.12)
+    axes[0].set_yticks(positions, [r.label for r in records])
+    axes[0].invert_yaxis()
+    fig.suptitle("Makespan and energy per configuration (dashed: the first configuration)")
+    return _save(fig, path)
+
+
+def _cdf(values: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
+    xs = np.sort([v for v in values if v is not None])
+    return xs, np.arange(1, len(xs) + 1) / max(len(xs), 1)
+
+
+def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
+    """Distributions of job completion time and waiting time over completed tasks, one line per run."""
+    plt = _pyplot()
+    metrics = (("jct_s", "job completion time"), ("wait_s", "waiting time"))
+    scale, unit = _unit(max((t.jct_s or 0.0 for r in records for t in r.tasks), default=0.0))
+    styles = _styles(len(records))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
+    for ax, (attribute, name) in zip(axes, metrics, strict=True):
+        for record, style in zip(records, styles, strict=True):
+            xs, ys = _cdf([getattr(t, attribute) for t in record.tasks])
+            ax.step(np.concatenate(([0.0], xs / scale)), np.concatenate(([0.0], ys)), where="post", **style)
+        ax.set_xlabel(f"{name} ({unit})")
+        ax.set_xlim(left=0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of completed tasks")
+    axes[0].set_ylim(0, 1.02)
+    _legend(fig, [plt.Line2D([], [], **s) for s in styles], [r.label for r in records])
+    fig.suptitle("CDF of job completion time and waiting time (queued, recovery queue included), completed tasks")
+    return _save(fig, path)
+
+
+def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
+    """GPU memory used and SMACT over time, one row of panels per GPU, one line per run (CARMA figure 5);
+    out-of-memory crashes as triangles on the memory panel and dotted lines on both."""
+    plt = _pyplot()
+    indices = sorted({g.index for r in records for g in r.gpus} | {g for r in records for g in r.series})
+    capacity = {g.index: g.total_mib for r in reversed(records) for g in r.gpus if g.total_mib}
+    scale, unit = _unit(max(r.end_s - r.start_s for r in records))
+    styles = _styles(len(records))
+    height = 2.3 * len(indices) + 1.6
+    fig, axes = plt.subplots(len(indices), 2, figsize=(14, height), sharex=True, squeeze=False, layout="constrained")
+    for row, gpu in zip(axes, indices, strict=True):
+        mem_ax, smact_ax = row
+        for record, style in zip(records, styles, strict=True):
+            series = record.series.get(gpu)
+            if not series or not series["t"]:
+                continue
+            xs = (_values(series["t"]) - record.start_s) / scale
+            mem_ax.step(xs, _values(series["used_mib"]) / 1024, where="post", linewidth=1, **style)
+            smact_ax.step(xs, _values(series["smact"]), where="post", linewidth=1, **style)
+            for oom in (e for e in record.ooms if gpu in e.gpus):
+                x = (oom.t - record.start_s) / scale
+                for ax in row:
+                    ax.axvline(x, color=style["color"], linestyle=":", linewidth=1)
+                mem_ax.plot([x], [(capacity.get(gpu) or 0) / 1024], color=style["color"], **OOM_MARK)
+        if gpu in capacity:
+            mem_ax.axhline(capacity[gpu] / 1024, color="grey", linestyle="--", linewidth=0.8)
+        mem_ax.set_ylabel(f"GPU {gpu} memory (GiB)")
+        mem_ax.set_ylim(bottom=0)
+        smact_ax.set_ylabel(f"GPU {gpu} SMACT")
+        smact_ax.set_ylim(0, 1.05)
+    for ax in axes[-1]:
+        ax.set_xlabel(f"time since the run's start ({unit})")
+        ax.set_xlim(left=0)
+    handles = [plt.Line2D([], [], **s) for s in styles]
+    handles += [plt.Line2D([], [], color="grey", linestyle="--"), plt.Line2D([], [], color="grey", **OOM_MARK)]
+    _legend(fig, handles, [*(r.label for r in records), "memory capacity", "out-of-memory crash"])
+    fig.suptitle("GPU memory used and SMACT over time")
+    return _save(fig, path)
 
 
 def plot_sweep(results: Sequence[RunResult], directory: Path) -> list[Path]:
     """The sweep's charts: makespan/energy per configuration; MAGM against Exclusive over time."""
     directory.mkdir(parents=True, exist_ok=True)
-    written = [plot_makespan_energy(results, directory / "makespan_energy.png")]
-    by_label = {r.config.label: r for r in results}
+    records = [from_run_result(r) for r in results]
+    written = [plot_makespan_energy(records, directory / "makespan_energy.png")]
+    by_label = {r.label: r for r in records}
     pair = [by_label.get("Exclusive"), by_label.get("MAGM recovery only")]
     if all(pair):
         written.append(plot_timelines(pair, directory / "timeline_magm_vs_exclusive.png"))

@@ -46,7 +46,8 @@ def exec_s(task: Task) -> float:
     return sum(a.ended_s - a.dispatched_s for a in task.attempts if a.ended_s is not None)
 
 
-def _mean_p95(values: list[float]) -> tuple[float, float]:
+def mean_p95(values: list[float]) -> tuple[float, float]:
+    """Mean and p95 (linear interpolation, as docs/metrics.md defines them); zeros when there is nothing."""
     if not values:
         return 0.0, 0.0
     return float(np.mean(values)), float(np.percentile(values, 95))
@@ -62,7 +63,7 @@ def compute_metrics(tasks: Sequence[Task], timelines: Sequence[Sequence[Segment]
     execution = [exec_s(t) for t in done]
     wait = [j - e for j, e in zip(jct, execution, strict=True)]
     energy_j = sum(integrate(s, "power_w", start, end) for s in timelines)
-    (wait_mean, wait_p95), (exec_mean, exec_p95), (jct_mean, jct_p95) = map(_mean_p95, (wait, execution, jct))
+    (wait_mean, wait_p95), (exec_mean, exec_p95), (jct_mean, jct_p95) = map(mean_p95, (wait, execution, jct))
     return RunMetrics(
         makespan_s=end - start,
         energy_mj=energy_j / 1e6,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from carma import __version__
@@ -16,7 +16,10 @@ from carma.core.scheduler import SpecError
 from carma.core.types import TERMINAL_STATES, Task, TaskId
 from carma.server.auth import Caller, Tokens, caller_from_peer
 from carma.server.daemon import Daemon
+from carma.server.dashboard import dashboard_routes
+from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec
+from carma.server.views import gpu_view, status_view, task_summary, task_view
 from carma.units import parse_mib
 
 LOG_CHUNK = 1 << 20
@@ -81,22 +84,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     @app.get("/v1/status")
     async def status(who: Who) -> dict[str, Any]:
-        counts: dict[str, int] = {}
-        for task in daemon.scheduler.tasks:
-            counts[task.state.value] = counts.get(task.state.value, 0) + 1
-        return {
-            "version": __version__,
-            "clock_s": daemon.clock.now(),
-            "uptime_s": round(daemon.clock.now() - daemon.clock.to_clock(daemon.started), 1),
-            "time_scale": daemon.clock.scale,
-            "policy": daemon.scheduler.config.policy.value,
-            "draining": daemon.draining,
-            "gpus": len(daemon.gpus),
-            "mps": daemon.mps is not None,
-            "missing_metrics": {str(gpu): list(names) for gpu, names in daemon.backend.missing().items()},
-            "tasks": counts,
-            "you": {"user": who.user, "uid": who.uid, "admin": who.admin},
-        }
+        return {**status_view(daemon), "you": {"user": who.user, "uid": who.uid, "admin": who.admin}}
 
     @app.get("/v1/gpus")
     async def gpus(_: Who) -> list[dict[str, Any]]:
@@ -182,6 +170,15 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         since = None if hours is None else daemon.clock.now() - hours * 3600
         return daemon.store.history(since)
 
+    metrics = Metrics(daemon)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus(_: Who) -> Response:
+        """Prometheus exposition (bearer token on TCP, like every request)."""
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.include_router(dashboard_routes(daemon, Who))
+
     @app.post("/v1/drain")
     async def drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
         daemon.draining = True
@@ -193,74 +190,3 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         return {"draining": False}
 
     return app
-
-
-def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
-    job = daemon.jobs[task.id]
-    a = task.current
-    return {
-        "id": task.id,
-        "name": job.name,
-        "user": job.user,
-        "state": task.state.value,
-        "gpus_requested": job.gpus,
-        "mem_mib": job.mem_mib,
-        "gpus": list(a.gpus) if a and a.ended_s is None else [],
-        "submit_s": task.submit_s,
-        "start_s": task.attempts[0].dispatched_s if task.attempts else None,
-        "ended_s": task.ended_s,
-        "attempts": len(task.attempts),
-        "waiting_reason": daemon.scheduler.waiting_reason(task.id),
-        "reason": task.reason,
-    }
-
-
-def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
-    job = daemon.jobs[task.id]
-    return {
-        **task_summary(daemon, task),
-        "command": list(job.argv),
-        "shell": job.shell,
-        "workdir": job.workdir,
-        "env": dict(job.env),
-        "attempt_list": [
-            {
-                "number": a.number,
-                "gpus": list(a.gpus),
-                "dispatched_s": a.dispatched_s,
-                "first_kernel_s": a.first_kernel_s,
-                "ended_s": a.ended_s,
-                "outcome": a.outcome.value if a.outcome else None,
-                "message": a.message,
-                "recovery": a.recovery,
-                "exclusive": a.exclusive,
-                "need_mib": a.need.mib if a.need else None,
-                "need": a.need.kind.value if a.need else None,
-            }
-            for a in task.attempts
-        ],
-    }
-
-
-def gpu_view(status) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    s, r = status.latest, status.risk
-    return {
-        "index": status.gpu.index,
-        "name": status.gpu.name,
-        "uuid": status.gpu.uuid,
-        "total_mib": status.gpu.total_mib,
-        "exclusive": status.gpu.exclusive,  # a MIG instance: one task at a time
-        "used_mib": s.used_mib if s else None,
-        "smact": s.smact if s else None,
-        "smocc": s.smocc if s else None,
-        "drama": s.drama if s else None,
-        "power_w": s.power_w if s else None,
-        "energy_j": s.energy_j if s else None,
-        "temperature_c": s.temperature_c if s else None,
-        "risk": {"smact": r.smact, "smocc": r.smocc, "drama": r.drama} if r else None,
-        "excluded": status.excluded,
-        "valid": status.valid,
-        "awaiting_first_kernel": status.awaiting_first_kernel,
-        "tasks": list(status.tasks),
-        "other_processes": status.foreign,
-    }

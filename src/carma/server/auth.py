@@ -73,6 +73,10 @@ class Tokens:
                 return caller
         return None
 
+    def of_uid(self, uid: int) -> str | None:
+        """A token of this uid (the first in the file), for handing a user their dashboard link."""
+        return next((token for token, caller in self._by_token.items() if caller.uid == uid), None)
+
     def create(self, user: str, uid: int, admin: bool = False) -> str:
         """Add a token for `user` and return it (the file stays readable by the daemon's user only)."""
         token = secrets.token_urlsafe(32)

@@ -21,7 +21,9 @@ from carma.core.ports import GpuProcesses, TelemetryReading
 from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import ACTIVE_STATES, GpuInfo, Launch, NeedKind, Task, TaskId, TaskState
 from carma.server import proctree
+from carma.server.archive import SampleArchive
 from carma.server.executor import ProcessExecutor, SpawnRecord
+from carma.server.metrics import decision_histogram
 from carma.server.mps import MpsControl, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
@@ -105,13 +107,19 @@ class Journal:
                     self._store.record_observation(task.id, attempt.number, seen)
 
 
-class BackendTelemetry:
-    """The core's Telemetry port over a GPU backend: GPU pids resolved to tasks through the process tree."""
+Observer = Callable[[Sequence[DeviceReading], Mapping[int, TaskId]], None]
 
-    def __init__(self, backend: GpuBackend, owners: Callable[[], Mapping[int, TaskId]], recorder: RunRecorder) -> None:
+
+class BackendTelemetry:
+    """The core's Telemetry port over a GPU backend: GPU pids resolved to tasks through the process tree.
+    Each reading is also shown to the observers (the run recorder, the sample archive)."""
+
+    def __init__(
+        self, backend: GpuBackend, owners: Callable[[], Mapping[int, TaskId]], observers: Sequence[Observer]
+    ) -> None:
         self._backend = backend
         self._owners = owners
-        self._recorder = recorder
+        self._observers = observers
 
     def gpus(self) -> list[GpuInfo]:
         return list(self._backend.gpus())
@@ -119,7 +127,8 @@ class BackendTelemetry:
     def read(self, now: float) -> TelemetryReading:
         readings = self._backend.read(now)
         owner_of = proctree.owners([p.pid for r in readings for p in r.processes], self._owners())
-        self._recorder.observe(readings, owner_of)
+        for observe in self._observers:
+            observe(readings, owner_of)
         processes = {}
         for r in readings:
             tasks = frozenset(owner_of[p.pid] for p in r.processes if p.pid in owner_of)
@@ -160,11 +169,19 @@ class Daemon:
             task_env=self._mps_limits if mps else lambda task, launch: {},
         )
         recorder = RunRecorder()
-        telemetry = BackendTelemetry(backend, self.executor.shim_pids, recorder)
+        self.archive = SampleArchive(self.store)
+        telemetry = BackendTelemetry(backend, self.executor.shim_pids, [recorder.observe, self.archive.observe])
         journal = Journal(self.store, recorder)
-        self.loop = SchedulingLoop(self.scheduler, self.clock, telemetry, self.executor, journal=journal)
+        self.decision_seconds = decision_histogram()
+        self.loop = SchedulingLoop(
+            self.scheduler, self.clock, telemetry, self.executor, journal, self.decision_seconds.observe
+        )
         self.draining = False
         self.started = time.time()
+        self.tcp: str | None = None  # the TCP address the API also listens on, if any (for the dashboard)
+        self.tick = 0  # scheduling steps so far; live views wait for the next one
+        self.closing = False
+        self._ticked = asyncio.Event()
         self._restore()
 
     # ----------------------------------------------------------------- set-up
@@ -239,8 +256,26 @@ class Daemon:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.step()
+            self.tick += 1
+            self._wake()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_wall_s)
+        self.end_streams()
+
+    async def wait_tick(self, seen: int) -> int:
+        """The step count once it is past `seen` (at once if it already is), or as soon as the daemon closes."""
+        while self.tick <= seen and not self.closing:
+            await self._ticked.wait()
+        return self.tick
+
+    def end_streams(self) -> None:
+        """Let live streams end (the daemon stops): the API server waits for open responses to finish."""
+        self.closing = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._ticked.set()
+        self._ticked = asyncio.Event()
 
     def close(self) -> None:
         self.backend.close()

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -55,18 +56,39 @@ def bind_tcp(address: str) -> socket.socket:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"cannot read TCP address {address!r}; write HOST:PORT, e.g. 127.0.0.1:8765")
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and without
+    # it every keep-alive response waits 40 ms on Nagle's algorithm and the client's delayed ACK
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), int(port)))
     sock.listen(128)
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the daemon's live streams (dashboard viewers) when asked to exit, since it
+    waits for open responses before it stops."""
+
+    def __init__(self, config: uvicorn.Config, daemon: Daemon) -> None:
+        super().__init__(config)
+        self._daemon = daemon
+        self._loop = asyncio.get_running_loop()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._loop.call_soon_threadsafe(self._daemon.end_streams)
+        super().handle_exit(sig, frame)
+
+
 async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) -> None:
     config = uvicorn.Config(
-        create_app(daemon, tokens), http=PeerCredProtocol, lifespan="off", log_level="warning", access_log=False
+        create_app(daemon, tokens),
+        http=PeerCredProtocol,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, daemon)
     stop = asyncio.Event()
     scheduling = asyncio.create_task(daemon.run(stop))
     try:

@@ -60,7 +60,25 @@ CREATE TABLE IF NOT EXISTS events (
     state TEXT NOT NULL,
     detail TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    gpu INTEGER NOT NULL,
+    t REAL NOT NULL,
+    used_mib INTEGER NOT NULL,
+    total_mib INTEGER NOT NULL,
+    smact REAL,
+    smocc REAL,
+    drama REAL,
+    power_w REAL,
+    energy_j REAL,
+    temperature_c REAL,
+    PRIMARY KEY (t, gpu)
+);
 """
+# columns added since the first release, for databases that predate them
+ADDED_COLUMNS = {
+    "attempts": {"peak_mib": "INTEGER", "smact_mean": "REAL", "smocc_mean": "REAL", "drama_mean": "REAL"},
+}
+SERIES_FIELDS = ("used_mib", "total_mib", "smact", "smocc", "drama", "power_w", "energy_j", "temperature_c")
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,7 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._migrate()
         self._states: dict[TaskId, str] = dict(self._db.execute("SELECT id, state FROM tasks"))
         self._next_id = (self._db.execute("SELECT max(id) FROM tasks").fetchone()[0] or 0) + 1
 
@@ -108,6 +127,13 @@ class Store:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        for table, columns in ADDED_COLUMNS.items():
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -181,6 +207,17 @@ class Store:
                 (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, task_id, attempt),
             )
 
+    def add_gpu_samples(self, rows: Sequence[tuple[int, float, dict[str, float | None]]], keep_after_s: float) -> None:
+        """Archive (gpu, t, values) rows, and forget those from before `keep_after_s`."""
+        columns = ", ".join(SERIES_FIELDS)
+        marks = ", ".join("?" for _ in SERIES_FIELDS)
+        with self._transaction() as db:
+            db.executemany(
+                f"INSERT OR REPLACE INTO gpu_samples (gpu, t, {columns}) VALUES (?, ?, {marks})",
+                [(gpu, t, *(values[f] for f in SERIES_FIELDS)) for gpu, t, values in rows],
+            )
+            db.execute("DELETE FROM gpu_samples WHERE t < ?", (keep_after_s,))
+
     def drop_attempt(self, task: Task, number: int) -> None:
         """Forget a placement whose process never started (the daemon died in between)."""
         with self._transaction() as db:
@@ -230,6 +267,20 @@ class Store:
                     "drama_mean": drama,
                 }
             )
+        return out
+
+    def gpu_series(self, since_s: float, until_s: float | None = None) -> dict[int, dict[str, list]]:
+        """Per GPU, the archived samples in [since_s, until_s] as columns: {"t": [...], "used_mib": [...], ...}."""
+        out: dict[int, dict[str, list]] = {}
+        rows = self._db.execute(
+            f"SELECT gpu, t, {', '.join(SERIES_FIELDS)} FROM gpu_samples WHERE t >= ? AND t <= ? ORDER BY t, gpu",
+            (since_s, until_s if until_s is not None else float("inf")),
+        )
+        for gpu, t, *values in rows:
+            series = out.setdefault(gpu, {"t": [], **{f: [] for f in SERIES_FIELDS}})
+            series["t"].append(t)
+            for field, value in zip(SERIES_FIELDS, values, strict=True):
+                series[field].append(value)
         return out
 
     def load(self) -> list[StoredTask]:

@@ -1,0 +1,62 @@
+"""`carma report`: an HTML report with charts from saved simulations and/or the daemon's recent history."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from carma.cli.common import UsageError, app, fail, out
+
+if TYPE_CHECKING:
+    from carma.metrics.record import RunRecord
+
+MAX_HOURS = 24 * 90  # how far back the daemon's API looks
+
+
+@app.command("report")
+def report_cmd(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(metavar="FILES", show_default=False, help="Report files written by `carma simulate --save`."),
+    ] = None,
+    server: Annotated[bool, typer.Option("--server", help="Add the running daemon's recent history.")] = False,
+    hours: Annotated[float, typer.Option(help="With --server: the window, in hours back from now.")] = 6.0,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.html and its charts.")] = Path(
+        "results/report"
+    ),
+) -> None:
+    """Write an HTML report with charts: makespan and energy per configuration, completion and waiting time
+    CDFs, per-GPU memory and SMACT over time with out-of-memory crashes marked."""
+    from carma.metrics.htmlreport import write_report
+    from carma.metrics.plots import PlotsUnavailable
+    from carma.metrics.record import RecordError, from_server, read_records
+    from carma.server.client import Client, ClientError
+
+    try:
+        if not files and not server:
+            raise UsageError("nothing to report: give report files (from `carma simulate --save`) and/or --server")
+        if server and not 0 < hours <= MAX_HOURS:
+            raise UsageError(f"--hours must be more than 0 and at most {MAX_HOURS}; got {hours:g}")
+        runs: list[tuple[str, RunRecord]] = []  # (where from, record)
+        sources: list[str] = []
+        for path in files or []:
+            loaded = read_records(path)
+            runs += [(str(path), r) for r in loaded]
+            sources.append(f"{path}: {len(loaded)} run(s), {loaded[0].source}")
+        if server:
+            record = from_server(Client(), hours)
+            runs.append(("server", record))
+            sources.append(f"{record.source}, the last {hours:g} h")
+        page = write_report(_distinct(runs), out_dir, sources)
+    except (UsageError, RecordError, ClientError, PlotsUnavailable, OSError) as e:
+        raise fail(str(e)) from None
+    out.print(f"wrote {page}")
+
+
+def _distinct(runs: list[tuple[str, RunRecord]]) -> list[RunRecord]:
+    """The records; a label that several sources share gets, in brackets, where each came from."""
+    labels = [r.label for _, r in runs]
+    return [replace(r, label=f"{r.label} [{where}]") if labels.count(r.label) > 1 else r for where, r in runs]

@@ -1,0 +1,136 @@
+"""`carma report`'s page: one self-contained HTML file with its PNG charts beside it.
+
+No external CSS or JavaScript (the machines may be offline), and every string that came from a user or a
+file (task names, labels, sources) goes through `html.escape`.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from carma import __version__
+from carma.metrics.plots import plot_cdfs, plot_makespan_energy, plot_timelines
+from carma.metrics.record import RunRecord
+
+TIMELINE_RUNS = 3  # runs per memory/SMACT chart: more lines than that hide each other
+OOM_ROWS = 50  # out-of-memory crashes listed per run
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1500px; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; }
+th { background: #f2f2f2; text-align: left; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0 1.5em; }
+.note { color: #555; font-size: 0.9em; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _number(value: float | int | None, scale: float, fmt: str) -> str:
+    return "–" if value is None else fmt.format(value * scale)
+
+
+def _minutes(record: RunRecord, name: str) -> str:
+    """Mean / p95 in minutes, one unit for every row (as `carma simulate` prints them)."""
+    return " / ".join(_number(record.figures.get(f"{name}_{s}_s"), 1 / 60, "{:.1f}") for s in ("mean", "p95"))
+
+
+def _figures_row(record: RunRecord) -> str:
+    f = record.figures
+    done = f"{f.get('tasks_completed', '–')} / {f.get('tasks_failed', '–')}"
+    if f.get("tasks_unfinished"):
+        done += f" ({f['tasks_unfinished']} not ended)"
+    cells = [
+        _number(f.get("makespan_s"), 1 / 3600, "{:.2f}"),
+        _number(f.get("energy_mj"), 1, "{:.2f}"),
+        f.get("oom_crashes", "–"),
+        done,
+        _minutes(record, "jct"),
+        _minutes(record, "wait"),
+    ]
+    numbers = "".join(f'<td class="n">{_e(c)}</td>' for c in cells)
+    return f"<tr><td>{_e(record.label)}</td>{numbers}</tr>"
+
+
+def _figures_table(records: Sequence[RunRecord]) -> str:
+    headers = ("configuration", "makespan (h)", "energy (MJ)", "OOM crashes", "completed / failed")
+    headers += ("JCT mean / p95 (min)", "wait mean / p95 (min)")
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    return f"<table><tr>{head}</tr>{''.join(_figures_row(r) for r in records)}</table>"
+
+
+def _oom_table(record: RunRecord) -> str:
+    rows = []
+    for event in record.ooms[:OOM_ROWS]:
+        task = record.task(event.task_id)
+        cells = (
+            _number(event.t - record.start_s, 1 / 60, "{:.1f}"),
+            ", ".join(map(str, event.gpus)),
+            event.task_id,
+            task.name if task else "",
+        )
+        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    more = len(record.ooms) - OOM_ROWS
+    tail = f'<p class="note">and {more} more.</p>' if more > 0 else ""
+    head = "<tr><th>time since the run's start (min)</th><th>GPUs</th><th>task</th><th>name</th></tr>"
+    return f"<h3>{_e(record.label)}</h3><table>{head}{''.join(rows)}</table>{tail}"
+
+
+def _groups(records: Sequence[RunRecord]) -> list[list[RunRecord]]:
+    """Runs per memory/SMACT chart: all of them if few, otherwise the first (the baseline) with each next few."""
+    if len(records) <= TIMELINE_RUNS:
+        return [list(records)]
+    step = TIMELINE_RUNS - 1
+    return [[records[0], *records[i : i + step]] for i in range(1, len(records), step)]
+
+
+def _image(path: Path, alt: str) -> str:
+    return f'<img src="{_e(path.name)}" alt="{_e(alt)}">'
+
+
+def write_report(records: Sequence[RunRecord], out_dir: Path, sources: Sequence[str]) -> Path:
+    """Write `out_dir/report.html` and its charts; the path of the page."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("timelines-*.png"):  # a previous report's, maybe more groups than now
+        stale.unlink()
+    bars = plot_makespan_energy(records, out_dir / "makespan_energy.png")
+    cdfs = plot_cdfs(records, out_dir / "jct_wait_cdf.png")
+    timelines = [
+        (plot_timelines(group, out_dir / f"timelines-{n}.png"), ", ".join(r.label for r in group))
+        for n, group in enumerate(_groups(records), 1)
+    ]
+    generated = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    crashed = [r for r in records if r.ooms]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>carma report</title>',
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>carma report</h1>",
+        f'<p class="note">Generated {_e(generated)} by carma {_e(__version__)}.</p>',
+        "<h2>Sources</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in sources) + "</ul>",
+        "<h2>Figures per configuration</h2>",
+        _figures_table(records),
+        "<p class=\"note\">Makespan: first submission to the last task's end. Energy: the GPUs' energy counters "
+        "(a daemon: over its window). JCT: submission to completion; wait: time queued, recovery queue "
+        "included; both over completed tasks. Definitions: docs/metrics.md.</p>",
+        "<h2>Makespan and energy</h2>",
+        _image(bars, "makespan and energy per configuration"),
+        "<h2>Completion and waiting time</h2>",
+        _image(cdfs, "CDFs of job completion time and waiting time"),
+        "<h2>GPU memory and SMACT over time</h2>",
+        *(f"<p>{_e(labels)}</p>{_image(path, 'memory and SMACT over time: ' + labels)}" for path, labels in timelines),
+        "<h2>Out-of-memory crashes</h2>",
+        *(_oom_table(r) for r in crashed),
+        "" if crashed else "<p>None.</p>",
+        "</body></html>",
+    ]
+    page = out_dir / "report.html"
+    page.write_text("\n".join(parts) + "\n")
+    return page

@@ -1,0 +1,313 @@
+"""One run as every chart and `carma report` see it, whether it came from the twin or from a daemon.
+
+A `RunRecord` is plain data with no twin or server objects in it, so `carma simulate --save` can keep runs
+as JSON and `carma report` can put them beside a live daemon's window. Times are in the source's clock
+(trace seconds, or the daemon's clock); charts draw them relative to `start_s`. A value that was not
+measured is None, never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from carma.metrics.run import mean_p95
+
+if TYPE_CHECKING:
+    from carma.metrics.timeline import Segment
+    from carma.server.client import Client
+    from carma.sim.experiment import RunResult
+
+VERSION = 1
+SERIES_COLUMNS = ("t", "used_mib", "smact", "power_w")
+
+Figures = dict[str, float | int | None]
+Series = dict[str, list[float | None]]  # SERIES_COLUMNS -> values, one per step (each holds until the next)
+
+
+class RecordError(ValueError):
+    """A report file or a source that cannot give a record, said in one line."""
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    index: int
+    name: str
+    total_mib: int | None
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    gpus: tuple[int, ...]
+    start_s: float
+    end_s: float | None  # None while it runs
+    outcome: str | None  # success, oom, error, killed; None while it runs
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    id: int
+    name: str
+    submit_s: float
+    end_s: float | None
+    state: str
+    attempts: tuple[AttemptRecord, ...]
+
+    @property
+    def jct_s(self) -> float | None:
+        """Submission to completion, for a completed task."""
+        return self.end_s - self.submit_s if self.state == "completed" and self.end_s is not None else None
+
+    @property
+    def wait_s(self) -> float | None:
+        """Time queued, recovery queueing included (JCT minus execution time, as docs/metrics.md defines it);
+        for a task that never crashed, first start minus submission."""
+        jct = self.jct_s
+        return None if jct is None else jct - sum(a.end_s - a.start_s for a in self.attempts if a.end_s is not None)
+
+
+@dataclass(frozen=True)
+class OomEvent:
+    t: float
+    gpus: tuple[int, ...]
+    task_id: int
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    label: str  # the configuration, e.g. "MAGM recovery only" or "server (magm), last 6 h"
+    source: str
+    start_s: float  # where the charts' time axis starts: the first submission, or the daemon's window
+    end_s: float
+    gpus: tuple[GpuRef, ...]
+    figures: Figures
+    tasks: tuple[TaskRecord, ...]
+    series: dict[int, Series]  # per GPU index
+    ooms: tuple[OomEvent, ...]
+
+    def task(self, task_id: int) -> TaskRecord | None:
+        return next((t for t in self.tasks if t.id == task_id), None)
+
+
+def task_figures(tasks: Sequence[TaskRecord]) -> Figures:
+    """Completion and waiting figures of completed tasks (None where no task completed), final states."""
+    figures: Figures = {}
+    for name, values in (("jct", [t.jct_s for t in tasks]), ("wait", [t.wait_s for t in tasks])):
+        done = [v for v in values if v is not None]
+        mean, p95 = mean_p95(done) if done else (None, None)
+        figures |= {f"{name}_mean_s": mean, f"{name}_p95_s": p95}
+    for state in ("completed", "failed", "cancelled"):
+        figures[f"tasks_{state}"] = sum(t.state == state for t in tasks)
+    return figures
+
+
+def _ooms(tasks: Iterable[TaskRecord], since_s: float = -math.inf) -> tuple[OomEvent, ...]:
+    events = [
+        OomEvent(a.end_s, a.gpus, t.id)
+        for t in tasks
+        for a in t.attempts
+        if a.outcome == "oom" and a.end_s is not None and a.end_s >= since_s
+    ]
+    return tuple(sorted(events, key=lambda e: e.t))
+
+
+# --- from the twin ------------------------------------------------------------------------------------
+
+
+def _segment_series(segments: Sequence[Segment], end_s: float) -> Series:
+    """Step series of a twin timeline: a row where a charted value changes, and one at the end."""
+    series: Series = {c: [] for c in SERIES_COLUMNS}
+    last: tuple[float, ...] | None = None
+    for seg in segments:
+        if seg.t > end_s:
+            break
+        values = (seg.used_mib, round(seg.smact, 4), round(seg.power_w, 1))
+        if values != last:
+            for column, value in zip(SERIES_COLUMNS, (round(seg.t, 1), *values), strict=True):
+                series[column].append(value)
+            last = values
+    if last is not None:
+        for column, value in zip(SERIES_COLUMNS, (round(end_s, 1), *last), strict=True):
+            series[column].append(value)
+    return series
+
+
+def from_run_result(result: RunResult, source: str = "digital twin") -> RunRecord:
+    """A twin run: its metrics as figures, its tasks, its per-GPU timelines as step series."""
+    from carma.sim.gpus import GPU_TYPES
+
+    start = min(t.submit_s for t in result.tasks)
+    end = start + result.metrics.makespan_s
+    tasks = tuple(
+        TaskRecord(
+            t.id,
+            t.spec.name,
+            t.submit_s,
+            t.ended_s,
+            t.state.value,
+            tuple(
+                AttemptRecord(a.gpus, a.dispatched_s, a.ended_s, a.outcome.value if a.outcome else None)
+                for a in t.attempts
+            ),
+        )
+        for t in result.tasks
+    )
+    kinds = [GPU_TYPES.get(name.lower()) for name in result.gpus]
+    return RunRecord(
+        label=result.config.label,
+        source=source,
+        start_s=start,
+        end_s=end,
+        gpus=tuple(
+            GpuRef(i, name, kind.total_mib if kind else None)
+            for i, (name, kind) in enumerate(zip(result.gpus, kinds, strict=True))
+        ),
+        figures=asdict(result.metrics),
+        tasks=tasks,
+        series={i: _segment_series(segments, end) for i, segments in enumerate(result.timelines)},
+        ooms=_ooms(tasks),
+    )
+
+
+# --- from a running daemon ----------------------------------------------------------------------------
+
+
+def _window_tasks(client: Client, since_s: float, attempts: list[dict[str, Any]]) -> tuple[TaskRecord, ...]:
+    """Tasks submitted in the window or that ran in it, with every attempt (the timeline holds only the
+    window's; a task that also ran before it is asked for whole)."""
+    in_window: dict[int, list[AttemptRecord]] = {}
+    for a in attempts:
+        record = AttemptRecord(tuple(a["gpus"]), a["start_s"], a["end_s"], a["outcome"])
+        in_window.setdefault(a["task_id"], []).append(record)
+    tasks = []
+    for s in client.tasks(all=True):
+        seen = in_window.get(s["id"], [])
+        if s["submit_s"] < since_s and not seen:
+            continue
+        if len(seen) != s["attempts"]:
+            seen = [
+                AttemptRecord(tuple(a["gpus"]), a["dispatched_s"], a["ended_s"], a["outcome"])
+                for a in client.task(s["id"])["attempt_list"]
+            ]
+        tasks.append(TaskRecord(s["id"], s["name"], s["submit_s"], s["ended_s"], s["state"], tuple(seen)))
+    return tuple(tasks)
+
+
+def _energy_mj(columns: Sequence[Series]) -> float | None:
+    """Energy over the window from each GPU's cumulative counter (last minus first), None if one has none."""
+    if not columns:
+        return None
+    total = 0.0
+    for series in columns:
+        readings = [e for e in series.get("energy_j", []) if e is not None]
+        if not readings:
+            return None
+        total += readings[-1] - readings[0]
+    return total / 1e6
+
+
+def from_server(client: Client, hours: float) -> RunRecord:
+    """A daemon's last `hours` (its clock) through its API: the tasks submitted or run in that window, the
+    archived GPU series, and figures as the twin's where they can be measured (makespan only once every
+    task of the window has ended)."""
+    status = client.status()
+    timeline = client.request("GET", "/v1/timeline", {"hours": hours})
+    since, now = timeline["since_s"], timeline["now_s"]
+    tasks = _window_tasks(client, since, timeline["attempts"])
+    if not tasks:
+        raise RecordError(f"the carma server at {client.where} has no tasks in the last {hours:g} h")
+    raw = {int(g): s for g, s in client.request("GET", "/v1/series", {"minutes": hours * 60})["gpus"].items()}
+    firsts = [s["t"][0] for s in raw.values() if s["t"]] + [t.submit_s for t in tasks]
+    ended = [t.end_s for t in tasks if t.end_s is not None]
+    unfinished = sum(t.end_s is None for t in tasks)
+    ooms = _ooms(tasks, since)
+    scale = status["time_scale"]
+    return RunRecord(
+        label=f"server ({status['policy']}), last {hours:g} h",
+        source=f"carma server at {client.where}" + (f" (clock sped up {scale:g}x)" if scale != 1 else ""),
+        start_s=max(since, min(firsts)),
+        end_s=now,
+        gpus=tuple(GpuRef(g["index"], g["name"], g["total_mib"]) for g in client.gpus()),
+        figures={
+            "makespan_s": max(ended) - min(t.submit_s for t in tasks) if ended and not unfinished else None,
+            "energy_mj": _energy_mj(list(raw.values())),
+            "oom_crashes": len(ooms),
+            **task_figures(tasks),
+            "tasks_unfinished": unfinished,
+        },
+        tasks=tasks,
+        series={g: {c: s[c] for c in SERIES_COLUMNS} for g, s in sorted(raw.items())},
+        ooms=ooms,
+    )
+
+
+# --- the report file ----------------------------------------------------------------------------------
+
+
+def to_json(records: Sequence[RunRecord]) -> str:
+    return json.dumps({"carma_report_version": VERSION, "runs": [asdict(r) for r in records]}, separators=(",", ":"))
+
+
+def _record(data: dict[str, Any]) -> RunRecord:
+    return RunRecord(
+        label=str(data["label"]),
+        source=str(data["source"]),
+        start_s=float(data["start_s"]),
+        end_s=float(data["end_s"]),
+        gpus=tuple(GpuRef(**g) for g in data["gpus"]),
+        figures=dict(data["figures"]),
+        tasks=tuple(
+            TaskRecord(
+                **{**t, "attempts": tuple(AttemptRecord(**{**a, "gpus": tuple(a["gpus"])}) for a in t["attempts"])}
+            )
+            for t in data["tasks"]
+        ),
+        series={int(g): {c: list(s[c]) for c in SERIES_COLUMNS} for g, s in data["series"].items()},
+        ooms=tuple(OomEvent(e["t"], tuple(e["gpus"]), e["task_id"]) for e in data["ooms"]),
+    )
+
+
+def from_json(text: str) -> list[RunRecord]:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise RecordError("not a carma report file (not JSON)") from None
+    if not isinstance(doc, dict) or "carma_report_version" not in doc:
+        raise RecordError("not a carma report file (no carma_report_version; write one with `carma simulate --save`)")
+    if doc["carma_report_version"] != VERSION:
+        raise RecordError(
+            f"report format version {doc['carma_report_version']!r} is not supported (this carma reads {VERSION})"
+        )
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise RecordError("the report file holds no runs")
+    records = []
+    for number, run in enumerate(runs, 1):
+        try:
+            records.append(_record(run))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RecordError(f"run {number} of the report file is malformed ({type(e).__name__}: {e})") from None
+    return records
+
+
+def read_records(path: Path) -> list[RunRecord]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"cannot read {path}: {e}") from None
+    try:
+        return from_json(text)
+    except RecordError as e:
+        raise RecordError(f"{path}: {e}") from None
+
+
+def write_records(records: Sequence[RunRecord], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_json(records))
+    return path

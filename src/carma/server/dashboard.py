@@ -1,0 +1,134 @@
+"""The web dashboard: its page and assets (shipped in the package, no CDN: the machine may be offline),
+the data its views load (a timeline of attempts, archived GPU series) and a live stream of the server's
+state as server-sent events, at most once a wall second.
+
+The page and assets carry no data and need no credentials; every data route takes the same caller as
+the rest of the API, so on TCP the page sends its bearer token (it reads it from the URL's fragment,
+`http://HOST:PORT/#token=...`, which never reaches the server or its logs).
+"""
+
+# no `from __future__ import annotations`: FastAPI must see the caller dependency `who`, a local, itself
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import Response, StreamingResponse
+
+from carma import __version__
+from carma.core.types import TERMINAL_STATES
+from carma.server.daemon import Daemon
+from carma.server.views import gpu_view, status_view, task_summary
+
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+}
+
+
+def _assets() -> dict[str, tuple[bytes, str]]:
+    """The dashboard's files, read once: name -> (content, media type)."""
+    root = resources.files("carma.server") / "static"
+    out = {}
+    for entry in root.iterdir():
+        suffix = "." + entry.name.rpartition(".")[2]
+        if entry.is_file() and suffix in MEDIA_TYPES:
+            out[entry.name] = (entry.read_bytes(), MEDIA_TYPES[suffix])
+    return out
+
+
+def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
+    """Every attempt that ran after `since_s` (or still runs), for the per-GPU Gantt chart."""
+    rows = []
+    for task in daemon.scheduler.tasks:
+        job = daemon.jobs[task.id]
+        for a in task.attempts:
+            if a.ended_s is not None and a.ended_s < since_s:
+                continue
+            rows.append(
+                {
+                    "task_id": task.id,
+                    "attempt": a.number,
+                    "name": job.name,
+                    "user": job.user,
+                    "gpus": list(a.gpus),
+                    "start_s": a.dispatched_s,
+                    "first_kernel_s": a.first_kernel_s,
+                    "end_s": a.ended_s,
+                    "outcome": a.outcome.value if a.outcome else None,
+                    "exclusive": a.exclusive,
+                    "recovery": a.recovery,
+                }
+            )
+    return {"now_s": daemon.clock.now(), "since_s": since_s, "attempts": rows}
+
+
+def snapshot(daemon: Daemon) -> dict[str, Any]:
+    """The live state the dashboard redraws: status, GPUs, and the tasks not yet ended."""
+    return {
+        "tick": daemon.tick,
+        "now_s": daemon.clock.now(),
+        "status": status_view(daemon),
+        "gpus": [gpu_view(s) for s in daemon.scheduler.gpu_status(daemon.clock.now())],
+        "tasks": [task_summary(daemon, t) for t in daemon.scheduler.tasks if t.state not in TERMINAL_STATES],
+    }
+
+
+def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
+    router = APIRouter()
+    assets = _assets()
+    index = assets["index.html"][0].replace(b"{{version}}", __version__.encode())
+    cache: dict[str, Any] = {"tick": -1, "data": b""}
+
+    @router.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return Response(index, media_type=MEDIA_TYPES[".html"], headers={"Cache-Control": "no-cache"})
+
+    @router.get("/static/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:
+        if name not in assets:
+            raise HTTPException(404, f"no dashboard file {name!r}")
+        content, media_type = assets[name]
+        return Response(content, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
+
+    @router.get("/v1/timeline")
+    async def timeline(_: who, hours: Annotated[float, Query(gt=0, le=24 * 90)] = 6.0) -> dict[str, Any]:
+        """Attempts that ran in the last `hours` (running ones included), per task and GPU."""
+        return timeline_view(daemon, daemon.clock.now() - hours * 3600)
+
+    @router.get("/v1/series")
+    async def series(_: who, minutes: Annotated[float, Query(gt=0, le=60 * 24 * 90)] = 60.0) -> dict[str, Any]:
+        """Archived per-GPU samples of the last `minutes`, one per bucket, as columns."""
+        since = daemon.clock.now() - minutes * 60
+        gpus = daemon.store.gpu_series(since)
+        return {"bucket_s": daemon.archive.bucket_s, "gpus": {str(g): s for g, s in gpus.items()}}
+
+    def encoded() -> bytes:
+        if cache["tick"] != daemon.tick:  # one encoding per step, whatever the number of viewers
+            cache["tick"], cache["data"] = daemon.tick, json.dumps(snapshot(daemon)).encode()
+        return cache["data"]
+
+    @router.get("/v1/events")
+    async def events(_: who, interval: Annotated[float, Query(ge=0.2, le=60)] = 1.0) -> StreamingResponse:
+        """Server-sent events: the live state after each scheduling step, at most once per `interval`
+        wall seconds."""
+
+        async def stream() -> AsyncIterator[bytes]:
+            seen = -1
+            while True:
+                seen = await daemon.wait_tick(seen)
+                if daemon.closing:
+                    return
+                sent = time.monotonic()
+                yield b"data: " + encoded() + b"\n\n"
+                await asyncio.sleep(max(0.0, sent + interval - time.monotonic()))
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    return router

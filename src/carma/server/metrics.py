@@ -1,0 +1,105 @@
+"""Prometheus metrics of the daemon (`GET /metrics`), read from its state at each scrape.
+
+Per GPU: memory, SMACT/SMOCC/DRAMA, power, the energy counter, temperature, whether the risk filter
+excludes it, its tasks. A metric the GPU cannot report is left out for that GPU, never exported as 0.
+Tasks: how many are in each state, the queue lengths, and counters of ended tasks by outcome, OOM
+crashes and recoveries. The scheduler's decision latency is a histogram.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from carma.core.types import ExitKind, TaskState
+
+if TYPE_CHECKING:
+    from carma.server.daemon import Daemon
+
+MIB = 1 << 20
+DECISION_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+# (metric name, help, attribute of the latest sample, scale)
+GPU_GAUGES = (
+    ("carma_gpu_memory_used_bytes", "GPU memory in use", "used_mib", MIB),
+    ("carma_gpu_memory_total_bytes", "GPU memory in all", "total_mib", MIB),
+    ("carma_gpu_sm_active_ratio", "SMACT: fraction of time SMs had a warp resident", "smact", 1),
+    ("carma_gpu_sm_occupancy_ratio", "SMOCC: resident warps over the maximum", "smocc", 1),
+    ("carma_gpu_dram_active_ratio", "DRAMA: fraction of cycles the memory interface was busy", "drama", 1),
+    ("carma_gpu_power_watts", "GPU power draw", "power_w", 1),
+    ("carma_gpu_temperature_celsius", "GPU temperature", "temperature_c", 1),
+)
+LABELS = ("gpu", "name", "uuid")
+
+
+def decision_histogram() -> Histogram:
+    """The scheduler's decision latency, observed by the scheduling loop (registered by `Metrics`)."""
+    return Histogram(
+        "carma_decision_seconds", "Time one scheduling decision took", buckets=DECISION_BUCKETS, registry=None
+    )
+
+
+class DaemonCollector(Collector):
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def collect(self) -> Iterator[Metric]:
+        d = self._daemon
+        statuses = d.scheduler.gpu_status(d.clock.now())
+        gauges = {name: GaugeMetricFamily(name, doc, labels=LABELS) for name, doc, _, _ in GPU_GAUGES}
+        energy = CounterMetricFamily("carma_gpu_energy_joules", "GPU energy counter", labels=LABELS)
+        excluded = GaugeMetricFamily(
+            "carma_gpu_risk_excluded", "1 when the risk filter keeps the GPU out of collocation", labels=LABELS
+        )
+        tasks_on = GaugeMetricFamily("carma_gpu_tasks", "carma tasks placed on the GPU", labels=LABELS)
+        for status in statuses:
+            labels = [str(status.gpu.index), status.gpu.name, status.gpu.uuid]
+            sample = status.latest
+            if sample is not None:
+                for name, _, attribute, scale in GPU_GAUGES:
+                    value = getattr(sample, attribute)
+                    if value is not None:
+                        gauges[name].add_metric(labels, value * scale)
+                if sample.energy_j is not None:
+                    energy.add_metric(labels, sample.energy_j)
+            excluded.add_metric(labels, float(status.excluded))
+            tasks_on.add_metric(labels, len(status.tasks))
+        yield from gauges.values()
+        yield from (energy, excluded, tasks_on)
+        yield from _task_metrics(d)
+
+
+def _task_metrics(d: Daemon) -> Iterator[Metric]:
+    tasks = d.scheduler.tasks
+    by_state = dict.fromkeys(TaskState, 0)
+    for task in tasks:
+        by_state[task.state] += 1
+    states = GaugeMetricFamily("carma_tasks", "Tasks by state", labels=["state"])
+    for state, count in by_state.items():
+        states.add_metric([state.value], count)
+    queues = GaugeMetricFamily("carma_queue_length", "Tasks waiting, by queue", labels=["queue"])
+    queues.add_metric(["fifo"], len(d.scheduler.queue))
+    queues.add_metric(["recovery"], len(d.scheduler.recovery_queue))
+    ended = CounterMetricFamily("carma_tasks_ended", "Tasks that ended, by outcome", labels=["outcome"])
+    for state in (TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED):
+        ended.add_metric([state.value], by_state[state])
+    ooms = sum(1 for t in tasks for a in t.attempts if a.outcome is ExitKind.OOM)
+    recovered = sum(1 for t in tasks if t.state is TaskState.COMPLETED and any(a.recovery for a in t.attempts))
+    yield from (states, queues, ended)
+    yield CounterMetricFamily("carma_oom_crashes", "Attempts that ended out of memory", value=ooms)
+    yield CounterMetricFamily("carma_tasks_recovered", "Tasks completed after an OOM relaunch", value=recovered)
+
+
+class Metrics:
+    """The registry behind `/metrics`: the daemon's state plus its decision-latency histogram."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(DaemonCollector(daemon))
+        self.registry.register(daemon.decision_seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

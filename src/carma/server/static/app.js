@@ -1,0 +1,325 @@
+// carma's dashboard: live GPU cards, queue, timeline and metric charts, from the daemon's API.
+// No framework and no CDN (the machine may be offline): plain DOM and SVG.
+"use strict";
+
+const CHART_MINUTES = 30;
+const TIMELINE_REFRESH_S = 10;
+const GPU_COLORS = ["#3d6fb6", "#d98a1c", "#3a9a5b", "#c9423a", "#7a5bb5", "#2a9d9f", "#b5487f", "#7f7f3a"];
+const CHARTS = [
+  { key: "mem_pct", title: "Memory used (%)", max: 100 },
+  { key: "smact", title: "SMACT", max: 1, threshold: "smact" },
+  { key: "smocc", title: "SMOCC", max: 1, threshold: "smocc" },
+  { key: "drama", title: "DRAMA", max: 1, threshold: "drama" },
+  { key: "power_w", title: "Power (W)" },
+];
+
+const state = {
+  token: localStorage.getItem("carma-token"),
+  snapshot: null,
+  names: {},            // task id -> name
+  series: {},           // gpu -> {t: [], mem_pct: [], smact: [], ...}
+  timeline: null,
+  timelineAt: 0,
+  active: "",           // ids of the tasks not yet ended, to notice when the timeline changed
+};
+
+const $ = (sel) => document.querySelector(sel);
+const esc = (text) => String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const gib = (mib) => (mib / 1024).toFixed(1);
+const num = (v, digits = 2) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
+
+function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
+  return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+}
+
+class Unauthorized extends Error {}
+
+async function api(path) {
+  const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
+  const response = await fetch(path, { headers });
+  if (response.status === 401) throw new Unauthorized();
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return response.json();
+}
+
+// ---------------------------------------------------------------- start-up and the live stream
+
+function init() {
+  const match = location.hash.match(/token=([^&]+)/);
+  if (match) {
+    state.token = decodeURIComponent(match[1]);
+    localStorage.setItem("carma-token", state.token);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  $("#login").addEventListener("submit", (event) => {
+    event.preventDefault();
+    state.token = $("#token").value.trim();
+    localStorage.setItem("carma-token", state.token);
+    start();
+  });
+  $("#hours").addEventListener("change", () => loadTimeline());
+  window.addEventListener("resize", () => renderTimeline());
+  start();
+}
+
+async function start() {
+  try {
+    await Promise.all([loadTimeline(), loadSeries()]);
+  } catch (error) {
+    if (error instanceof Unauthorized) return showLogin(state.token ? "that token was refused" : "");
+    return setConnection("down", String(error));
+  }
+  $("#login").hidden = true;
+  listen();
+}
+
+function showLogin(message) {
+  $("#login").hidden = false;
+  $("#login-error").textContent = message;
+  setConnection("down", "not signed in");
+}
+
+function setConnection(kind, title) {
+  const dot = $("#connection");
+  dot.className = `conn ${kind}`;
+  dot.title = title;
+}
+
+async function listen() {
+  const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
+  try {
+    const response = await fetch("/v1/events", { headers });
+    if (response.status === 401) return showLogin("that token was refused");
+    setConnection("live", "live");
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const event = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const data = event.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
+        if (data) onSnapshot(JSON.parse(data));
+      }
+    }
+  } catch (error) {
+    console.warn("live stream:", error);
+  }
+  setConnection("down", "disconnected; retrying");
+  setTimeout(listen, 2000);
+}
+
+function onSnapshot(s) {
+  state.snapshot = s;
+  for (const t of s.tasks) state.names[t.id] = t.name;
+  renderSummary(s);
+  renderGpus(s);
+  renderQueue(s);
+  appendSamples(s);
+  renderCharts();
+  const active = s.tasks.map((t) => `${t.id}:${t.state}:${t.attempts}`).join(",");
+  if (active !== state.active || Date.now() - state.timelineAt > TIMELINE_REFRESH_S * 1000) {
+    state.active = active;
+    loadTimeline().catch((e) => console.warn("timeline:", e));
+  } else {
+    renderTimeline();
+  }
+}
+
+// ---------------------------------------------------------------- summary, GPU cards, queue
+
+function renderSummary(s) {
+  const st = s.status;
+  const count = (name) => st.tasks[name] || 0;
+  const waiting = count("queued") + count("recovering") + count("oom_crashed");
+  const parts = [
+    `policy ${st.policy}`, `${st.gpus} GPU${st.gpus === 1 ? "" : "s"}`,
+    `${count("running") + count("dispatched")} running`, `${waiting} waiting`,
+    `${count("completed")} completed`, `${count("failed")} failed`,
+  ];
+  if (st.mps) parts.push("MPS");
+  if (st.draining) parts.push("draining");
+  if (st.time_scale !== 1) parts.push(`fake GPUs, time x${st.time_scale}`);
+  $("#summary").textContent = parts.join(" · ");
+}
+
+function bar(label, value, max, threshold, text, title) {
+  const pct = value === null || value === undefined ? 0 : Math.min(100, (100 * value) / max);
+  const high = threshold !== undefined && value !== null && value >= threshold;
+  const mark = threshold === undefined ? "" : `<span class="threshold" style="left:${(100 * threshold) / max}%" title="risk threshold ${threshold}"></span>`;
+  return `<div class="row" title="${esc(title || "")}"><span>${label}</span>
+    <div class="bar"><span class="fill${high ? " high" : ""}" style="width:${pct}%"></span>${mark}</div>
+    <span class="value">${text}</span></div>`;
+}
+
+function renderGpus(s) {
+  const risk = s.status.risk;
+  const missing = s.status.missing_metrics || {};
+  const byId = Object.fromEntries(s.tasks.map((t) => [t.id, t]));
+  $("#gpus").innerHTML = s.gpus.map((g) => {
+    const badges = [];
+    if (g.excluded) badges.push(`<span class="badge warn">risk filter: excluded</span>`);
+    if (g.awaiting_first_kernel) badges.push(`<span class="badge info">awaiting first kernel</span>`);
+    else if (!g.valid) badges.push(`<span class="badge info">TTFK window</span>`);
+    if (g.exclusive) badges.push(`<span class="badge">MIG instance: exclusive</span>`);
+    if (missing[g.index]) badges.push(`<span class="badge warn">no ${esc(missing[g.index].join("/").toUpperCase())}</span>`);
+    if (g.other_processes) badges.push(`<span class="badge">${g.other_processes} other process(es)</span>`);
+    const metric = (key) => {
+      const score = g.risk ? g.risk[key] : null;
+      return bar(key.toUpperCase(), g[key], 1, risk.enabled ? risk[key] : undefined, num(g[key]), `risk score ${num(score)}`);
+    };
+    const used = g.used_mib ?? 0;
+    const tasks = g.tasks.map((id) => {
+      const t = byId[id];
+      const cls = t && t.state === "dispatched" ? "task dispatched" : "task";
+      return `<span class="${cls}" data-task="${id}" title="${esc(t ? t.state : "")}">#${id} ${esc(state.names[id] || "")}</span>`;
+    }).join("");
+    const facts = [
+      g.power_w !== null ? `${num(g.power_w, 0)} W` : null,
+      g.temperature_c !== null && g.temperature_c !== undefined ? `${num(g.temperature_c, 0)} °C` : null,
+      g.energy_j !== null && g.energy_j !== undefined ? `${num(g.energy_j / 1000, 1)} kJ` : null,
+    ].filter(Boolean).join(" · ");
+    return `<div class="gpu" data-gpu="${g.index}">
+      <h3><span>GPU ${g.index}</span><span class="name" title="${esc(g.uuid)}">${esc(g.name)}</span></h3>
+      ${bar("memory", used, g.total_mib, undefined, `${gib(used)}/${gib(g.total_mib)} GiB`)}
+      ${metric("smact")}${metric("smocc")}${metric("drama")}
+      <div class="badges">${badges.join("")}</div>
+      <div class="facts">${facts}</div>
+      <div class="tasks">${tasks || '<span class="muted">no tasks</span>'}</div>
+    </div>`;
+  }).join("");
+}
+
+function renderQueue(s) {
+  const order = { running: 0, dispatched: 1, oom_crashed: 2, recovering: 3, queued: 4 };
+  const tasks = [...s.tasks].sort((a, b) => (order[a.state] ?? 9) - (order[b.state] ?? 9) || a.id - b.id);
+  const waiting = tasks.filter((t) => !["running", "dispatched"].includes(t.state)).length;
+  $("#queue-count").textContent = `${tasks.length - waiting} running, ${waiting} waiting`;
+  const rows = tasks.map((t) => {
+    const running = t.state === "running" || t.state === "dispatched";
+    const since = running ? t.start_s : t.submit_s;
+    const gpus = running ? t.gpus.join(",") : `(${t.gpus_requested})`;
+    const why = running ? "" : t.waiting_reason || t.reason || "";
+    return `<tr data-task="${t.id}"><td>${t.id}</td><td>${esc(t.name)}</td><td>${esc(t.user)}</td>
+      <td>${t.state}</td><td>${gpus}</td><td>${t.mem_mib ? gib(t.mem_mib) + " GiB" : "unknown"}</td>
+      <td>${since !== null ? duration(s.now_s - since) : ""}</td><td class="why">${esc(why)}</td></tr>`;
+  });
+  $("#queue tbody").innerHTML = rows.join("") || `<tr class="empty"><td colspan="8">no tasks waiting or running</td></tr>`;
+}
+
+// ---------------------------------------------------------------- timeline (Gantt per GPU)
+
+async function loadTimeline() {
+  state.timeline = await api(`/v1/timeline?hours=${$("#hours").value}`);
+  state.timelineAt = Date.now();
+  for (const a of state.timeline.attempts) state.names[a.task_id] = a.name;
+  renderTimeline();
+}
+
+function renderTimeline() {
+  const data = state.timeline;
+  if (!data) return;
+  const gpus = state.snapshot ? state.snapshot.gpus.map((g) => g.index) : [...new Set(data.attempts.flatMap((a) => a.gpus))].sort((a, b) => a - b);
+  const now = state.snapshot ? state.snapshot.now_s : data.now_s;
+  // the chosen window, shortened to what there is to show (at least ten minutes)
+  const first = Math.min(now - 600, ...data.attempts.map((a) => a.start_s));
+  const since = Math.max(now - Number($("#hours").value) * 3600, first - 0.02 * (now - first));
+  const width = $("#timeline").clientWidth || 1000, left = 52, right = 10, rowH = 26, top = 6, axis = 20;
+  const height = top + rowH * Math.max(1, gpus.length) + axis;
+  const x = (t) => left + ((Math.max(t, since) - since) / (now - since)) * (width - left - right);
+  const parts = [];
+  gpus.forEach((gpu, row) => {
+    const y = top + row * rowH;
+    parts.push(`<text x="4" y="${y + rowH / 2 + 4}">GPU ${gpu}</text><line class="grid" x1="${left}" x2="${width - right}" y1="${y + rowH}" y2="${y + rowH}"/>`);
+  });
+  const rowOf = Object.fromEntries(gpus.map((g, i) => [g, i]));
+  for (const a of data.attempts) {
+    const end = a.end_s ?? now;
+    if (end < since) continue;
+    const kind = a.outcome === null ? "running" : a.outcome;
+    const label = `#${a.task_id} ${a.name} (attempt ${a.attempt}${a.recovery ? ", recovery" : ""}): ${kind}, ${duration(end - a.start_s)}`;
+    for (const gpu of a.gpus) {
+      if (!(gpu in rowOf)) continue;
+      const y = top + rowOf[gpu] * rowH + 3;
+      const w = Math.max(2, x(end) - x(a.start_s));
+      parts.push(`<rect class="attempt ${kind}${a.recovery ? " recovery" : ""}" data-task="${a.task_id}" x="${x(a.start_s)}" y="${y}" width="${w}" height="${rowH - 6}" rx="2"><title>${esc(label)}</title></rect>`);
+    }
+  }
+  for (let i = 0; i <= 6; i++) {
+    const t = since + ((now - since) * i) / 6;
+    parts.push(`<text x="${x(t)}" y="${height - 5}" text-anchor="${i === 0 ? "start" : i === 6 ? "end" : "middle"}">${i === 6 ? "now" : "-" + duration(now - t)}</text>`);
+  }
+  $("#timeline").innerHTML = `<svg width="${width}" height="${height}">${parts.join("")}</svg>`;
+}
+
+// ---------------------------------------------------------------- metric charts
+
+async function loadSeries() {
+  const data = await api(`/v1/series?minutes=${CHART_MINUTES}`);
+  state.series = {};
+  for (const [gpu, cols] of Object.entries(data.gpus)) {
+    state.series[gpu] = {
+      t: cols.t, smact: cols.smact, smocc: cols.smocc, drama: cols.drama, power_w: cols.power_w,
+      mem_pct: cols.used_mib.map((u, i) => (100 * u) / cols.total_mib[i]),
+    };
+  }
+}
+
+function appendSamples(s) {
+  for (const g of s.gpus) {
+    if (g.used_mib === null) continue;
+    const series = (state.series[g.index] ||= { t: [], mem_pct: [], smact: [], smocc: [], drama: [], power_w: [] });
+    series.t.push(s.now_s);
+    series.mem_pct.push((100 * g.used_mib) / g.total_mib);
+    for (const key of ["smact", "smocc", "drama", "power_w"]) series[key].push(g[key]);
+    const keep = series.t.findIndex((t) => t >= s.now_s - CHART_MINUTES * 60);
+    if (keep > 0) for (const key of Object.keys(series)) series[key].splice(0, keep);
+  }
+}
+
+function renderCharts() {
+  const risk = state.snapshot ? state.snapshot.status.risk : null;
+  const now = state.snapshot ? state.snapshot.now_s : 0;
+  const since = now - CHART_MINUTES * 60;
+  const width = 600, height = 150, left = 36, right = 8, top = 8, bottom = 18;
+  $("#charts").innerHTML = CHARTS.map((chart) => {
+    let max = chart.max;
+    if (max === undefined) {
+      const values = Object.values(state.series).flatMap((s) => s[chart.key]).filter((v) => v !== null);
+      max = Math.max(1, ...values) * 1.1;
+    }
+    const x = (t) => left + ((t - since) / (now - since)) * (width - left - right);
+    const y = (v) => top + (1 - Math.min(v, max) / max) * (height - top - bottom);
+    const parts = [0, 0.5, 1].map((f) => `<line class="grid" x1="${left}" x2="${width - right}" y1="${y(max * f)}" y2="${y(max * f)}"/><text x="${left - 4}" y="${y(max * f) + 4}" text-anchor="end">${+(max * f).toFixed(max < 2 ? 1 : 0)}</text>`);
+    if (chart.threshold && risk && risk.enabled) {
+      const v = risk[chart.threshold];
+      parts.push(`<line class="threshold" x1="${left}" x2="${width - right}" y1="${y(v)}" y2="${y(v)}"/>`);
+    }
+    for (const [gpu, s] of Object.entries(state.series)) {
+      let run = [];
+      const flush = () => {
+        if (run.length > 1) parts.push(`<polyline stroke="${GPU_COLORS[gpu % GPU_COLORS.length]}" points="${run.join(" ")}"><title>GPU ${gpu}</title></polyline>`);
+        run = [];
+      };
+      s.t.forEach((t, i) => {
+        const v = s[chart.key][i];
+        if (v === null || v === undefined || t < since) return flush();
+        run.push(`${x(t).toFixed(1)},${y(v).toFixed(1)}`);
+      });
+      flush();
+    }
+    parts.push(`<text x="${left}" y="${height - 4}">-${CHART_MINUTES}m</text><text x="${width - right}" y="${height - 4}" text-anchor="end">now</text>`);
+    const legend = Object.keys(state.series).map((gpu) => `<tspan fill="${GPU_COLORS[gpu % GPU_COLORS.length]}">■ GPU ${gpu} </tspan>`).join("");
+    parts.push(`<text x="${width / 2}" y="${height - 4}" text-anchor="middle">${legend}</text>`);
+    return `<div class="chart" data-chart="${chart.key}"><h4>${chart.title}</h4><svg viewBox="0 0 ${width} ${height}">${parts.join("")}</svg></div>`;
+  }).join("");
+}
+
+init();

@@ -1,0 +1,145 @@
+"""The web dashboard in a real browser: Debian's chromium, driven by Playwright, against a daemon on fake
+GPUs over TCP with a token. The screenshot lands in test-artifacts/ (CI keeps it)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servers import fakejob, free_port
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+WAIT_MS = 30_000
+
+
+def _unavailable(what: str) -> None:
+    """Skip where the browser is not installed, except in CI (.ci/run installs it): there it is a failure."""
+    message = f"{what} is not installed (.ci/run installs Debian's chromium and the dev extras bring Playwright)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright")
+    if not Path(CHROMIUM).exists():
+        _unavailable("chromium")
+    args = ["--disable-background-networking", "--disable-component-update", "--no-first-run"]
+    if os.geteuid() == 0:
+        args.append("--no-sandbox")  # chromium refuses to run as root with its sandbox
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def served(start_server):  # type: ignore[no-untyped-def]
+    """A daemon on two fake GPUs listening on TCP, and its admin token."""
+    port = free_port()
+    server = start_server("--fake-gpus", "2xA100-40GB", "--time-scale", "20", "--tcp", f"127.0.0.1:{port}")
+    link = server.cli("dashboard")  # the address with the caller's token, as a user gets it
+    assert link.returncode == 0, link.stderr
+    url, _, fragment = link.stdout.strip().partition("#token=")
+    assert url == f"http://127.0.0.1:{port}/" and fragment == (server.home / "tokens").read_text().split()[0]
+    return server, url.rstrip("/"), fragment
+
+
+def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser, served):  # type: ignore[no-untyped-def]
+    from playwright.sync_api import expect
+
+    server, url, token = served
+    page = browser.new_page(viewport={"width": 1280, "height": 1300})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{url}/#token={token}")
+    cards = page.locator("[data-gpu]")
+    expect(cards).to_have_count(2, timeout=WAIT_MS)
+    expect(cards.nth(1)).to_contain_text("A100-40GB")
+    expect(page.locator("#summary")).to_contain_text("policy magm", timeout=WAIT_MS)
+    assert "token" not in page.url  # the token left the address bar
+
+    task = server.submit(*fakejob(100_000, "4GiB", "--smact", "0.5"), name="resnet-demo", mem="4GiB")
+    chip = page.locator(f"[data-gpu] [data-task='{task}']")
+    expect(chip).to_contain_text("resnet-demo", timeout=WAIT_MS)
+    expect(page.locator(f"#queue tr[data-task='{task}']")).to_contain_text("running", timeout=WAIT_MS)
+    bar = page.locator(f"#timeline rect[data-task='{task}']")
+    expect(bar).to_have_class(re.compile("running"), timeout=WAIT_MS)
+    expect(page.locator("[data-chart='smact'] polyline").first).to_be_attached(timeout=WAIT_MS)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+    assert server.cli("cancel", task).returncode == 0
+    expect(chip).to_have_count(0, timeout=WAIT_MS)
+    expect(page.locator(f"#queue tr[data-task='{task}']")).to_have_count(0, timeout=WAIT_MS)
+    expect(bar).to_have_class(re.compile("killed"), timeout=WAIT_MS)  # it stays in the timeline, ended
+    assert errors == []
+    page.close()
+
+
+def test_without_a_token_the_page_asks_for_one(browser, served):  # type: ignore[no-untyped-def]
+    from playwright.sync_api import expect
+
+    _, url, token = served
+    page = browser.new_page()
+    page.goto(url)
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    expect(page.locator("#login")).to_be_visible(timeout=WAIT_MS)
+    page.fill("#token", "not-a-token")
+    page.click("#login button")
+    expect(page.locator("#login-error")).to_contain_text("refused", timeout=WAIT_MS)
+    page.fill("#token", token)
+    page.click("#login button")
+    expect(page.locator("[data-gpu]")).to_have_count(2, timeout=WAIT_MS)
+    expect(page.locator("#login")).to_be_hidden()
+    page.close()
+
+
+def test_the_page_is_public_its_data_is_not(served):  # type: ignore[no-untyped-def]
+    """Over TCP the page and assets need no token (they hold no data); timeline, series, live events and
+    metrics do."""
+    server, url, token = served
+    task = server.submit(*fakejob(60, "2GiB"), name="short")
+    server.cli("wait", task)
+    host, port = url.removeprefix("http://").split(":")
+
+    def get(path: str, auth: bool = True, read: int = -1) -> tuple[int, str, bytes]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if auth else {})
+        response = conn.getresponse()
+        body = response.read(read) if read > 0 else response.read()
+        conn.close()
+        return response.status, response.getheader("Content-Type", ""), body
+
+    assert get("/", auth=False)[:2] == (200, "text/html; charset=utf-8")
+    assert get("/static/app.js", auth=False)[0] == 200 and get("/static/nothing.js", auth=False)[0] == 404
+    for path in ("/v1/timeline", "/v1/series", "/v1/events", "/metrics"):
+        assert get(path, auth=False)[0] == 401, path
+    status, _, body = get("/v1/timeline?hours=1")
+    (attempt,) = json.loads(body)["attempts"]
+    assert status == 200 and (attempt["task_id"], attempt["name"], attempt["outcome"]) == (task, "short", "success")
+    assert set(json.loads(get("/v1/series?minutes=60")[2])["gpus"]) == {"0", "1"}
+    status, media_type, first = get("/v1/events", read=200)
+    assert status == 200 and media_type.startswith("text/event-stream") and first.startswith(b"data: {")
+    status, _, metrics = get("/metrics")
+    assert status == 200 and b'carma_tasks_ended_total{outcome="completed"} 1.0' in metrics
+
+
+def test_dashboard_without_tcp_says_how_to_get_one(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    result = server.cli("dashboard")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--tcp" in result.stderr
