@@ -20,14 +20,15 @@ demo: setup
 	$(BIN)/carma report results/sweep-carma-t1.json --out results/report
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks validation
-	$(BIN)/ruff format --check src tests benchmarks validation
+	$(BIN)/ruff check src tests benchmarks validation scripts
+	$(BIN)/ruff format --check src tests benchmarks validation scripts
 	$(BIN)/python -m pytest
 
 bench: setup
 	$(BIN)/python benchmarks/twin_speed.py
 	$(BIN)/python benchmarks/server_bench.py
 	$(BIN)/python benchmarks/dashboard_bench.py
+	$(BIN)/python benchmarks/estimators.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

@@ -3,7 +3,9 @@
 import pytest
 
 from carma.core import ExitKind, NeedKind, Policy, RiskConfig, SpecError, TaskSpec, TaskState
+from carma.core.memory import estimated
 from carma.core.scheduler import HEAD_OF_LINE, RECOVERY_FIRST
+from carma.core.types import MemoryNeed
 from support import OOM_LOG, TOTAL_MIB, Bench
 
 
@@ -320,8 +322,20 @@ class FixedEstimator:
     def __init__(self, value):
         self.value = value
 
-    def estimate(self, spec):
-        return self.value
+    def need(self, task):
+        return estimated(self.name, self.value)
+
+
+class SlowEstimator:
+    """Answers once told to: not yet, then a value or a failure (recovery only)."""
+
+    name = "slow"
+
+    def __init__(self):
+        self.answers = {}
+
+    def need(self, task):
+        return self.answers.get(task.id)
 
 
 def test_estimator_value_is_used_with_the_margin():
@@ -355,6 +369,29 @@ def test_no_usable_estimate_means_a_whole_gpu(estimator):
     other = b.submit()
     assert b.placed() == {}
     assert "idle" in b.sched.waiting_reason(other.id)
+
+
+def test_a_task_whose_estimate_is_not_ready_waits_at_the_head_and_keeps_fifo():
+    estimator = SlowEstimator()
+    b = Bench(gpus=2, estimator=estimator)
+    first, second = b.submit(), b.submit(mem_mib=1_000)
+    assert b.placed() == {}  # the second has a declared need, but the queue stays FIFO
+    assert b.sched.waiting_reason(first.id) == "waiting for its memory estimate"
+    assert b.sched.waiting_reason(second.id) == "behind the head of the queue (FIFO)"
+    estimator.answers[first.id] = MemoryNeed(NeedKind.KNOWN, 4_000, "slow")
+    b.advance(1)
+    assert b.placed() == {first.id: (0,), second.id: (1,)}
+    assert (first.current.need.kind, first.current.need.mib) == (NeedKind.KNOWN, 4_000)
+
+
+def test_a_failed_estimate_means_recovery_only():
+    estimator = SlowEstimator()
+    b = Bench(gpus=1, estimator=estimator)
+    task = b.submit()
+    estimator.answers[task.id] = MemoryNeed(NeedKind.UNKNOWN, source="slow failed: no optimizer step")
+    b.advance(1)
+    assert b.placed() == {task.id: (0,)}
+    assert task.current.need.kind is NeedKind.UNKNOWN and task.current.need.source.startswith("slow failed")
 
 
 # ------------------------------------------------------------------ what a persisting world needs

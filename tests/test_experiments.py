@@ -2,7 +2,8 @@
 
 import pytest
 
-from carma.core import Policy, TaskSpec
+from carma.core import NeedKind, Policy, TaskSpec
+from carma.core.types import MemoryNeed, Task
 from carma.sim.experiment import PAPER_SWEEP, RecordedEstimator, RunConfig, simulate, sweep
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import load_trace
@@ -72,8 +73,9 @@ def test_sweep_results_do_not_depend_on_parallelism(t1, t1_sweep):
 def test_recorded_estimator_answers_with_the_papers_estimates(t1):
     workloads = {e.workload.name: e.workload for e in t1.entries}
     horus = RecordedEstimator("horus", workloads)
-    assert horus.estimate(TaskSpec("vgg")) == 21526
-    assert RecordedEstimator("faketensor", workloads).estimate(TaskSpec("BERT_base")) is None
+    assert horus.need(Task(1, TaskSpec("vgg"), 0.0)) == MemoryNeed(NeedKind.KNOWN, 21526, "horus")
+    bert = RecordedEstimator("faketensor", workloads).need(Task(2, TaskSpec("BERT_base"), 0.0))
+    assert bert.kind is NeedKind.WHOLE_GPU and bert.source == "faketensor: no usable estimate"
 
 
 def test_estimators_without_an_estimate_place_tasks_on_whole_gpus(t1):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from carma.server.client import Client
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "env", "shell", "mps_threads"}
+TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "estimate", "env", "shell", "mps_threads"}
 
 
 def _client() -> Client:
@@ -66,6 +66,9 @@ def submit_cmd(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="A task file (YAML) instead of a command.")] = None,
     gpus: Annotated[int, typer.Option(help="GPUs the task needs.")] = 1,
     mem: Annotated[str | None, typer.Option(help="GPU memory it needs, e.g. 8GiB (unknown: recovery only).")] = None,
+    estimate: Annotated[
+        str | None, typer.Option(help="Or estimate it first: xmem, faketensor, horus, gpumemnet or history.")
+    ] = None,
     name: Annotated[str | None, typer.Option(help="A name for the queue (default: the program's).")] = None,
     workdir: Annotated[Path | None, typer.Option(help="Working directory (default: the current one).")] = None,
     env: Annotated[list[str] | None, typer.Option(help="Environment variable K=V (repeatable).")] = None,
@@ -95,6 +98,7 @@ def submit_cmd(
             "workdir": str((workdir or Path.cwd()).resolve()),
             "gpus": gpus,
             "mem": mem,
+            "estimate": estimate,
             "env": variables,
             "shell": shell,
             "name": name,
@@ -163,8 +167,7 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
     lines = [
         f"task {task['id']}: {task['name']} ({task['user']}) is {task['state']}",
         f"command: {' '.join(task['command'])}{shell}",
-        f"workdir: {task['workdir']}; GPUs: {task['gpus_requested']}; memory need: "
-        + (f"{task['mem_mib']} MiB" if task["mem_mib"] else "unknown (recovery only)"),
+        f"workdir: {task['workdir']}; GPUs: {task['gpus_requested']}; memory need: " + _declared_need(task),
     ]
     if task["waiting_reason"]:
         lines.append(f"waiting: {task['waiting_reason']}")
@@ -173,8 +176,20 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
     for a in task["attempt_list"]:
         how = "recovery, exclusive" if a["recovery"] else ("exclusive" if a["exclusive"] else "collocated")
         end = f", {a['outcome']}" if a["outcome"] else ""
-        lines.append(f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}) {a['message']}")
+        need = f"{a['need_mib']} MiB" if a["need_mib"] else a["need"]
+        lines.append(
+            f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need} from "
+            f"{a['need_source']}) {a['message']}"
+        )
     out.print("\n".join(lines), highlight=False)
+
+
+def _declared_need(task: dict[str, Any]) -> str:
+    if task["mem_mib"]:
+        return f"{task['mem_mib']} MiB"
+    if task["estimate"]:
+        return f"estimated by {task['estimate']}"
+    return "unknown (recovery only)"
 
 
 @app.command("logs")

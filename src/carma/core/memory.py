@@ -1,36 +1,48 @@
 """Memory-need resolution: what GPU memory the head task is taken to need.
 
-In order: the user's declared value (or an oracle's, in experiments), else the configured estimator's
-value, else nothing (recovery only: place by the minimum-free precondition and recover from OOMs). An
-estimator that gives no usable value, or a need no GPU could ever satisfy with the margin, means the task
-needs a whole GPU.
+In order: the user's declared value (or an oracle's, in experiments), else the estimator's answer, else
+nothing (recovery only: place by the minimum-free precondition and recover from OOMs). An estimator has
+four answers: a value; no usable estimate, or a need no GPU could satisfy with the margin (the task needs a
+whole GPU); a failure (recovery only, as if there were no estimator); or "not yet" while it computes (the
+task waits at the head of the queue, which keeps the queue FIFO).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from carma.core.types import MemoryNeed, NeedKind, TaskSpec
+from carma.core.types import MemoryNeed, NeedKind, Task
+
+NO_ESTIMATE = "no usable estimate"
 
 
 class Estimator(Protocol):
-    """A memory estimator port: predicted peak GPU memory in MiB, or None when it has no usable estimate."""
+    """A memory estimator port: the task's need as the estimator sees it, or None while it is computing."""
 
     name: str
 
-    def estimate(self, spec: TaskSpec) -> int | None: ...
+    def need(self, task: Task) -> MemoryNeed | None: ...
 
 
-def resolve_need(spec: TaskSpec, estimator: Estimator | None, largest_gpu_mib: int, margin_mib: int) -> MemoryNeed:
-    if spec.mem_mib is not None:
-        mib, source = spec.mem_mib, "user"
+def estimated(source: str, mib: int | None) -> MemoryNeed:
+    """An estimator's value as a need: known, or a whole GPU when there is no usable value."""
+    if mib is None:
+        return MemoryNeed(NeedKind.WHOLE_GPU, source=f"{source}: {NO_ESTIMATE}")
+    return MemoryNeed(NeedKind.KNOWN, mib, source)
+
+
+def resolve_need(task: Task, estimator: Estimator | None, largest_gpu_mib: int, margin_mib: int) -> MemoryNeed | None:
+    """The head task's need, or None while its estimate is not ready."""
+    if task.spec.mem_mib is not None:
+        need = MemoryNeed(NeedKind.KNOWN, task.spec.mem_mib, "user")
     elif estimator is not None:
-        value = estimator.estimate(spec)
-        if value is None:
-            return MemoryNeed(NeedKind.WHOLE_GPU, source=f"{estimator.name}: no usable estimate")
-        mib, source = value, estimator.name
+        found = estimator.need(task)
+        if found is None:
+            return None
+        need = found
     else:
         return MemoryNeed(NeedKind.UNKNOWN, source="none")
-    if mib + margin_mib > largest_gpu_mib:
-        return MemoryNeed(NeedKind.WHOLE_GPU, mib, f"{source}: {mib} MiB exceeds any GPU with the margin")
-    return MemoryNeed(NeedKind.KNOWN, mib, source)
+    if need.kind is NeedKind.KNOWN and need.mib is not None and need.mib + margin_mib > largest_gpu_mib:
+        too_big = f"{need.source}: {need.mib} MiB exceeds any GPU with the margin"
+        return MemoryNeed(NeedKind.WHOLE_GPU, need.mib, too_big)
+    return need

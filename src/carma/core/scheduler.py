@@ -52,6 +52,7 @@ class GpuStatus:
 
 
 RECOVERY_FIRST = "recovery queue has priority"
+ESTIMATING = "waiting for its memory estimate"
 
 
 class SpecError(ValueError):
@@ -317,7 +318,9 @@ class Scheduler:
         n = task.spec.gpus
         need = self._needs.get(task.id)
         if need is None:
-            need = resolve_need(task.spec, self.estimator, self._largest_usable_mib, cfg.margin_mib)
+            need = resolve_need(task, self.estimator, self._largest_usable_mib, cfg.margin_mib)
+            if need is None:
+                return ESTIMATING
             self._needs[task.id] = need
         idle = self._idle_gpus()
         if cfg.policy is Policy.EXCLUSIVE or need.kind is NeedKind.WHOLE_GPU:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from carma import __version__
 from carma.core.scheduler import SpecError
 from carma.core.types import TERMINAL_STATES, Task, TaskId
+from carma.estimate.registry import METHODS
 from carma.server.auth import Caller, Tokens, caller_from_peer
 from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
@@ -38,6 +39,7 @@ class SubmitRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     shell: bool = False
     mps_threads: int | None = Field(None, ge=1, le=100, description="MPS active thread percentage")
+    estimate: str | None = Field(None, description=f"memory estimator when mem is not given: {', '.join(METHODS)}")
 
 
 def _one_line(exc: RequestValidationError) -> str:
@@ -101,6 +103,10 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             mem = parse_mib(request.mem) if request.mem is not None else None
         except ValueError as e:
             raise HTTPException(422, f"invalid request: mem: {e}") from None
+        if request.estimate is not None and request.estimate not in METHODS:
+            raise HTTPException(422, f"invalid request: estimate: choose one of {', '.join(METHODS)}")
+        if request.estimate is not None and mem is not None:
+            raise HTTPException(422, "invalid request: give mem or estimate, not both")
         job = JobSpec(
             name=request.name or request.command[0].split("/")[-1].split()[0],
             argv=tuple(request.command),
@@ -113,6 +119,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             gid=who.gid,
             user=who.user,
             mps_threads=request.mps_threads,
+            estimator=request.estimate,
         )
         try:
             task = daemon.submit(job)

@@ -22,6 +22,7 @@ from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import ACTIVE_STATES, GpuInfo, Launch, NeedKind, Task, TaskId, TaskState
 from carma.server import proctree
 from carma.server.archive import SampleArchive
+from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
 from carma.server.metrics import decision_histogram
 from carma.server.mps import MpsControl, client_limits
@@ -154,8 +155,9 @@ class Daemon:
         self.clock = self._clock(time_scale)
         self.gpus = list(backend.gpus())
         self._check_gpus()
-        self.scheduler = Scheduler(self.gpus, config)
         self.jobs: dict[TaskId, JobSpec] = {}
+        self.estimates = Estimates(self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0)
+        self.scheduler = Scheduler(self.gpus, config, self.estimates)
         self.mps = mps
         self.executor = ProcessExecutor(
             home=paths.home,
@@ -215,6 +217,8 @@ class Daemon:
             if task.state in ACTIVE_STATES:
                 self._readopt(task, stored.spawns.get(task.current.number))
             self.scheduler.restore(task)
+            if task.state is TaskState.QUEUED:
+                self.estimates.request(task.id, stored.job)
 
     def _readopt(self, task: Task, spawn: Spawn | None) -> None:
         attempt = task.current
@@ -278,6 +282,7 @@ class Daemon:
         self._ticked = asyncio.Event()
 
     def close(self) -> None:
+        self.estimates.close()
         self.backend.close()
         self.store.close()
 
@@ -292,6 +297,7 @@ class Daemon:
             raise SpecError(f"working directory {job.workdir!r} does not exist (give an absolute path)")
         task_id = self.store.add(job, self.clock.now())
         self.jobs[task_id] = job
+        self.estimates.request(task_id, job)
         return self.loop.submit(job.task_spec(), task_id)
 
     def cancel(self, task_id: TaskId) -> Task:

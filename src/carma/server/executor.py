@@ -206,7 +206,7 @@ class ProcessExecutor:
         argv += ["--shell", "--", *job.argv] if job.shell else ["--", *job.argv]
         owner: dict[str, object] = {}
         if self.run_as_owner:  # the user's own groups too: /dev/nvidia* is often group-restricted
-            owner = {"user": job.uid, "group": job.gid, "extra_groups": _groups_of(job)}
+            owner = {"user": job.uid, "group": job.gid, "extra_groups": groups_of(job)}
         with _open_log(run_dir / STDERR_FILE) as err:
             return subprocess.Popen(
                 argv,
@@ -310,7 +310,7 @@ def _read_json(path: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-def _groups_of(job: JobSpec) -> list[int]:
+def groups_of(job: JobSpec) -> list[int]:
     """The supplementary groups the job's user has (none for a uid without a user name)."""
     try:
         return os.getgrouplist(pwd.getpwuid(job.uid).pw_name, job.gid)

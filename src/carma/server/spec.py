@@ -37,6 +37,7 @@ class JobSpec:
     gid: int = 0
     user: str = ""
     mps_threads: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, when the server runs tasks under MPS
+    estimator: str | None = None  # the memory estimator to ask when `mem_mib` is not given (carma.estimate)
 
     def task_spec(self) -> TaskSpec:
         return TaskSpec(self.name, self.gpus, self.mem_mib)

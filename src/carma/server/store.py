@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, Task, TaskId, TaskState
+from carma.estimate.base import Breakdown, Estimate
 from carma.server.spec import JobSpec
 
 SCHEMA = """
@@ -59,6 +60,15 @@ CREATE TABLE IF NOT EXISTS events (
     task_id INTEGER NOT NULL,
     state TEXT NOT NULL,
     detail TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS estimates (
+    fingerprint TEXT PRIMARY KEY,
+    method TEXT NOT NULL,
+    device TEXT NOT NULL,
+    peak_bytes INTEGER NOT NULL,
+    breakdown TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    t REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
     gpu INTEGER NOT NULL,
@@ -218,6 +228,25 @@ class Store:
             )
             db.execute("DELETE FROM gpu_samples WHERE t < ?", (keep_after_s,))
 
+    def add_estimate(self, fingerprint: str, estimate: Estimate, t: float) -> None:
+        """Keep a job's memory estimate, so the same job is not estimated again (after a restart too)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO estimates VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (fingerprint, estimate.method, estimate.device, estimate.peak_bytes,
+                 json.dumps(asdict(estimate.breakdown)), estimate.seconds, t),
+            )  # fmt: skip
+
+    def estimate(self, fingerprint: str) -> Estimate | None:
+        row = self._db.execute(
+            "SELECT method, device, peak_bytes, breakdown, seconds FROM estimates WHERE fingerprint = ?",
+            (fingerprint,),
+        ).fetchone()
+        if row is None:
+            return None
+        method, device, peak, breakdown, seconds = row
+        return Estimate(method, peak, Breakdown(**json.loads(breakdown)), device, seconds)
+
     def drop_attempt(self, task: Task, number: int) -> None:
         """Forget a placement whose process never started (the daemon died in between)."""
         with self._transaction() as db:
@@ -253,6 +282,8 @@ class Store:
                     "name": spec.name,
                     "user": spec.user,
                     "command": list(spec.argv),
+                    "workdir": spec.workdir,
+                    "shell": spec.shell,
                     "state": state,
                     "outcome": outcome,
                     "gpus": json.loads(gpus),

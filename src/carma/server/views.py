@@ -40,6 +40,7 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "state": task.state.value,
         "gpus_requested": job.gpus,
         "mem_mib": job.mem_mib,
+        "estimate": job.estimator,
         "gpus": list(a.gpus) if a and a.ended_s is None else [],
         "submit_s": task.submit_s,
         "start_s": task.attempts[0].dispatched_s if task.attempts else None,
@@ -71,6 +72,7 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
                 "exclusive": a.exclusive,
                 "need_mib": a.need.mib if a.need else None,
                 "need": a.need.kind.value if a.need else None,
+                "need_source": a.need.source if a.need else None,
             }
             for a in task.attempts
         ],

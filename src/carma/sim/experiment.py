@@ -8,8 +8,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 from carma.core.config import Policy, SchedulerConfig
+from carma.core.memory import estimated
 from carma.core.scheduler import Scheduler
-from carma.core.types import GpuInfo, Task, TaskSpec
+from carma.core.types import GpuInfo, MemoryNeed, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
@@ -116,8 +117,8 @@ class RecordedEstimator:
         self.name = name
         self._workloads = workloads
 
-    def estimate(self, spec: TaskSpec) -> int | None:
-        return self._workloads[spec.name].estimates.get(self.name)
+    def need(self, task: Task) -> MemoryNeed:
+        return estimated(self.name, self._workloads[task.spec.name].estimates.get(self.name))
 
 
 def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> RunResult:

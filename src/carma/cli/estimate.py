@@ -1,0 +1,142 @@
+"""`carma estimate`: a training job's peak GPU memory, estimated on the CPU before it runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from typer.core import TyperGroup
+
+from carma.cli.common import UsageError, app, choice, fail, out
+from carma.estimate.registry import CPU_METHODS
+
+if TYPE_CHECKING:
+    import click
+
+    from carma.estimate.base import Estimate
+
+NEEDS_TORCH = "estimating needs PyTorch: pip install 'carma[estimate]'"
+_SCRIPT = "carma.estimate.script"  # where the group keeps the command given after `--`
+
+
+class _ScriptGroup(TyperGroup):
+    """Everything after `--` is the training command, never a subcommand name."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            split = args.index("--")
+            ctx.meta[_SCRIPT] = args[split + 1 :]
+            args = args[:split]
+        return super().parse_args(ctx, args)
+
+
+estimate_app = typer.Typer(
+    cls=_ScriptGroup,
+    invoke_without_command=True,
+    no_args_is_help=False,
+    subcommand_metavar="[-- TRAINING COMMAND...] | calibrate [OPTIONS]",
+)
+app.add_typer(estimate_app, name="estimate")
+
+
+@estimate_app.callback()
+def estimate_cmd(
+    ctx: typer.Context,
+    job: Annotated[
+        str | None, typer.Option(help="A job function, module:function, returning a carma TrainingJob.")
+    ] = None,
+    method: Annotated[str, typer.Option(help=f"{', '.join(CPU_METHODS)}.")] = "xmem",
+    device: Annotated[str, typer.Option(help="The GPU to estimate for (its context constant).")] = "a100-40gb",
+    steps: Annotated[int, typer.Option(help="Training steps to run on the CPU.", min=1)] = 3,
+    timeline: Annotated[
+        Path | None, typer.Option(help="xmem only: write the tensors-vs-segments plot to this PNG.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
+) -> None:
+    """Estimate a training job's peak GPU memory on the CPU: `carma estimate -- python train.py ...` runs the
+    script's first steps with CUDA hidden; `carma estimate --job module:function` runs a job function."""
+    if ctx.invoked_subcommand:
+        return
+    script = ctx.meta.get(_SCRIPT)
+    try:
+        choice(method, CPU_METHODS, "--method")
+        if bool(job) == bool(script):
+            raise UsageError(
+                "give a training command after -- or a job function with --job (one, not both), e.g. "
+                "carma estimate -- python train.py --batch-size 64"
+            )
+        if timeline and method != "xmem":
+            raise UsageError("--timeline needs --method xmem")
+    except UsageError as e:
+        raise fail(str(e)) from None
+    try:
+        import torch  # noqa: F401  (every method needs it: fail early with the install hint)
+    except ImportError:
+        raise fail(NEEDS_TORCH) from None
+    from carma.estimate.base import EstimateError
+    from carma.estimate.devices import get_device
+
+    try:
+        get_device(device)
+        if script:
+            from carma.estimate.runner import estimate_script
+
+            estimate = estimate_script(script, method, device, steps=steps, timeline=timeline)
+        else:
+            from carma.estimate.registry import estimate_captured
+            from carma.estimate.runner import capture_job
+
+            estimate = estimate_captured(method, capture_job(job, steps=steps), device, timeline=timeline)
+    except EstimateError as e:
+        raise fail(str(e)) from None
+    if as_json:
+        print(json.dumps(estimate.to_json()))
+    else:
+        _print_table(estimate)
+        if timeline:
+            out.print(f"wrote {timeline}")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _print_table(estimate: Estimate) -> None:
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from carma.estimate.devices import get_device
+
+    total = get_device(estimate.device).total_bytes
+    table = Table(title=f"{estimate.method} estimate for {estimate.device}", title_justify="left")
+    table.add_column("part")
+    table.add_column("size", justify="right")
+    table.add_column("MiB", justify="right")
+    for part, n in asdict(estimate.breakdown).items():
+        table.add_row(part.replace("_", " "), _size(n), f"{n / 2**20:,.0f}")
+    table.add_row("peak", _size(estimate.peak_bytes), f"{estimate.peak_bytes / 2**20:,.0f}", style="bold")
+    out.print(table)
+    fits = "fits" if estimate.peak_bytes <= total else "does NOT fit"
+    out.print(f"{fits} in the {_size(total)} of {estimate.device}; estimated in {estimate.seconds:.1f} s")
+
+
+@estimate_app.command("calibrate")
+def calibrate_cmd(
+    device: Annotated[
+        str | None, typer.Option(help="Name to store the value under (default: the GPU's, e.g. a100-40gb).")
+    ] = None,
+    gpu: Annotated[int, typer.Option(help="Index of the local GPU to measure.", min=0)] = 0,
+) -> None:
+    """Measure the CUDA context and library workspaces of an empty PyTorch process on a local GPU, and store
+    it (in $CARMA_HOME or the XDG config dir) so that estimates for that device use it."""
+    from carma.estimate.base import EstimateError
+    from carma.estimate.devices import calibrate
+
+    try:
+        measured, path = calibrate(device, gpu)
+    except EstimateError as e:
+        raise fail(str(e)) from None
+    out.print(f"{measured.name}: context {_size(measured.context_bytes)} ({measured.source}); wrote {path}")

@@ -1,0 +1,74 @@
+"""What every estimator returns, and the small protocol a job function follows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+class EstimateError(Exception):
+    """An estimate that could not be made, as one line for the user."""
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where the predicted peak goes, in bytes (the parts of the peak moment, summing to the total)."""
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    activations: int = 0  # activations and temporaries, the batch included
+    allocator: int = 0  # caching allocator rounding, caching and fragmentation
+    context: int = 0  # CUDA context and library workspaces
+
+    @property
+    def total(self) -> int:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class Estimate:
+    method: str
+    peak_bytes: int
+    breakdown: Breakdown
+    device: str
+    seconds: float  # how long estimating took
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "peak_bytes": self.peak_bytes,
+            "breakdown": asdict(self.breakdown),
+            "device": self.device,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass
+class TrainingJob:
+    """What a job function (`carma estimate --job module:function`) returns: one training step's parts.
+
+    `loss(model, batch)` runs the forward pass and returns the scalar loss; the estimator runs backward and
+    `optimizer.step()` itself. `batch` is a tensor or a tuple/list/dict of tensors, on the CPU.
+    """
+
+    model: Any  # torch.nn.Module
+    batch: Any
+    loss: Callable[[Any, Any], Any]
+    optimizer: Any  # torch.optim.Optimizer over model.parameters()
+
+
+@dataclass
+class Capture:
+    """What running the first iterations of a job on the CPU yields, for every estimator to work from.
+
+    `job` holds the captured model, the first batch it was called with and the optimizer (its `loss` is
+    None when the job came from a script: the script computed its own); `trace` is the PyTorch profiler's
+    trace of `steps` optimizer steps (events as dicts, chrome-trace format), used by xMem.
+    """
+
+    job: TrainingJob
+    trace: list[dict[str, Any]]
+    steps: int
+    seconds: float

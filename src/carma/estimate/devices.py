@@ -1,0 +1,195 @@
+"""Per-device memory that no CPU run can see: the CUDA context and the libraries' workspaces.
+
+A training process holds, besides its tensors, the CUDA context (driver state and the loaded kernels of
+PyTorch and its libraries) and the cuBLAS/cuBLASLt workspaces, which PyTorch allocates when the first
+matrix product runs. None of it appears in a CPU profile, so every estimator adds one constant per device
+(xMem, section 3.3; MIGM treats it the same way). It depends on the driver, CUDA and PyTorch versions as
+much as on the GPU: the built-in values below are what public measurements support, and
+`carma estimate calibrate` measures the local GPU and stores a value that takes precedence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from carma.estimate.base import EstimateError
+
+MIB = 2**20
+GIB = 2**30
+
+# The GPUMemNet MLP runs (shared/datasets/gpumemnet/mlp_training_runs.csv, nvidia-smi peaks that include the
+# context): the 46 runs whose tensors (parameters, gradients, Adam state, batch and activations) total under
+# 1 MiB peaked at 1451 MiB (44 runs) or 1453 MiB (2). Such tensors fit in one 2 MiB segment of the caching
+# allocator's small pool, so the rest, 1449 MiB, is the context with the cuBLAS workspaces. The dataset does
+# not name its GPU; the authors' group (ITU RAD) ran CARMA and its thesis experiments on A100-40GB servers,
+# so we take it to be one of those. Newer stacks load kernels lazily and need less: CARMA's own A100-40GB
+# runs (PyTorch 2.7) measured mobilenet_v3_small on CIFAR-100 at 590 MiB in all. Calibrate.
+_GPUMEMNET_CONTEXT = 1449 * MIB
+_FROM_GPUMEMNET = (
+    "derived from the GPUMemNet MLP runs: the smallest models peaked at 1451 MiB in nvidia-smi, less the 2 MiB "
+    "allocator segment their tensors need (GPU assumed to be an A100-40GB; the dataset does not say)"
+)
+_FIRST_ESTIMATE = (
+    "first estimate, not measured: the A100 value derived from the GPUMemNet runs, assuming the same software "
+    "stack; the context and cuBLAS workspace of this GPU differ, so run `carma estimate calibrate` on it"
+)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    context_bytes: int  # CUDA context and library workspaces, added to every estimate
+    total_bytes: int  # the GPU's memory: nominal for the built-in ones (a little more than is usable)
+    source: str  # how context_bytes was obtained
+
+
+BUILTIN: dict[str, Device] = {
+    d.name: d
+    for d in (
+        Device("a100-40gb", _GPUMEMNET_CONTEXT, 40 * GIB, _FROM_GPUMEMNET),
+        Device("a100-80gb", _GPUMEMNET_CONTEXT, 80 * GIB, _FIRST_ESTIMATE),
+        Device("h100-80gb", _GPUMEMNET_CONTEXT, 80 * GIB, _FIRST_ESTIMATE),
+        Device("h200-141gb", _GPUMEMNET_CONTEXT, 141 * GIB, _FIRST_ESTIMATE),
+        Device("v100-32gb", _GPUMEMNET_CONTEXT, 32 * GIB, _FIRST_ESTIMATE),
+    )
+}
+
+
+def calibration_path() -> Path:
+    """`$CARMA_HOME/devices.toml` when CARMA_HOME is set, else `$XDG_CONFIG_HOME/carma/devices.toml`."""
+    if os.environ.get("CARMA_HOME"):
+        return Path(os.environ["CARMA_HOME"]).expanduser() / "devices.toml"
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "carma" / "devices.toml"
+
+
+def calibrated() -> dict[str, Device]:
+    """The devices `carma estimate calibrate` measured on this machine (none when it never ran)."""
+    import tomllib
+
+    path = calibration_path()
+    if not path.exists():
+        return {}
+    try:
+        tables = tomllib.loads(path.read_text())
+        return {
+            name: Device(name, int(t["context_bytes"]), int(t["total_bytes"]), str(t["source"]))
+            for name, t in tables.items()
+        }
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise EstimateError(f"cannot read {path}: {e}; run `carma estimate calibrate` again or delete it") from None
+
+
+def devices() -> dict[str, Device]:
+    """Every known device: the built-in constants, overridden by calibrated values."""
+    return {**BUILTIN, **calibrated()}
+
+
+def get_device(name: str) -> Device:
+    known = devices()
+    if name not in known:
+        raise EstimateError(f"unknown device {name!r}; known devices: {', '.join(sorted(known))}")
+    return known[name]
+
+
+def save_calibrated(device: Device) -> Path:
+    """Add or replace one device in the calibration file, keeping the others."""
+    entries = {**calibrated(), device.name: device}
+    lines = ["# Written by `carma estimate calibrate`: these values take precedence over carma's built-in ones."]
+    for d in entries.values():
+        lines += [
+            "",
+            f"[{json.dumps(d.name)}]",
+            f"context_bytes = {d.context_bytes}",
+            f"total_bytes = {d.total_bytes}",
+            f"source = {json.dumps(d.source)}",  # a JSON string is a valid TOML basic string
+        ]
+    path = calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def device_name_for(gpu_name: str, total_bytes: int) -> str:
+    """The built-in name of a GPU (same family, nearest memory size), else a name made from its own."""
+    lowered = gpu_name.lower()
+    same_family = [d for d in BUILTIN.values() if d.name.split("-")[0] in lowered]
+    if same_family:
+        return min(same_family, key=lambda d: abs(d.total_bytes - total_bytes)).name
+    slug = re.sub(r"[^a-z0-9]+", "-", lowered).strip("-")
+    return f"{slug}-{round(total_bytes / GIB)}gb"
+
+
+def measure_context(index: int = 0) -> tuple[str, int, int]:
+    """Measure an empty PyTorch CUDA process on local GPU `index`: (GPU name, context bytes, total bytes).
+
+    A child process initializes CUDA, runs one matrix product (so cuBLAS creates its handle and workspaces, as
+    any training step does), frees its tensors and empties the allocator's cache; the drop in the GPU's free
+    memory (`torch.cuda.mem_get_info`, taken in this process before and while the child waits) is the
+    constant. Other processes allocating on the same GPU meanwhile would distort it.
+    """
+    try:
+        import torch
+    except ImportError:
+        raise EstimateError("calibrating needs PyTorch: pip install 'carma[estimate]'") from None
+    if not torch.cuda.is_available():
+        raise EstimateError(
+            "no CUDA GPU found (no GPU, no driver, or a CPU-only PyTorch): calibration measures an empty "
+            "CUDA process on a local GPU, so run it on the GPU machine"
+        )
+    if not 0 <= index < torch.cuda.device_count():
+        raise EstimateError(f"no GPU {index}: this machine has {torch.cuda.device_count()}")
+    free_before, total = torch.cuda.mem_get_info(index)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "carma.estimate.devices", str(index)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        if child.stdout.readline().strip() != "ready":
+            raise EstimateError("the calibration process failed to initialize CUDA (see its error above)")
+        free_during, _ = torch.cuda.mem_get_info(index)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    return torch.cuda.get_device_name(index), free_before - free_during, total
+
+
+def calibrate(name: str | None = None, index: int = 0) -> tuple[Device, Path]:
+    """Measure GPU `index`, store it under `name` (default: the GPU's built-in name) and return it."""
+    gpu_name, context, total = measure_context(index)
+    import torch  # measure_context found it
+
+    device = Device(
+        name or device_name_for(gpu_name, total),
+        context,
+        total,
+        f"measured by `carma estimate calibrate` on {gpu_name} (PyTorch {torch.__version__}, "
+        f"CUDA {torch.version.cuda})",
+    )
+    return device, save_calibrated(device)
+
+
+def _hold_empty_process(index: int) -> None:
+    """The calibration child: what every CUDA training process holds before its own tensors, then wait."""
+    import torch
+
+    torch.cuda.set_device(index)
+    x = torch.ones(64, 64, device="cuda")
+    torch.nn.functional.linear(x, x, x[0]).sum().item()  # addmm: cuBLAS(Lt) handle and workspaces
+    del x
+    torch.cuda.empty_cache()  # keep the workspaces, drop the segment our own tensors used
+    print("ready", flush=True)
+    sys.stdin.read()
+
+
+if __name__ == "__main__":
+    _hold_empty_process(int(sys.argv[1]))

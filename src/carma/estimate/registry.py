@@ -1,0 +1,66 @@
+"""One entry point for every estimation method, with the device's constant and the time it took."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from carma.estimate.base import Breakdown, Estimate, EstimateError
+from carma.estimate.devices import get_device
+
+if TYPE_CHECKING:
+    from carma.estimate.base import Capture
+
+METHODS = ("xmem", "faketensor", "horus", "gpumemnet", "history")
+CPU_METHODS = METHODS[:-1]  # those that estimate from a CPU capture
+
+
+def estimate_captured(method: str, capture: Capture, device: str, *, timeline: str | Path | None = None) -> Estimate:
+    """Estimate a captured job's peak on `device` by `method`; `timeline` (xmem only) is a PNG to draw.
+
+    `seconds` is the whole cost of the estimate: the capture's CPU run plus the method's own work.
+    """
+    known = get_device(device)
+    if method == "history":
+        raise EstimateError(
+            "history is no CPU estimate: it is the observed peak of an earlier run of the same task, "
+            "which needs that run recorded by the carma server"
+        )
+    if method not in CPU_METHODS:
+        raise EstimateError(f"unknown method {method!r}; choose one of {', '.join(CPU_METHODS)}")
+    if timeline and method != "xmem":
+        raise EstimateError("a timeline is drawn by xmem only")
+    start = time.perf_counter()
+    if method == "xmem":
+        from carma.estimate.xmem import estimate_xmem
+
+        result = estimate_xmem(
+            capture, known.context_bytes, device, device_memory_bytes=known.total_bytes, timeline=timeline
+        )
+    elif method == "faketensor":
+        from carma.estimate.faketensor import estimate_faketensor
+
+        result = estimate_faketensor(capture, known.context_bytes, device)
+    elif method == "horus":
+        from carma.estimate.horus import estimate_horus
+
+        result = estimate_horus(capture, known.context_bytes, device)
+    else:
+        from carma.estimate.gpumemnet import estimate_gpumemnet
+
+        result = estimate_gpumemnet(capture, known.context_bytes, device)
+    return replace(result, seconds=capture.seconds + time.perf_counter() - start)
+
+
+def history_estimate(observed_peak_bytes: int, device: str) -> Estimate:
+    """The peak an earlier run of the task was observed at (NVML, context included), as an estimate.
+
+    The daemon supplies it; the breakdown sets the device's context apart and leaves the rest undivided.
+    """
+    if observed_peak_bytes <= 0:
+        raise EstimateError(f"an observed peak must be positive, got {observed_peak_bytes} bytes")
+    context = min(get_device(device).context_bytes, observed_peak_bytes)
+    breakdown = Breakdown(activations=observed_peak_bytes - context, context=context)
+    return Estimate("history", observed_peak_bytes, breakdown, device, 0.0)

@@ -1,0 +1,589 @@
+"""Run the first iterations of a training job on the CPU, with CUDA hidden, under the PyTorch profiler.
+
+Two ways in:
+- a job function (`module:function` or `path/file.py:function` returning a `TrainingJob`), run in this
+  process by `capture_job`;
+- the user's own training script (`python train.py ...`, `python -m pkg.train ...`), run by
+  `estimate_script` in a child process with `CUDA_VISIBLE_DEVICES=""`, so a script that falls back to the
+  CPU when CUDA is absent runs unchanged. Global hooks stop the script after N optimizer steps and
+  capture its model (the outermost module called whose parameters the optimizer holds) and that model's
+  first batch. Profiling starts at that model's first call, so imports and setup stay out of the trace
+  (their only lasting GPU memory, the parameters, is read from the model). The captured model cannot
+  cross the process boundary, so the child also runs the estimator and sends back the `Estimate` as
+  JSON (in a file, as the script owns stdout).
+
+While capturing, three CPU operators are swapped for the ones CUDA would run, because their memory
+differs (the estimate is for the GPU): optimizers use their `foreach` implementation (the CUDA default,
+whose step allocates a parameter-sized list of temporaries), dropout uses `native_dropout` (the fused
+CUDA kernel, saving a 1-byte mask where the CPU saves a float one) and attention is computed without
+dropout so the CPU takes its flash kernel (the CUDA flash/efficient kernels apply dropout inside and,
+like it, never materialise the attention matrix). Unless `exact`, the arithmetic of matrix products,
+convolutions, attention and dropout is skipped: their outputs are allocated with the right shapes but
+not computed. Memory depends on shapes, not values, so the trace keeps its allocations and the run takes
+a fraction of the time (for BERT-base about five times less).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from carma.estimate.base import Breakdown, Capture, Estimate, EstimateError, TrainingJob
+
+DEFAULT_STEPS = 3
+DEFAULT_TIMEOUT_S = 900.0
+REGISTRY = "carma.estimate.registry:estimate_captured"
+_TRACE_CATEGORIES = {"cpu_instant_event", "python_function", "cpu_op", "user_annotation"}
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
+# The child may run under another interpreter (the task's own, with its packages): it loads this very carma
+# package from its folder, without putting the folder's neighbours (another environment's packages) on its path.
+_CHILD = """
+import importlib.util, os, sys
+init = sys.argv.pop(1)
+spec = importlib.util.spec_from_file_location("carma", init, submodule_search_locations=[os.path.dirname(init)])
+sys.modules["carma"] = carma = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(carma)
+from carma.estimate.runner import _child_main
+_child_main()
+"""
+# Freed tensors stay in the child's heap for the next step instead of going back to the system and being
+# faulted in again: this cuts a BERT-base capture by a fifth (the CPU run is most of an estimate's time).
+MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(64 << 30), "MALLOC_TOP_PAD_": str(1 << 30)}
+
+
+class _StepLimitReached(BaseException):
+    """Raised by the optimizer hook once the captured steps are done; BaseException so that a script's
+    `except Exception` does not swallow it."""
+
+
+# ---------------------------------------------------------------- capture, shared by both modes
+
+
+class _Session:
+    """Profiles from `start()` on, counts optimizer steps, marks each as a profiler step, and stops the
+    job after `steps` of them."""
+
+    def __init__(self, steps: int, exact: bool) -> None:
+        self.steps = steps
+        self.exact = exact
+        self.done = 0
+        self.optimizer: Any = None
+        self.profiler: Any = None
+        self.trace: list[dict[str, Any]] = []
+        self._running = ExitStack()
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.profiler is not None:
+            return
+        self.profiler = profile(
+            activities=[ProfilerActivity.CPU],
+            profile_memory=True,
+            record_shapes=True,
+            with_stack=True,  # yields the python_function events (module windows) in this PyTorch version
+            schedule=_record_every_step,
+        )
+        self._running.enter_context(self.profiler)
+        if not self.exact:
+            self._running.enter_context(_value_free_arithmetic())
+
+    def stop(self, export: bool) -> None:
+        self._running.close()
+        if export and self.profiler is not None:
+            self.trace = _chrome_trace(self.profiler)
+
+    def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.done >= self.steps:  # the script caught our stop and went on
+            raise _StepLimitReached
+        for group in optimizer.param_groups:
+            if group.get("foreach", False) is None and not group.get("fused") and not group.get("differentiable"):
+                group["foreach"] = True
+
+    def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.profiler is None:  # a step before the model was ever called: not a training step
+            return
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        self.done += 1
+        if self.done >= self.steps:
+            raise _StepLimitReached
+        self.profiler.step()
+
+
+def _record_every_step(step: int) -> Any:
+    from torch.profiler import ProfilerAction
+
+    return ProfilerAction.RECORD  # a schedule makes the profiler mark each step as ProfilerStep#k
+
+
+@contextmanager
+def _capturing(steps: int, exact: bool) -> Iterator[_Session]:
+    """Step hooks and CUDA-like operators around the body; the caller starts the session's profiler
+    (and, unless `exact`, the value-free arithmetic) where the training begins. The trace is exported
+    when the body ends without an exception."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    session = _Session(steps, exact)
+    handles = [
+        register_optimizer_step_pre_hook(session.before_step),
+        register_optimizer_step_post_hook(session.after_step),
+    ]
+    try:
+        with _cuda_like_operators():
+            yield session
+    except BaseException:
+        session.stop(export=False)
+        raise
+    else:
+        session.stop(export=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _chrome_trace(prof: Any) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return [e for e in events if e.get("cat") in _TRACE_CATEGORIES]
+
+
+@contextmanager
+def _cuda_like_operators() -> Iterator[None]:
+    """Dropout and attention as their CUDA kernels allocate (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    dropout, attention = F.dropout, F.scaled_dot_product_attention
+
+    def fused_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if training and 0 < p < 1 and not inplace and input.numel() > 0:
+            return torch.native_dropout(input, p, training)[0]
+        return dropout(input, p, training, inplace)
+
+    def attention_without_dropout(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) >= 2:
+            args = (args[0], 0.0, *args[2:])
+        else:
+            kwargs["dropout_p"] = 0.0
+        return attention(query, key, value, *args, **kwargs)
+
+    F.dropout, F.scaled_dot_product_attention = fused_dropout, attention_without_dropout
+    try:
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = dropout, attention
+
+
+@contextmanager
+def _value_free_arithmetic() -> Iterator[None]:
+    """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.
+
+    Outputs are left uninitialised: nothing downstream depends on their values for its memory. Matrix
+    products get their (contiguous) output shape directly; convolutions, attention and dropout take
+    shapes and strides from the operator's meta kernel. Autograd is untouched (it sits above the CPU
+    kernels), and so is every other operator.
+    """
+    import torch
+
+    aten = torch.ops.aten
+
+    def product(shape_of: Callable[..., tuple[int, ...]]) -> Callable[..., Any]:
+        return lambda *args, **kwargs: torch.empty(shape_of(*args), dtype=args[1].dtype)
+
+    def by_meta(op: Any) -> Callable[..., Any]:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            return _allocate(op(*map(_to_meta, args), **{k: _to_meta(v) for k, v in kwargs.items()}))
+
+        return kernel
+
+    kernels = {
+        "mm": product(lambda a, b: (a.shape[0], b.shape[1])),
+        "addmm": product(lambda bias, a, b, *_: (a.shape[0], b.shape[1])),
+        "bmm": product(lambda a, b: (a.shape[0], a.shape[1], b.shape[2])),
+        "baddbmm": product(lambda bias, a, b, *_: (a.shape[0], a.shape[1], b.shape[2])),
+        "convolution": by_meta(aten.convolution.default),
+        "convolution_backward": by_meta(aten.convolution_backward.default),
+        "_scaled_dot_product_flash_attention_for_cpu": by_meta(
+            aten._scaled_dot_product_flash_attention_for_cpu.default
+        ),
+        "_scaled_dot_product_flash_attention_for_cpu_backward": by_meta(
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        ),
+        "native_dropout": by_meta(aten.native_dropout.default),
+    }
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
+            for name, kernel in kernels.items():
+                library.impl(name, kernel, "CPU")
+        yield
+    finally:
+        library._destroy()  # restores the original kernels
+
+
+def _to_meta(x: Any) -> Any:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.to("meta")
+    if isinstance(x, list):
+        return [_to_meta(v) for v in x]
+    return x
+
+
+def _allocate(meta: Any) -> Any:
+    import torch
+
+    if isinstance(meta, torch.Tensor):
+        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+    if isinstance(meta, tuple | list):
+        return type(meta)(_allocate(m) for m in meta)
+    return meta
+
+
+def _hide_cuda() -> None:
+    """Hide CUDA from this process, unless PyTorch already initialised it."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _last_line(exc: BaseException) -> str:
+    return traceback.format_exception_only(exc)[-1].strip()
+
+
+# ---------------------------------------------------------------- job mode
+
+
+def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False) -> Capture:
+    """Build the job from `target` ("module:function" or "path/file.py:function") and profile `steps`
+    iterations of `zero_grad(); loss(model, batch).backward(); step()` in this process.
+
+    CUDA is hidden from this process first (unless PyTorch already initialised it); the job must be
+    built on the CPU. Building it is not profiled: its parameters are read from the model.
+    """
+    started = time.perf_counter()
+    _hide_cuda()
+    function = _load_job_function(target)
+    try:
+        job = _as_job(function(), target)
+    except EstimateError:
+        raise
+    except Exception as exc:
+        raise EstimateError(f"the job function {target} failed: {_last_line(exc)}") from None
+    with _capturing(steps, exact) as session:
+        session.start()
+        try:
+            for _ in range(steps):
+                job.optimizer.zero_grad()
+                job.loss(job.model, job.batch).backward()
+                job.optimizer.step()
+        except _StepLimitReached:
+            pass
+        except Exception as exc:
+            raise EstimateError(f"the training step of {target} failed: {_last_line(exc)}") from None
+    return Capture(job, session.trace, steps, time.perf_counter() - started)
+
+
+def _load_job_function(target: str) -> Callable[[], Any]:
+    where, sep, name = target.rpartition(":")
+    if not sep or not where or not name:
+        raise EstimateError(f"job {target!r} is not 'module:function' or 'path/to/file.py:function'")
+    try:
+        if where.endswith(".py"):
+            path = Path(where).resolve()
+            if not path.is_file():
+                raise EstimateError(f"job file {where} does not exist")
+            sys.path.insert(0, str(path.parent))
+            spec = importlib.util.spec_from_file_location(f"_carma_job_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # as an import would (dataclasses and pickling look it up)
+            spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(where)
+    except EstimateError:
+        raise
+    except Exception as exc:
+        raise EstimateError(f"cannot import {where}: {_last_line(exc)}") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise EstimateError(f"{where} has no function {name}")
+    return function
+
+
+def _as_job(result: Any, target: str) -> TrainingJob:
+    import torch
+
+    if isinstance(result, tuple | list) and len(result) == 4:
+        result = TrainingJob(*result)
+    if not isinstance(result, TrainingJob):
+        raise EstimateError(
+            f"{target} returned {type(result).__name__}; expected a TrainingJob or (model, batch, loss, optimizer)"
+        )
+    if not isinstance(result.model, torch.nn.Module):
+        raise EstimateError(f"{target}: the model is a {type(result.model).__name__}, not a torch.nn.Module")
+    if not isinstance(result.optimizer, torch.optim.Optimizer):
+        raise EstimateError(f"{target}: the optimizer is a {type(result.optimizer).__name__}, not a torch.optim one")
+    if not callable(result.loss):
+        raise EstimateError(f"{target}: the loss is not callable as loss(model, batch)")
+    devices = {p.device.type for p in result.model.parameters()}
+    if devices - {"cpu"}:
+        raise EstimateError(f"{target} put the model on {', '.join(sorted(devices))}; build the job on the CPU")
+    return result
+
+
+# ---------------------------------------------------------------- script mode
+
+
+class _ModelRecorder:
+    """Global module hooks: the first call of every outermost module that has parameters; the first such
+    call starts the session (the training loop begins: imports and setup before it go unprofiled)."""
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self.depth = 0
+        self.calls: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
+
+    @contextmanager
+    def hooks(self) -> Iterator[None]:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        handles = [
+            register_module_forward_pre_hook(self._enter),
+            register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter(self, module: Any, args: Any) -> None:
+        if self.depth == 0 and next(module.parameters(), None) is not None:
+            self.session.start()
+        self.depth += 1
+
+    def _leave(self, module: Any, args: Any, *rest: Any) -> None:
+        self.depth -= 1
+        if self.depth == 0 and id(module) not in self.calls and next(module.parameters(), None) is not None:
+            kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
+            self.calls[id(module)] = (module, tuple(args), dict(kwargs))
+
+    def model_of(self, optimizer: Any) -> tuple[Any, Any]:
+        """The recorded module holding most of the optimizer's parameters, and its first batch."""
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        best, overlap = None, 0
+        for module, args, kwargs in self.calls.values():
+            n = sum(id(p) in held for p in module.parameters())
+            if n > overlap:
+                best, overlap = (module, args, kwargs), n
+        if best is None:
+            raise EstimateError("the optimizer's parameters belong to no torch.nn.Module the script called")
+        module, args, kwargs = best
+        return module, _batch(module, args, kwargs)
+
+
+def _batch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The model's inputs as a TrainingJob batch: a tensor, a tuple (positional) or a dict (keywords)."""
+    if not kwargs:
+        return args[0] if len(args) == 1 else args
+    if not args:
+        return kwargs
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return {**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs}
+    named: dict[str, Any] = {}
+    for name, value in bound.items():
+        if isinstance(value, Mapping) and name not in kwargs:  # the **kwargs parameter
+            named.update(value)
+        else:
+            named[name] = value
+    return named
+
+
+def _parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str, list[str]]:
+    """("path", script, args) or ("module", name, args) from a command line such as `python train.py`
+    (a relative script path is looked up in `cwd`, by default the current directory)."""
+    args = list(argv)
+    if args and _PYTHON.search(os.path.basename(args[0])):
+        args = args[1:]
+        while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+            args = args[2:] if args[0] in ("-W", "-X") else args[1:]
+        if args and args[0] == "-c":
+            raise EstimateError("`python -c` commands are not supported; put the training code in a script")
+        if args and args[0] == "-m":
+            if len(args) < 2:
+                raise EstimateError("`python -m` needs a module name")
+            return "module", args[1], args[2:]
+    if not args:
+        raise EstimateError("no training script given")
+    if not (Path(cwd or ".") / args[0]).is_file():
+        raise EstimateError(f"training script {args[0]} does not exist (give `python script.py ...`)")
+    return "path", args[0], args[1:]
+
+
+def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool = False) -> Capture:
+    """Run the script in THIS process until `steps` optimizer steps are done, and capture it.
+
+    It takes over the process (sys.argv, global hooks, whatever the script leaves behind): call it in a
+    process of its own, as `estimate_script` does.
+    """
+    kind, target, args = _parse_argv(argv)
+    _hide_cuda()
+    started = time.perf_counter()
+    with _capturing(steps, exact) as session:
+        recorder = _ModelRecorder(session)
+        try:
+            with recorder.hooks():
+                sys.argv = [target, *args]
+                if kind == "module":
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+                else:
+                    sys.path.insert(0, str(Path(target).resolve().parent))
+                    runpy.run_path(target, run_name="__main__")
+        except _StepLimitReached:
+            pass
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise EstimateError(
+                    f"the script exited with status {exc.code} after {session.done} optimizer steps"
+                ) from None
+        except Exception as exc:
+            raise EstimateError(f"the script crashed after {session.done} optimizer steps: {_last_line(exc)}") from None
+        if session.done == 0:
+            raise EstimateError(f"the script never reached an optimizer step; xMem needs {steps} training steps")
+        if session.done < steps:
+            raise EstimateError(f"the script ended after {session.done} optimizer steps; xMem needs {steps}")
+    model, batch = recorder.model_of(session.optimizer)
+    job = TrainingJob(model=model, batch=batch, loss=None, optimizer=session.optimizer)
+    return Capture(job, session.trace, steps, time.perf_counter() - started)
+
+
+def estimate_script(
+    argv: list[str],
+    method: str,
+    device: str,
+    steps: int = DEFAULT_STEPS,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    exact: bool = False,
+    timeline: str | Path | None = None,
+    estimator: str = REGISTRY,
+    python: str | None = None,
+    cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    user: int | None = None,
+    group: int | None = None,
+    extra_groups: Sequence[int] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> Estimate:
+    """Capture the script in a child process (CUDA hidden) and estimate there with `estimator`.
+
+    `estimator` names a function `(method, capture, device, **options) -> Estimate`; `timeline` (a PNG
+    path) is passed on as an option when given. The child runs as the script would: under `python` (by
+    default this interpreter), in `cwd`, with `env` (by default this process's), as `user`/`group`/
+    `extra_groups` when given (a root daemon estimating a user's task); `on_start` gets its process group.
+    """
+    _parse_argv(argv, cwd)  # fail fast, before a process is started
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="carma-estimate-") as tmp:
+        result = Path(tmp) / "estimate.json"
+        spec = {
+            "argv": list(argv),
+            "steps": steps,
+            "exact": exact,
+            "method": method,
+            "device": device,
+            "estimator": estimator,
+            "timeline": str(Path(timeline).resolve()) if timeline else None,
+            "result": str(result),
+        }
+        if user is not None:
+            os.chown(tmp, user, group if group is not None else -1)  # the child writes its result there
+        package = str(Path(__file__).resolve().parent.parent / "__init__.py")
+        child_env = {**MALLOC_ENV, **(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": ""}
+        try:
+            child = subprocess.Popen(
+                [python or sys.executable, "-c", _CHILD, package, json.dumps(spec)],
+                stdout=subprocess.DEVNULL,  # the script's own output
+                stderr=subprocess.PIPE,  # for the last error line when the child dies
+                text=True,
+                cwd=cwd,
+                env=child_env,
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
+                start_new_session=True,  # its own process group, so a timeout ends DataLoader workers too
+            )
+        except OSError as e:
+            raise EstimateError(f"could not start {python or sys.executable} to capture the script: {e}") from None
+        if on_start is not None:
+            on_start(child.pid)
+        try:
+            _, err = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(child.pid)
+            child.communicate()
+            raise EstimateError(f"the script did not reach {steps} optimizer steps within {timeout_s:g} s") from None
+        _kill_group(child.pid)  # whatever the script left running
+        if not result.exists():
+            lines = [line for line in err.splitlines() if line.strip()]
+            last = lines[-1].strip() if lines else "no error output"
+            raise EstimateError(f"the estimating process died (exit status {child.returncode}): {last}")
+        payload = json.loads(result.read_text())
+    if "error" in payload:
+        raise EstimateError(payload["error"])
+    e = payload["estimate"]
+    breakdown = Breakdown(**e["breakdown"])
+    return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], time.perf_counter() - started)
+
+
+def _kill_group(pid: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _child_main() -> None:
+    """The child of `estimate_script`: capture, estimate, write the JSON, and exit at once (without
+    waiting for threads the script may have left)."""
+    spec = json.loads(sys.argv[1])
+    try:
+        capture = capture_script(spec["argv"], spec["steps"], exact=spec["exact"])
+        module, _, name = spec["estimator"].partition(":")
+        estimate_captured = getattr(importlib.import_module(module), name)
+        options = {"timeline": spec["timeline"]} if spec["timeline"] else {}
+        estimate = estimate_captured(spec["method"], capture, spec["device"], **options)
+        payload: dict[str, Any] = {"estimate": estimate.to_json()}
+    except EstimateError as exc:
+        payload = {"error": str(exc)}
+    except Exception as exc:
+        traceback.print_exc()
+        payload = {"error": f"estimating with {spec['method']} failed: {_last_line(exc)}"}
+    Path(spec["result"]).write_text(json.dumps(payload))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,252 @@
+"""xMem's analyzer: from a CPU profiler trace to memory blocks attributed to the training loop.
+
+The trace (chrome-trace events of `torch.profiler` with `profile_memory=True` and `with_stack=True`) has
+`[memory]` instants (address, signed byte count) but no link between them and the code that caused them.
+The analyzer pairs each allocation with the next free of the same address (an address freed and
+allocated again starts a new block), attributes each block to the innermost operator window around its
+allocation, and places it in a phase of a training iteration. Iterations are the profiler's
+`ProfilerStep#k` windows that contain an optimizer step; the first one starts at the batch or the first
+forward of the model, so what the script did before (building the dataset, initialising the model) is
+left out, except the model's parameters and buffers, which live on the GPU for the whole job.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from carma.estimate.base import EstimateError
+
+MEMORY_EVENT = "[memory]"
+CPU_DEVICE = 0  # "Device Type" of memory events on the host
+WINDOW_CATEGORIES = ("python_function", "cpu_op", "user_annotation")
+ITERATION_PREFIX = "ProfilerStep#"
+STEP_PREFIX = "Optimizer.step#"
+ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
+MODULE_PREFIX = "nn.Module: "
+BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+# Windows that never explain an allocation: the allocation primitives every operator calls (empty,
+# empty_strided, empty_like) and the Python dispatch-mode entry.
+_PLUMBING = ("aten::empty", "<built-in method empty", "PythonDispatchMode")
+
+
+class Phase(Enum):
+    PARAMETER = "parameter"  # the model's parameters and buffers, alive before the loop and after it
+    LOAD = "load"  # allocated before the iteration's forward: the batch
+    FORWARD = "forward"  # forward pass and loss
+    BACKWARD = "backward"
+    ZERO_GRAD = "zero_grad"
+    STEP = "step"  # inside optimizer.step()
+
+
+@dataclass(frozen=True)
+class JobTensors:
+    """What the analyzer needs to know about the live job, to recognise its blocks by address."""
+
+    model_window: str  # profiler name prefix of the model's forward, e.g. "nn.Module: Sequential_"
+    parameters: dict[int, int]  # storage address -> bytes, of parameters and buffers
+    batch: dict[int, int]  # storage address -> bytes, of the first batch's tensors
+
+
+@dataclass(slots=True)
+class Block:
+    """One allocation's lifetime in the CPU run (microseconds; `free` None = still alive at the end)."""
+
+    addr: int
+    size: int
+    alloc: float
+    free: float | None
+    tid: Any = None  # thread that allocated
+    owner: str = ""  # innermost profiler window around the allocation
+    phase: Phase = Phase.FORWARD
+    iteration: int = -1  # -1 for parameters
+
+
+@dataclass(frozen=True)
+class Iteration:
+    start: float
+    end: float
+    forward: float  # start of the model's first forward in this iteration
+    backward: tuple[float, float] | None  # first to last autograd function of this iteration
+
+
+@dataclass
+class Analysis:
+    blocks: list[Block]  # parameters and blocks of the training iterations, by allocation time
+    iterations: list[Iteration]
+    steps: list[tuple[float, float]]  # optimizer.step() windows
+    zero_grads: list[tuple[float, float]]  # optimizer.zero_grad() windows
+    dropped: int  # script-level blocks left out (allocated outside the training iterations)
+    dropped_bytes: int
+
+
+def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
+    blocks = pair_blocks(events)
+    windows = [e for e in events if e.get("ph") == "X" and e.get("cat") in WINDOW_CATEGORIES]
+    attribute(blocks, windows)
+    steps = _spans(windows, "user_annotation", STEP_PREFIX)
+    zero_grads = _spans(windows, "user_annotation", ZERO_GRAD_PREFIX)
+    iterations = _iterations(windows, steps, blocks, job)
+    kept: list[Block] = []
+    dropped = dropped_bytes = 0
+    starts = [it.start for it in iterations]
+    step_starts, zero_starts = [s for s, _ in steps], [s for s, _ in zero_grads]
+    for block in blocks:
+        if block.addr in job.parameters and block.free is None:
+            block.phase = Phase.PARAMETER
+            kept.append(block)
+            continue
+        k = bisect_right(starts, block.alloc) - 1
+        if k < 0 or block.alloc > iterations[k].end:
+            dropped += 1
+            dropped_bytes += block.size
+            continue
+        block.iteration = k
+        block.phase = _phase(block.alloc, iterations[k], steps, step_starts, zero_grads, zero_starts)
+        kept.append(block)
+    return Analysis(kept, iterations, steps, zero_grads, dropped, dropped_bytes)
+
+
+def pair_blocks(events: list[dict[str, Any]]) -> list[Block]:
+    """Host memory blocks from the `[memory]` events, by allocation time.
+
+    An allocation closes a block still open at its address (its free was not recorded); a free with no
+    open block belongs to memory allocated before profiling and is ignored.
+    """
+    memory = [
+        e
+        for e in events
+        if e.get("name") == MEMORY_EVENT and e["args"].get("Device Type") == CPU_DEVICE and e["args"].get("Bytes")
+    ]
+    memory.sort(key=lambda e: e["ts"])  # stable: equal timestamps keep the profiler's order
+    open_blocks: dict[int, Block] = {}
+    blocks: list[Block] = []
+    for e in memory:
+        addr, size, ts = e["args"]["Addr"], e["args"]["Bytes"], e["ts"]
+        if size > 0:
+            stale = open_blocks.get(addr)
+            if stale is not None:
+                stale.free = ts
+            block = Block(addr, size, ts, None, e.get("tid"))
+            open_blocks[addr] = block
+            blocks.append(block)
+        else:
+            block = open_blocks.pop(addr, None)
+            if block is not None:
+                block.free = ts
+    return blocks
+
+
+def attribute(blocks: list[Block], windows: list[dict[str, Any]]) -> None:
+    """Set each block's owner: the innermost window of its thread whose span contains its allocation.
+
+    One sweep per thread over windows sorted by start (outer first on ties) and blocks in allocation
+    order, keeping the stack of windows still open. Python frames running inside an operator (a
+    dispatch mode such as the runner's, a Python kernel) are plumbing and skipped, so such an
+    allocation belongs to the operator.
+    """
+    spans_by_thread: dict[Any, list[tuple[float, float, str, bool]]] = defaultdict(list)
+    for w in windows:
+        name = w["name"]
+        if not name.startswith(_PLUMBING):
+            start = w["ts"]
+            spans_by_thread[w.get("tid")].append((start, start + w.get("dur", 0.0), name, w["cat"] == "cpu_op"))
+    blocks_by_thread: dict[Any, list[Block]] = defaultdict(list)
+    for block in blocks:
+        blocks_by_thread[block.tid].append(block)
+    for tid, thread_blocks in blocks_by_thread.items():
+        spans = sorted(spans_by_thread.get(tid, ()), key=lambda s: (s[0], -s[1]))
+        stack: list[tuple[float, float, str, bool]] = []
+        ops = 0  # operators on the stack
+        i = 0
+        for block in thread_blocks:
+            t = block.alloc
+            while i < len(spans) and spans[i][0] <= t:
+                span = spans[i]
+                i += 1
+                while stack and stack[-1][1] < span[0]:
+                    ops -= stack.pop()[3]
+                if span[3] or not ops:
+                    stack.append(span)
+                    ops += span[3]
+            while stack and stack[-1][1] < t:
+                ops -= stack.pop()[3]
+            if stack:
+                block.owner = stack[-1][2]
+
+
+def _spans(windows: list[dict[str, Any]], category: str, prefix: str) -> list[tuple[float, float]]:
+    return sorted(
+        (w["ts"], w["ts"] + w.get("dur", 0.0)) for w in windows if w["cat"] == category and w["name"].startswith(prefix)
+    )
+
+
+def _iterations(
+    windows: list[dict[str, Any]], steps: list[tuple[float, float]], blocks: list[Block], job: JobTensors
+) -> list[Iteration]:
+    # The runner calls profiler.step() from the optimizer's post-hook, so ProfilerStep#k closes inside
+    # the k-th optimizer.step() window: an iteration is a ProfilerStep window where a step starts.
+    profiler_steps = _spans(windows, "user_annotation", ITERATION_PREFIX)
+    step_starts = [start for start, _ in steps]
+    bounds = [(s, e) for s, e in profiler_steps if any(s <= start <= e for start in step_starts)]
+    if not bounds:
+        raise EstimateError("the trace has no ProfilerStep window with an optimizer step")
+    forwards = sorted(
+        w["ts"] for w in windows if w["cat"] == "python_function" and w["name"].startswith(job.model_window)
+    )
+    backward_ops = sorted(
+        (w["ts"], w["ts"] + w.get("dur", 0.0))
+        for w in windows
+        if w["cat"] == "cpu_op" and w["name"].startswith(BACKWARD_PREFIX)
+    )
+    iterations = []
+    for k, (start, end) in enumerate(bounds):
+        # The first forward may open before ProfilerStep#0 does: the runner starts profiling from it.
+        earliest = -math.inf if k == 0 else start
+        forward = next((t for t in forwards if earliest <= t <= end), None)
+        if forward is None:
+            raise EstimateError(f"iteration {k} never calls the model ({job.model_window}...)")
+        if k == 0:
+            start = _first_iteration_start(start, forward, blocks, job.batch)
+        inside = [(s, e) for s, e in backward_ops if start <= s <= end]
+        backward = (inside[0][0], max(e for _, e in inside)) if inside else None
+        iterations.append(Iteration(start, end, forward, backward))
+    return iterations
+
+
+def _first_iteration_start(window_start: float, forward: float, blocks: list[Block], batch: dict[int, int]) -> float:
+    """The first iteration starts where its batch was allocated, or else at the model's first forward."""
+    batch_allocs = [
+        b.alloc
+        for b in blocks
+        if b.addr in batch and window_start <= b.alloc <= forward and (b.free is None or b.free > forward)
+    ]
+    return min([forward, *batch_allocs])
+
+
+def _inside(t: float, spans: list[tuple[float, float]], starts: list[float]) -> bool:
+    i = bisect_right(starts, t) - 1
+    return i >= 0 and t <= spans[i][1]
+
+
+def _phase(
+    t: float,
+    iteration: Iteration,
+    steps: list[tuple[float, float]],
+    step_starts: list[float],
+    zero_grads: list[tuple[float, float]],
+    zero_starts: list[float],
+) -> Phase:
+    if _inside(t, steps, step_starts):
+        return Phase.STEP
+    if _inside(t, zero_grads, zero_starts):
+        return Phase.ZERO_GRAD
+    if iteration.backward is not None and iteration.backward[0] <= t <= iteration.backward[1]:
+        return Phase.BACKWARD
+    if t < iteration.forward:
+        return Phase.LOAD
+    return Phase.FORWARD

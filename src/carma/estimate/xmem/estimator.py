@@ -1,0 +1,108 @@
+"""xMem end to end: analyze the captured trace, orchestrate GPU lifetimes, replay through the allocator."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from carma.estimate.base import Breakdown, Capture, Estimate, TrainingJob
+from carma.estimate.xmem.analyzer import MODULE_PREFIX, JobTensors, analyze
+from carma.estimate.xmem.orchestrator import Category, orchestrate
+from carma.estimate.xmem.timeline import Simulation, draw_png, replay
+
+
+@dataclass
+class XMemResult:
+    simulation: Simulation  # peak, breakdown at the peak, timeline
+    peak_iteration: int  # the iteration holding the peak moment (0-based; -1 before the first)
+    blocks: int  # blocks replayed
+    dropped: int  # script-level blocks left out
+    dropped_bytes: int
+    seconds: float  # analysis and simulation
+
+
+def job_tensors(job: TrainingJob) -> JobTensors:
+    """Storage addresses and sizes of the job's parameters, buffers and first batch."""
+    model = job.model
+    parameters = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            parameters[storage.data_ptr()] = storage.nbytes()
+    batch = {}
+    for tensor in _tensors(job.batch):
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            batch[storage.data_ptr()] = storage.nbytes()
+    return JobTensors(f"{MODULE_PREFIX}{type(model).__name__}_", parameters, batch)
+
+
+def _tensors(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:
+    """The simulated GPU memory of the captured job; with a `capacity` (device memory less the CUDA
+    context) the replay may release cached segments to fit, and `simulation.oom` tells when even that
+    fails (the peak is then the unconstrained one, what the job would need)."""
+    started = time.perf_counter()
+    job = job_tensors(capture.job)
+    analysis = analyze(capture.trace, job)
+    blocks = orchestrate(analysis, job)
+    starts = [it.start for it in analysis.iterations]
+    sim = replay(blocks, starts[0], capacity, starts)
+    if sim.oom:
+        sim = replay(blocks, starts[0], None, starts)
+        sim.oom = True
+    peak_iteration = bisect_right(sim.iteration_starts, sim.peak_time) - 1
+    seconds = time.perf_counter() - started
+    return XMemResult(sim, peak_iteration, len(blocks), analysis.dropped, analysis.dropped_bytes, seconds)
+
+
+def plot_timeline(result: XMemResult, path: str | Path, device: str = "") -> None:
+    """PNG of tensor memory (allocated) against segment memory (reserved) over the simulated iterations."""
+    where = f" on {device}" if device else ""
+    draw_png(result.simulation, path, f"xMem{where}: peak in iteration {result.peak_iteration}")
+
+
+def estimate_xmem(
+    capture: Capture,
+    device_context_bytes: int,
+    device: str,
+    *,
+    device_memory_bytes: int | None = None,
+    timeline: str | Path | None = None,
+) -> Estimate:
+    """xMem's peak for `device`: simulated peak of reserved segments plus the device's CUDA context.
+
+    With `device_memory_bytes` the simulation runs against that capacity (see `run_xmem`); a predicted
+    OOM shows as a peak above the device memory. `timeline` writes the PNG of the simulated memory.
+    """
+    capacity = None if device_memory_bytes is None else max(device_memory_bytes - device_context_bytes, 0)
+    result = run_xmem(capture, capacity)
+    sim = result.simulation
+    if timeline:
+        plot_timeline(result, timeline, device)
+    breakdown = Breakdown(
+        parameters=sim.at_peak[Category.PARAMETERS],
+        gradients=sim.at_peak[Category.GRADIENTS],
+        optimizer_state=sim.at_peak[Category.OPTIMIZER_STATE],
+        activations=sim.at_peak[Category.ACTIVATIONS],
+        allocator=sim.peak_reserved - sim.allocated_at_peak,
+        context=device_context_bytes,
+    )
+    peak = sim.peak_reserved + device_context_bytes
+    return Estimate("xmem", peak, breakdown, device, capture.seconds + result.seconds)

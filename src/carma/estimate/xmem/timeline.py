@@ -1,0 +1,122 @@
+"""xMem's simulator: replay the orchestrated sequence through the caching-allocator model.
+
+The replay yields the GPU memory timeline (bytes held by tensors vs bytes reserved in segments), the peak
+of reserved memory (what the device must hold besides the CUDA context) and, at the peak moment, how the
+tensor bytes split into parameters, gradients, optimizer state and activations.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carma.estimate.xmem.allocator import CachingAllocator, DeviceMemory, OutOfMemory
+from carma.estimate.xmem.orchestrator import Category, GpuBlock, gpu_events
+
+GIB = 1024**3
+
+
+@dataclass
+class Simulation:
+    peak_reserved: int
+    peak_allocated: int  # the largest tensor footprint at any moment (not necessarily at the reserved peak)
+    at_peak: dict[Category, int]  # tensor bytes by category at the peak moment
+    peak_time: float  # milliseconds since the first iteration started
+    oom: bool  # the device capacity could not hold the sequence even after releasing cached segments
+    largest_at_peak: list[tuple[int, Category, str]]  # the biggest live blocks at the peak: size, category, owner
+    times: array = field(default_factory=lambda: array("d"))  # milliseconds, one point per event
+    allocated: array = field(default_factory=lambda: array("q"))
+    reserved: array = field(default_factory=lambda: array("q"))
+    iteration_starts: list[float] = field(default_factory=list)  # milliseconds
+
+    @property
+    def allocated_at_peak(self) -> int:
+        return sum(self.at_peak.values())
+
+
+def replay(
+    blocks: list[GpuBlock], origin: float, capacity: int | None = None, iteration_starts: Sequence[float] = ()
+) -> Simulation:
+    """Replay `blocks` in GPU order; the peak moment is the one with most reserved, then most allocated.
+
+    Times are trace microseconds; `origin` (the first iteration's start) becomes time 0 of the timeline.
+    With a `capacity` (device memory less the CUDA context) an allocation the device cannot supply ends
+    the replay with `oom` set.
+    """
+    allocator = CachingAllocator(DeviceMemory(capacity))
+    events = gpu_events(blocks)
+    addrs = [0] * len(blocks)
+    held = [0] * len(blocks)
+    by_category = dict.fromkeys(Category, 0)
+    sim = Simulation(0, 0, dict(by_category), 0.0, False, [])
+    sim.iteration_starts = [(t - origin) / 1000 for t in iteration_starts]
+    best = (-1, -1)
+    peak_event = -1
+    for n, (t, kind, i) in enumerate(events):
+        block = blocks[i]
+        if kind == 1:
+            try:
+                addrs[i] = allocator.malloc(block.size)
+            except OutOfMemory:
+                sim.oom = True
+                break
+            held[i] = allocator.block_size(addrs[i])
+            by_category[block.category] += held[i]
+        else:
+            allocator.free(addrs[i])
+            by_category[block.category] -= held[i]
+        ms = 0.0 if t == -math.inf else (t - origin) / 1000
+        sim.times.append(ms)
+        sim.allocated.append(allocator.allocated)
+        sim.reserved.append(allocator.reserved)
+        sim.peak_allocated = max(sim.peak_allocated, allocator.allocated)
+        if (allocator.reserved, allocator.allocated) > best:
+            best = (allocator.reserved, allocator.allocated)
+            sim.at_peak = dict(by_category)
+            sim.peak_time = ms
+            peak_event = n
+    sim.peak_reserved = max(best[0], 0)
+    sim.largest_at_peak = _largest_live(blocks, events[: peak_event + 1], held)
+    return sim
+
+
+def _largest_live(
+    blocks: list[GpuBlock], events: list[tuple[float, int, int]], held: list[int], count: int = 10
+) -> list[tuple[int, Category, str]]:
+    live: set[int] = set()
+    for _, kind, i in events:
+        if kind == 1:
+            live.add(i)
+        else:
+            live.discard(i)
+    top = sorted(live, key=lambda i: held[i], reverse=True)[:count]
+    return [(held[i], blocks[i].category, blocks[i].owner) for i in top]
+
+
+def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
+    """Write a PNG of tensor memory (allocated) against segment memory (reserved) over the replay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.step(sim.times, [r / GIB for r in sim.reserved], where="post", label="reserved (segments)", color="tab:purple")
+    ax.fill_between(sim.times, [a / GIB for a in sim.allocated], step="post", alpha=0.5, label="allocated (tensors)")
+    for k, start in enumerate(sim.iteration_starts):
+        ax.axvline(start, color="grey", linestyle=":", linewidth=0.8)
+        ax.annotate(f"iter {k}", (start, 0), xytext=(3, 3), textcoords="offset points", fontsize=8, color="grey")
+    ax.axhline(sim.peak_reserved / GIB, color="tab:red", linestyle="--", linewidth=0.8)
+    ax.annotate(
+        f"peak {sim.peak_reserved / GIB:.2f} GiB", (sim.peak_time, sim.peak_reserved / GIB), fontsize=8, color="tab:red"
+    )
+    ax.set_xlabel("CPU trace time (ms)")
+    ax.set_ylabel("GiB")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,200 @@
+"""Memory estimates for the daemon's tasks: the core's Estimator port, answered in the background.
+
+A task may ask for an estimator (`carma submit --estimate xmem`). A CPU method captures the task's own
+script (its interpreter, directory, environment and user) in a child process, one estimate at a time on a
+worker thread, never in the scheduling loop; until it is done the task waits at the head of the queue. The
+result is cached by the job's fingerprint (command, directory, script contents, method, device) in the
+store, so the same job is not estimated twice, across restarts too. `history` needs no capture: it is the
+largest peak an earlier successful run of the same command was observed at. An estimator that fails (the
+script never reaches an optimizer step, times out, is a shell line) leaves the task recovery only, and the
+reason is logged and shown as the attempt's memory source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from pathlib import Path
+
+from carma.core.memory import estimated
+from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskId
+from carma.estimate.base import Estimate, EstimateError
+from carma.server.executor import groups_of
+from carma.server.spec import JobSpec
+from carma.server.store import Store
+
+MIB = 1 << 20
+TIMEOUT_S = 600.0  # a capture that has not reached its optimizer steps by then leaves the task recovery only
+SCRIPT_BYTES = 16 << 20  # how much of the script file goes into the fingerprint
+log = logging.getLogger("carma.estimate")
+
+Runner = Callable[..., Estimate]  # carma.estimate.runner.estimate_script's signature
+
+
+def device_for(gpus: list[GpuInfo]) -> str:
+    """The estimator's device name for this server: its largest GPU's type."""
+    from carma.estimate.devices import device_name_for
+
+    largest = max(gpus, key=lambda g: g.total_mib)
+    return device_name_for(largest.name, largest.total_mib * MIB)
+
+
+def fingerprint(job: JobSpec, method: str, device: str) -> str:
+    """Same command, directory, script contents, method and device: the same estimate."""
+    digest = hashlib.sha256(json.dumps([list(job.argv), job.workdir, job.shell, method, device]).encode())
+    for word in job.argv[1:2] if len(job.argv) > 1 else job.argv:  # `python train.py`: train.py
+        path = Path(job.workdir, word)
+        with suppress(OSError):
+            if path.is_file():
+                with path.open("rb") as f:
+                    digest.update(f.read(SCRIPT_BYTES))
+    return digest.hexdigest()[:32]
+
+
+class Estimates:
+    """The Estimator port over the daemon's jobs (`name` shows in waiting reasons and need sources)."""
+
+    name = "estimate"
+
+    def __init__(
+        self,
+        store: Store,
+        jobs: Mapping[TaskId, JobSpec],
+        device: str,
+        run_as_owner: bool,
+        runner: Runner | None = None,
+        timeout_s: float = TIMEOUT_S,
+    ) -> None:
+        self._store = store
+        self._jobs = jobs
+        self.device = device
+        self._run_as_owner = run_as_owner
+        self._runner = runner
+        self._timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-estimate")
+        self._fingerprints: dict[TaskId, str] = {}
+        self._running: dict[str, Future[Estimate]] = {}
+        self._done: dict[str, MemoryNeed] = {}
+        self._children: set[int] = set()  # process groups of the captures under way
+
+    def request(self, task_id: TaskId, job: JobSpec) -> None:
+        """Start estimating a newly queued task's job, unless it asked for none, is known, or is under way."""
+        method = job.estimator
+        if method is None or method == "history":
+            return
+        key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
+        if key in self._done or key in self._running:
+            return
+        cached = self._store.estimate(key)
+        if cached is not None:
+            self._done[key] = _need(cached)
+            return
+        self._running[key] = self._pool.submit(self._estimate, job, method)
+
+    def need(self, task: Task) -> MemoryNeed | None:
+        job = self._jobs[task.id]
+        if job.estimator is None:
+            return MemoryNeed(NeedKind.UNKNOWN, source="none")
+        if job.estimator == "history":
+            return self._history(job)
+        if task.id not in self._fingerprints:  # e.g. a placement dropped at a restart put it back in the queue
+            self.request(task.id, job)
+        key = self._fingerprints[task.id]
+        if key not in self._done:
+            future = self._running[key]
+            if not future.done():
+                return None
+            self._done[key] = self._settle(key, job, future)
+            del self._running[key]
+        return self._done[key]
+
+    def close(self) -> None:
+        """Stop estimating: queued estimates are dropped, captures under way are killed."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for group in list(self._children):
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+
+    # ----------------------------------------------------------------- in the worker thread
+
+    def _estimate(self, job: JobSpec, method: str) -> Estimate:
+        if job.shell:
+            raise EstimateError("a shell command line cannot be captured; submit `python script.py ...` instead")
+        runner = self._runner
+        if runner is None:
+            from carma.estimate.runner import estimate_script as runner
+        owner = {"user": job.uid, "group": job.gid, "extra_groups": groups_of(job)} if self._run_as_owner else {}
+        group: list[int] = []
+
+        def started(pid: int) -> None:
+            group.append(pid)
+            self._children.add(pid)
+
+        try:
+            return runner(
+                list(job.argv), method, self.device, timeout_s=self._timeout_s, python=_interpreter(job),
+                cwd=job.workdir, env=dict(job.env), on_start=started, **owner,
+            )  # fmt: skip
+        finally:
+            self._children.difference_update(group)
+
+    # ----------------------------------------------------------------- back in the scheduling loop
+
+    def _settle(self, key: str, job: JobSpec, future: Future[Estimate]) -> MemoryNeed:
+        try:
+            result = future.result()
+        except EstimateError as e:
+            return self._failed(job, str(e))
+        except Exception as e:  # an estimator's bug must not stop the daemon: the task runs recovery only
+            log.exception("estimating %s crashed", job.name)
+            return self._failed(job, f"{type(e).__name__}: {e}")
+        self._store.add_estimate(key, result, time.time())
+        log.info("estimated %s with %s in %.1f s: %d MiB", job.name, result.method, result.seconds, _mib(result))
+        return _need(result)
+
+    def _failed(self, job: JobSpec, reason: str) -> MemoryNeed:
+        log.warning("could not estimate %s with %s (%s); it runs recovery only", job.name, job.estimator, reason)
+        return MemoryNeed(NeedKind.UNKNOWN, source=f"{job.estimator} failed: {reason}")
+
+    def _history(self, job: JobSpec) -> MemoryNeed:
+        """The largest peak observed in an earlier successful run of the same command."""
+        from carma.estimate.registry import history_estimate
+
+        same = [list(job.argv), job.workdir, job.shell]
+        peaks = [
+            run["peak_mib"]
+            for run in self._store.history()
+            if run["outcome"] == ExitKind.SUCCESS.value and run["peak_mib"]
+            and [run["command"], run["workdir"], run["shell"]] == same
+        ]  # fmt: skip
+        if not peaks:
+            return MemoryNeed(NeedKind.UNKNOWN, source="history: no earlier successful run of this command")
+        return _need(history_estimate(max(peaks) * MIB, self.device))
+
+
+def _need(estimate: Estimate) -> MemoryNeed:
+    return estimated(estimate.method, _mib(estimate))
+
+
+def _mib(estimate: Estimate) -> int:
+    return math.ceil(estimate.peak_bytes / MIB)
+
+
+def _interpreter(job: JobSpec) -> str | None:
+    """The Python the task would run (`python` looked up on the task's PATH), so that its packages are
+    the ones captured; None (carma's own) when the command does not start with an interpreter."""
+    first = job.argv[0]
+    if "python" not in os.path.basename(first):
+        return None
+    if "/" in first:
+        return str(Path(job.workdir, first))
+    return shutil.which(first, path=job.env.get("PATH")) or None

@@ -1,0 +1,142 @@
+"""`carma estimate` end to end: the installed console script on a tiny job function and a tiny training script."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from support import cli_env, run_carma
+
+pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma[estimate]')")
+
+BREAKDOWN = {"parameters", "gradients", "optimizer_state", "activations", "allocator", "context"}
+METHODS = ("xmem", "faketensor", "horus", "gpumemnet")
+
+JOB = """
+import torch
+from carma.estimate.base import TrainingJob
+
+
+def job():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    batch = (torch.randn(16, 64), torch.randint(0, 8, (16,)))
+    loss = lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])
+    return TrainingJob(model, batch, loss, torch.optim.Adam(model.parameters()))
+"""
+
+SCRIPT = """
+import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=8)
+args = parser.parse_args()
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for step in range(20):
+    x = torch.randn(args.batch_size, 64).to(device)
+    y = torch.randint(0, 8, (args.batch_size,)).to(device)
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A folder with the job module, the training script and one that never trains."""
+    folder = tmp_path_factory.mktemp("estimate")
+    (folder / "tinyjob.py").write_text(textwrap.dedent(JOB))
+    (folder / "train.py").write_text(textwrap.dedent(SCRIPT))
+    (folder / "notrain.py").write_text("import torch\nprint(torch.ones(2).sum())\n")
+    return folder
+
+
+def estimate(work: Path, *args: object):  # type: ignore[no-untyped-def]
+    return run_carma("estimate", *args, cwd=work, env=cli_env(CARMA_HOME=str(work / "home")))
+
+
+def assert_estimate_json(stdout: str, method: str, device: str) -> dict:
+    result = json.loads(stdout)
+    assert set(result) == {"method", "peak_bytes", "breakdown", "device", "seconds"}
+    assert set(result["breakdown"]) == BREAKDOWN
+    assert (result["method"], result["device"]) == (method, device)
+    assert result["peak_bytes"] == sum(result["breakdown"].values()) > result["breakdown"]["context"] > 0
+    assert result["seconds"] > 0
+    return result
+
+
+def one_error_line(result) -> str:  # type: ignore[no-untyped-def]
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_job_function_is_estimated_by_each_method(work, method):
+    result = estimate(work, "--job", "tinyjob:job", "--method", method, "--json")
+    assert result.returncode == 0, result.stderr
+    assert_estimate_json(result.stdout, method, "a100-40gb")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_training_script_is_estimated_by_each_method(work, method):
+    result = estimate(work, "--method", method, "--device", "h100-80gb", "--json", "--", "python", "train.py",
+                      "--batch-size", "32")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert_estimate_json(result.stdout, method, "h100-80gb")
+
+
+def test_the_readable_output_is_a_table_of_the_breakdown(work):
+    result = estimate(work, "--job", "tinyjob:job", "--method", "horus")
+    assert result.returncode == 0, result.stderr
+    for part in ("parameters", "gradients", "optimizer state", "activations", "allocator", "context", "peak"):
+        assert part in result.stdout
+    assert "GiB" in result.stdout and "MiB" in result.stdout and "fits in the 40.00 GiB of a100-40gb" in result.stdout
+
+
+def test_timeline_writes_a_png_for_xmem(work):
+    png = work / "timeline.png"
+    result = estimate(work, "--job", "tinyjob:job", "--timeline", png)
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--job", "tinyjob:job", "--method", "guess"), "--method must be one of xmem, faketensor, horus, gpumemnet"),
+        (("--job", "tinyjob:job", "--device", "tpu-v5"), "unknown device 'tpu-v5'; known devices: a100-40gb"),
+        (("--job", "tinyjob:job", "--method", "horus", "--timeline", "t.png"), "--timeline needs --method xmem"),
+        ((), "give a training command after -- or a job function with --job"),
+        (("--job", "tinyjob:job", "--", "python", "train.py"), "one, not both"),
+        (("--job", "nosuchmodule:job"), "nosuchmodule"),
+        (("--", "python", "notrain.py"), "optimizer"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(work, args, message):
+    assert message in one_error_line(estimate(work, *args))
+
+
+def test_calibrate_without_a_gpu_is_one_line(work):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert "no CUDA GPU found" in one_error_line(estimate(work, "calibrate"))
+    assert not (work / "home" / "devices.toml").exists()
+
+
+def test_without_pytorch_the_command_says_how_to_install_it(work, tmp_path):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('No module named torch')\n")
+    env = cli_env(PYTHONPATH=str(tmp_path))
+    result = run_carma("estimate", "--job", "tinyjob:job", cwd=work, env=env)
+    assert one_error_line(result) == "error: estimating needs PyTorch: pip install 'carma[estimate]'"

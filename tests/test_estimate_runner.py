@@ -1,0 +1,215 @@
+"""The CPU runner end to end: user scripts in a child process, job functions in this one, and xMem on them."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from carma.estimate.base import Capture, EstimateError  # noqa: E402
+from carma.estimate.runner import capture_job, estimate_script  # noqa: E402
+from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
+
+MIB = 1024 * 1024
+
+# The registry (method -> estimator) is not needed here: the child imports this estimator instead.
+ESTIMATOR = """
+from carma.estimate.xmem import estimate_xmem
+
+def estimate(method, capture, device, **options):
+    assert method == "xmem"
+    return estimate_xmem(capture, 300 * 1024 * 1024, device, **options)
+"""
+
+# Falls back to the CPU without CUDA, logs each finished step, and prepares data the loop never uses.
+MLP_SCRIPT = """
+import argparse, torch
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=32)
+parser.add_argument("--log", required=True)
+args = parser.parse_args()
+device = "cuda" if torch.cuda.is_available() else "cpu"
+unused = torch.randn(2048, 1024)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(512, 10))
+model = model.to(device)
+optimizer = torch.optim.Adam(model.parameters())
+for step in range(50):
+    x = torch.randn(args.batch_size, 256, device=device)
+    y = torch.randint(0, 10, (args.batch_size,), device=device)
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    with open(args.log, "a") as log:
+        log.write(f"step {step} on {device}\\n")
+"""
+
+JOB_MODULE = """
+import torch
+from carma.estimate.base import TrainingJob
+
+def mlp():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+    batch = (torch.randn(128, 1024), torch.randint(0, 10, (128,)))
+    optimizer = torch.optim.Adam(model.parameters())
+    return TrainingJob(model, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), optimizer)
+
+def as_tuple():
+    job = mlp()
+    return job.model, job.batch, job.loss, job.optimizer
+
+def not_a_job():
+    return 42
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "xmem_only.py").write_text(ESTIMATOR)
+    (tmp_path / "jobs.py").write_text(textwrap.dedent(JOB_MODULE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # capture_job hides CUDA in this process: undone after
+    monkeypatch.delitem(sys.modules, "jobs", raising=False)
+    return tmp_path
+
+
+def script(workdir: Path, name: str, body: str) -> str:
+    (workdir / name).write_text(textwrap.dedent(body))
+    return name
+
+
+def estimate(argv: list[str], **kwargs: object):
+    return estimate_script(argv, "xmem", "test-gpu", estimator="xmem_only:estimate", **kwargs)
+
+
+def test_script_runs_on_the_cpu_and_stops_after_three_steps(workdir: Path) -> None:
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    timeline = workdir / "timeline.png"
+    result = estimate(["python", train, "--batch-size", "64", "--log", "steps.log"], timeline=timeline)
+    # The third step is stopped inside optimizer.step(): the script logs only the first two.
+    assert (workdir / "steps.log").read_text().splitlines() == ["step 0 on cpu", "step 1 on cpu"]
+    assert result.method == "xmem" and result.device == "test-gpu"
+    assert result.breakdown.total == result.peak_bytes
+    assert result.breakdown.context == 300 * MIB
+    parameters = (256 * 512 + 512 + 512 * 10 + 10) * 4
+    assert parameters <= result.breakdown.parameters < parameters + 10 * 512  # each tensor rounded to 512 B
+    assert result.breakdown.optimizer_state >= 2 * parameters  # Adam's two moments
+    assert timeline.stat().st_size > 0
+
+
+def test_script_as_a_module(workdir: Path) -> None:
+    script(workdir, "trainmod.py", MLP_SCRIPT)
+    result = estimate(["python3", "-u", "-m", "trainmod", "--log", "steps.log"])
+    assert result.peak_bytes > 300 * MIB
+    assert len((workdir / "steps.log").read_text().splitlines()) == 2
+
+
+def test_script_that_never_steps_is_a_clear_error(workdir: Path) -> None:
+    train = script(
+        workdir,
+        "nostep.py",
+        """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(3, 4)).sum().backward()
+        print("done without a step")
+        """,
+    )
+    with pytest.raises(EstimateError, match="never reached an optimizer step; xMem needs 3 training steps"):
+        estimate(["python", train])
+
+
+def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
+    train = script(
+        workdir,
+        "crash.py",
+        """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+            if step == 1:
+                raise ValueError("boom in the training loop")
+        """,
+    )
+    with pytest.raises(EstimateError, match="crashed after 2 optimizer steps: ValueError: boom in the training loop"):
+        estimate(["python", train])
+
+
+def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
+    train = script(
+        workdir,
+        "short.py",
+        """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+        """,
+    )
+    with pytest.raises(EstimateError, match="ended after 2 optimizer steps; xMem needs 3"):
+        estimate(["python", train])
+    with pytest.raises(EstimateError, match="does not exist"):
+        estimate(["python", "missing.py"])
+
+
+def test_script_timeout(workdir: Path) -> None:
+    train = script(workdir, "slow.py", "import time\ntime.sleep(120)\n")
+    with pytest.raises(EstimateError, match="within 5 s"):
+        estimate(["python", train], timeout_s=5)
+
+
+def test_job_function_gives_a_capture(workdir: Path) -> None:
+    capture = capture_job("jobs:mlp")
+    assert isinstance(capture, Capture)
+    assert capture.steps == 3 and capture.job.loss is not None
+    names = {e["name"] for e in capture.trace if e["cat"] == "user_annotation"}
+    assert {"ProfilerStep#0", "ProfilerStep#2", "Optimizer.step#Adam.step"} <= names
+    assert any(e["name"] == "[memory]" for e in capture.trace)
+    assert any(e["cat"] == "python_function" and e["name"].startswith("nn.Module: Sequential_") for e in capture.trace)
+    assert capture_job(f"{workdir / 'jobs.py'}:as_tuple").job.optimizer is not None
+
+
+def test_job_function_errors(workdir: Path) -> None:
+    with pytest.raises(EstimateError, match="returned int; expected a TrainingJob"):
+        capture_job("jobs:not_a_job")
+    with pytest.raises(EstimateError, match="cannot import no_such_module"):
+        capture_job("no_such_module:make")
+    with pytest.raises(EstimateError, match="has no function missing"):
+        capture_job("jobs:missing")
+    with pytest.raises(EstimateError, match="is not 'module:function'"):
+        capture_job("jobs")
+
+
+def test_skipping_arithmetic_leaves_the_estimate_unchanged(workdir: Path) -> None:
+    fast = run_xmem(capture_job("jobs:mlp"))
+    exact = run_xmem(capture_job("jobs:mlp", exact=True))
+    assert fast.simulation.peak_reserved == exact.simulation.peak_reserved
+    assert fast.simulation.at_peak == exact.simulation.at_peak
+
+
+def test_xmem_estimate_of_an_mlp_is_close_to_a_hand_computation(workdir: Path) -> None:
+    """Adam on a 1024-2048-10 MLP, batch 128, float32. By hand: the first layer's weight is 8 MiB, so
+    parameters P = 8.09 MiB, gradients P, Adam's two moments 2P, and the foreach step a P-sized list of
+    temporaries: five 8 MiB tensors at the step. Each is under 10 MiB, so it comes from a 20 MiB segment
+    that holds two of them: three segments, 60 MiB. Activations and the batch (about 9 MiB, rounded
+    to 512 B) fit in the segments' rest or add at most one more 20 MiB segment."""
+    parameters = (1024 * 2048 + 2048 + 2048 * 10 + 10) * 4
+    estimate = estimate_xmem(capture_job("jobs:mlp"), 0, "test-gpu")
+    b = estimate.breakdown
+    assert b.parameters == pytest.approx(parameters, rel=0.01)
+    assert b.optimizer_state == pytest.approx(2 * parameters, rel=0.01)
+    tensors = b.parameters + b.gradients + b.optimizer_state + b.activations
+    assert 5 * parameters <= tensors <= 5 * parameters + 12 * MIB
+    assert 3 * 20 * MIB <= estimate.peak_bytes <= 4 * 20 * MIB

@@ -1,0 +1,143 @@
+"""The daemon's memory estimates: in the background, cached by job fingerprint, recovery only on failure."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from carma.core.types import NeedKind, Task, TaskSpec
+from carma.estimate.base import Breakdown, Estimate, EstimateError
+from carma.server.estimates import Estimates, fingerprint
+from carma.server.spec import JobSpec
+from carma.server.store import Observation, Store
+
+MIB = 1 << 20
+
+
+class Runner:
+    """Stands in for estimate_script: records its calls, answers when released."""
+
+    def __init__(self, peak_mib: int = 3000, error: str | None = None) -> None:
+        self.calls: list[tuple[list[str], str, dict]] = []
+        self.release = threading.Event()
+        self.peak_mib, self.error = peak_mib, error
+
+    def __call__(self, argv, method, device, **options):  # type: ignore[no-untyped-def]
+        self.calls.append((argv, method, options))
+        options["on_start"](99999999)  # a process group that does not exist
+        self.release.wait(10)
+        if self.error:
+            raise EstimateError(self.error)
+        return Estimate(method, self.peak_mib * MIB, Breakdown(activations=self.peak_mib * MIB), device, 1.5)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("print('training')\n")
+    return tmp_path
+
+
+def job(workdir: Path, estimator: str | None = "xmem", **fields: object) -> JobSpec:
+    return JobSpec("train", ("python", "train.py"), str(workdir), estimator=estimator, **fields)  # type: ignore[arg-type]
+
+
+def until(predicate, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value is not None:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def service(store: Store, jobs: dict, runner: Runner, **options: object) -> Estimates:
+    return Estimates(store, jobs, "a100-40gb", run_as_owner=False, runner=runner, **options)  # type: ignore[arg-type]
+
+
+def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, workdir):
+    store, runner = Store(tmp_path / "carma.db"), Runner(peak_mib=3000)
+    bin_dir = str(Path(sys.executable).parent)
+    spec = job(workdir, env={"PATH": bin_dir})
+    jobs = {1: spec, 2: spec}
+    estimates = service(store, jobs, runner)
+    estimates.request(1, spec)
+    estimates.request(2, spec)  # the same job: no second capture
+    first = Task(1, TaskSpec("train"), 0.0)
+    assert estimates.need(first) is None  # still computing: the task waits
+    runner.release.set()
+    need = until(lambda: estimates.need(first))
+    assert (need.kind, need.mib, need.source) == (NeedKind.KNOWN, 3000, "xmem")
+    assert estimates.need(Task(2, TaskSpec("train"), 0.0)) == need
+    assert len(runner.calls) == 1
+    argv, method, options = runner.calls[0]
+    assert (argv, method, options["cwd"]) == (["python", "train.py"], "xmem", str(workdir))
+    assert options["python"] == f"{bin_dir}/python" and options["env"] == {"PATH": bin_dir}  # the task's own
+    estimates.close()
+
+    again = service(store, {3: spec}, Runner())  # a restarted daemon finds it in the store
+    again.request(3, spec)
+    assert again.need(Task(3, TaskSpec("train"), 0.0)).mib == 3000
+    assert again._runner.calls == []
+    again.close()
+
+
+def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, workdir, caplog):
+    runner = Runner(error="the script never reached an optimizer step")
+    runner.release.set()
+    spec = job(workdir)
+    estimates = service(Store(tmp_path / "carma.db"), {1: spec}, runner)
+    estimates.request(1, spec)
+    need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    assert need.kind is NeedKind.UNKNOWN
+    assert need.source == "xmem failed: the script never reached an optimizer step"
+    assert "runs recovery only" in caplog.text
+    estimates.close()
+
+
+def test_a_shell_line_cannot_be_captured(tmp_path, workdir):
+    runner = Runner()
+    spec = JobSpec("train", ("python train.py | tee log",), str(workdir), shell=True, estimator="horus")
+    estimates = service(Store(tmp_path / "carma.db"), {1: spec}, runner)
+    estimates.request(1, spec)
+    need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    assert need.kind is NeedKind.UNKNOWN and "shell command line" in need.source and runner.calls == []
+    estimates.close()
+
+
+def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(tmp_path, workdir):
+    store = Store(tmp_path / "carma.db")
+    spec = job(workdir, estimator="history")
+    estimates = service(store, {}, Runner())
+    assert estimates._history(spec).source == "history: no earlier successful run of this command"
+    for peak, outcome in ((5000, "success"), (7000, "success"), (9000, "oom")):
+        task_id = store.add(spec, 0.0)
+        (stored,) = [s for s in store.load() if s.task.id == task_id]
+        _end(store, stored.task, outcome)
+        store.record_observation(task_id, 1, Observation(peak, None, None, None))
+    other = JobSpec("train", ("python", "train.py", "--big"), str(workdir), estimator="history")
+    assert estimates._history(other).kind is NeedKind.UNKNOWN  # another command
+    need = estimates._history(spec)
+    assert (need.kind, need.mib, need.source) == (NeedKind.KNOWN, 7000, "history")  # the OOM run does not count
+    estimates.close()
+
+
+def _end(store: Store, task: Task, outcome: str) -> None:
+    from carma.core.types import Attempt, ExitKind, TaskState
+
+    task.attempts.append(Attempt(1, (0,), 1.0, exclusive=True, recovery=False, ended_s=2.0, outcome=ExitKind(outcome)))
+    task.state, task.ended_s = TaskState.COMPLETED, 2.0
+    store.save([task])
+
+
+def test_the_fingerprint_follows_the_script_and_the_method(workdir):
+    spec = job(workdir)
+    before = fingerprint(spec, "xmem", "a100-40gb")
+    assert before == fingerprint(spec, "xmem", "a100-40gb")
+    assert before != fingerprint(spec, "horus", "a100-40gb") != fingerprint(spec, "xmem", "h100-80gb")
+    (workdir / "train.py").write_text("print('training harder')\n")
+    assert fingerprint(spec, "xmem", "a100-40gb") != before

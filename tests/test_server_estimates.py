@@ -1,0 +1,70 @@
+"""Tasks that ask for a memory estimate, end to end: the daemon captures the task's own script on the CPU
+in the background (xMem), or reads an earlier run's observed peak (history), and places with it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from servers import fakejob
+
+TRAIN = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+optimizer = torch.optim.Adam(model.parameters())
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+for _ in range(5):
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+print("trained")
+"""
+
+
+def submit(server, *command: str, **options: object) -> int:  # type: ignore[no-untyped-def]
+    flags = [x for k, v in options.items() for x in (f"--{k}", str(v))]
+    result = server.cli("submit", "--json", *flags, "--", *command)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["id"]
+
+
+def first_attempt(server, task_id: int) -> dict:  # type: ignore[no-untyped-def]
+    assert server.cli("wait", task_id, "--timeout", "120").returncode == 0, server.task(task_id)
+    return server.task(task_id)["attempt_list"][0]
+
+
+def test_xmem_estimates_the_tasks_own_script_before_placing_it(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "idle.py").write_text("print('no training here')\n")
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
+    trained = submit(server, sys.executable, "train.py", estimate="xmem", workdir=tmp_path)
+    idle = submit(server, sys.executable, "idle.py", estimate="xmem", workdir=tmp_path)
+    attempt = first_attempt(server, trained)
+    assert (attempt["need"], attempt["need_source"]) == ("known", "xmem")
+    assert 1449 < attempt["need_mib"] < 1600  # the a100-40gb context and a few MiB of tensors
+    assert "need " + str(attempt["need_mib"]) + " MiB from xmem" in server.cli("show", trained).stdout
+    assert server.cli("logs", trained).stdout == "trained\n"  # then it ran as submitted
+    failed = first_attempt(server, idle)  # the estimate failed: it ran recovery only
+    assert failed["need"] == "unknown" and failed["need_source"].startswith("xmem failed: ")
+    assert "optimizer step" in failed["need_source"]
+
+
+def test_history_uses_the_peak_an_earlier_run_of_the_command_was_seen_at(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    command = fakejob(60, "3GiB")
+    first = first_attempt(server, submit(server, *command, estimate="history", workdir=tmp_path))
+    assert first["need"] == "unknown" and first["need_source"].startswith("history: no earlier successful run")
+    second = first_attempt(server, submit(server, *command, estimate="history", workdir=tmp_path))
+    assert (second["need"], second["need_mib"], second["need_source"]) == ("known", 3072, "history")
+
+
+def test_an_estimator_is_checked_and_not_given_with_a_declared_need(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    bad = server.cli("submit", "--estimate", "guess", "--", "true")
+    assert bad.returncode == 2 and "estimate: choose one of xmem, faketensor, horus, gpumemnet, history" in bad.stderr
+    both = server.cli("submit", "--estimate", "xmem", "--mem", "4GiB", "--", "true")
+    assert both.returncode == 2 and "give mem or estimate, not both" in both.stderr
+    assert server.json("queue", "--all") == []

@@ -1,0 +1,210 @@
+"""xMem's analyzer and orchestrator on a synthetic profiler trace of two training iterations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from carma.estimate.base import EstimateError
+from carma.estimate.xmem.allocator import MIB
+from carma.estimate.xmem.analyzer import JobTensors, Phase, analyze, attribute, pair_blocks
+from carma.estimate.xmem.orchestrator import Category, orchestrate
+from carma.estimate.xmem.timeline import replay
+
+TID = 1
+
+
+def mem(ts: float, addr: int, nbytes: int, device_type: int = 0) -> dict[str, Any]:
+    args = {"Addr": addr, "Bytes": nbytes, "Device Type": device_type, "Device Id": -1}
+    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": ts, "tid": TID, "args": args}
+
+
+def block(alloc: float, free: float | None, addr: int, nbytes: int) -> list[dict[str, Any]]:
+    return [mem(alloc, addr, nbytes)] + ([] if free is None else [mem(free, addr, -nbytes)])
+
+
+def win(cat: str, name: str, start: float, end: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": start, "dur": end - start, "tid": TID, "args": {}}
+
+
+PARAM, DATASET, TEMP, BATCH0, LABEL0, ACT0, GRAD0, BTEMP0, STATE, STEPTMP0 = range(0x1000, 0x1000 + 10 * 0x100, 0x100)
+BATCH1, ACT1, GRAD1 = 0x9000, 0x9100, 0x9200
+P = 4 * MIB  # the one parameter's size
+JOB = JobTensors("nn.Module: Net_", parameters={PARAM: P}, batch={BATCH0: 1 * MIB})
+
+
+def two_iterations() -> list[dict[str, Any]]:
+    """Setup, then two iterations: zero_grad (set_to_none), load, forward, backward, Adam-like step.
+
+    As the runner records it, ProfilerStep#k closes inside the k-th optimizer.step() window.
+    """
+    events = [
+        *block(5, None, DATASET, 3 * MIB),  # script-level: the dataset, kept on the host
+        *block(6, 7, TEMP, 1 * MIB),  # script-level temporary
+        *block(8, None, PARAM, P),  # the parameter, created at setup
+        win("user_annotation", "ProfilerStep#0", 50, 296),
+        win("user_annotation", "Optimizer.zero_grad#Adam.zero_grad", 52, 55),
+        *block(60, None, BATCH0, 1 * MIB),  # the captured batch (held by the runner: never freed)
+        *block(62, 330, LABEL0, 1024),  # labels: freed when the loop rebinds them
+        win("python_function", "nn.Module: Net_0", 100, 150),
+        win("cpu_op", "aten::linear", 105, 140),
+        win("cpu_op", "aten::addmm", 108, 139),
+        win("cpu_op", "aten::empty", 109, 110),
+        *block(109.5, 230, ACT0, 8 * MIB),  # activation, saved for backward
+        win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 200, 240),
+        *block(205, 304, GRAD0, P),  # the gradient: freed by the next zero_grad
+        *block(207, 220, BTEMP0, 2 * MIB),  # backward temporary
+        win("user_annotation", "Optimizer.step#Adam.step", 250, 297),
+        win("cpu_op", "aten::zeros_like", 254, 256),
+        *block(255, None, STATE, P),  # optimizer state
+        *block(260, 270, STEPTMP0, P),  # step temporary
+        win("user_annotation", "ProfilerStep#1", 296, 500),
+        win("user_annotation", "Optimizer.zero_grad#Adam.zero_grad", 302, 310),
+        *block(320, None, BATCH1, 1 * MIB),  # next batch
+        win("python_function", "nn.Module: Net_0", 350, 400),
+        *block(360, 430, ACT1, 8 * MIB),
+        win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 420, 440),
+        *block(425, None, GRAD1, P),
+        win("user_annotation", "Optimizer.step#Adam.step", 450, 498),
+    ]
+    return events
+
+
+def test_pairing_handles_address_reuse_and_ignores_foreign_events() -> None:
+    events = [
+        *block(10, 20, 0xA, 100),
+        *block(30, None, 0xA, 200),  # the same address again: a new block
+        mem(40, 0xB, -64),  # freed, but allocated before profiling: ignored
+        mem(50, 0xC, 0),  # zero bytes: ignored
+        mem(60, 0xD, 512, device_type=1),  # not host memory: ignored
+        mem(70, 0xE, 300),
+        mem(80, 0xE, 400),  # allocated again without a recorded free: the first block ends here
+    ]
+    blocks = [(b.addr, b.size, b.alloc, b.free) for b in pair_blocks(events)]
+    assert blocks == [(0xA, 100, 10, 20), (0xA, 200, 30, None), (0xE, 300, 70, 80), (0xE, 400, 80, None)]
+
+
+def test_blocks_belong_to_the_innermost_window_but_not_to_allocation_primitives() -> None:
+    events = two_iterations()
+    blocks = pair_blocks(events)
+    attribute(blocks, [e for e in events if e.get("ph") == "X"])
+    owners = {b.addr: b.owner for b in blocks}
+    assert owners[ACT0] == "aten::addmm"  # not aten::empty, not the enclosing linear or module
+    assert owners[STATE] == "aten::zeros_like"
+    assert owners[GRAD0] == "autograd::engine::evaluate_function: AddmmBackward0"
+    assert owners[DATASET] == ""
+
+
+def test_python_frames_inside_an_operator_are_plumbing() -> None:
+    events = [
+        win("cpu_op", "aten::mm", 0, 10),
+        win("python_function", "carma/estimate/runner.py(1): kernel", 1, 9),
+        *block(2, None, 0xA, 512),
+    ]
+    blocks = pair_blocks(events)
+    attribute(blocks, [e for e in events if e["ph"] == "X"])
+    assert blocks[0].owner == "aten::mm"
+
+
+def test_analysis_drops_script_temporaries_and_finds_iterations_and_phases() -> None:
+    analysis = analyze(two_iterations(), JOB)
+    assert analysis.dropped == 2  # the dataset and the setup temporary
+    assert analysis.dropped_bytes == 4 * MIB
+    first, second = analysis.iterations
+    assert (first.start, first.forward, first.backward) == (60, 100, (200, 240))  # starts at its batch
+    assert (second.start, second.forward) == (296, 350)
+    phases = {b.addr: (b.phase, b.iteration) for b in analysis.blocks}
+    assert phases == {
+        PARAM: (Phase.PARAMETER, -1),
+        BATCH0: (Phase.LOAD, 0),
+        LABEL0: (Phase.LOAD, 0),
+        ACT0: (Phase.FORWARD, 0),
+        GRAD0: (Phase.BACKWARD, 0),
+        BTEMP0: (Phase.BACKWARD, 0),
+        STATE: (Phase.STEP, 0),
+        STEPTMP0: (Phase.STEP, 0),
+        BATCH1: (Phase.LOAD, 1),
+        ACT1: (Phase.FORWARD, 1),
+        GRAD1: (Phase.BACKWARD, 1),
+    }
+
+
+def test_analysis_needs_iterations_and_the_model() -> None:
+    with pytest.raises(EstimateError, match="no ProfilerStep"):
+        analyze([*block(1, None, 0xA, 512)], JOB)
+    events = [e for e in two_iterations() if not e["name"].startswith("nn.Module")]
+    with pytest.raises(EstimateError, match="never calls the model"):
+        analyze(events, JOB)
+
+
+def lifetimes(blocks: list[Any]) -> list[tuple[Any, ...]]:
+    return sorted(((b.category, b.size, b.alloc, b.free) for b in blocks), key=str)
+
+
+def test_orchestrator_maps_cpu_lifetimes_to_gpu_lifetimes() -> None:
+    blocks = orchestrate(analyze(two_iterations(), JOB), JOB)
+    assert lifetimes(blocks) == sorted(
+        [
+            (Category.PARAMETERS, P, float("-inf"), None),  # persistent, resident before the first iteration
+            (Category.ACTIVATIONS, 1 * MIB, 60, 296),  # the batch: freed at the end of its iteration
+            (Category.ACTIVATIONS, 1024, 62, 296),  # labels too (the CPU freed them later)
+            (Category.ACTIVATIONS, 8 * MIB, 109.5, 230),  # activations keep their CPU timing
+            (Category.GRADIENTS, P, 205, 302),  # freed at the start of the next zero_grad
+            (Category.ACTIVATIONS, 2 * MIB, 207, 220),
+            (Category.OPTIMIZER_STATE, P, 255, None),  # persistent from the first step
+            (Category.ACTIVATIONS, P, 260, 270),  # a step temporary
+            (Category.ACTIVATIONS, 1 * MIB, 320, 500),
+            (Category.ACTIVATIONS, 8 * MIB, 360, 430),
+            (Category.GRADIENTS, P, 425, None),
+        ],
+        key=str,
+    )
+
+
+def test_orchestrator_supplies_what_the_trace_does_not_show() -> None:
+    """Parameters allocated before profiling, and a batch for each iteration that loads none."""
+    job = JobTensors("nn.Module: Net_", parameters={PARAM: P, 0xF000: 2 * MIB}, batch={0xF100: 3 * MIB})
+    events = [e for e in two_iterations() if e["args"].get("Addr") != BATCH1]
+    analysis = analyze(events, job)
+    assert analysis.iterations[0].start == 100  # no captured batch in the trace: it starts at the forward
+    assert analysis.dropped == 4  # so the batch and labels allocated before are setup now
+    synthetic = [
+        b for b in orchestrate(analysis, job) if b.owner in ("batch", "parameters (allocated before profiling)")
+    ]
+    assert lifetimes(synthetic) == sorted(
+        [
+            (Category.ACTIVATIONS, 3 * MIB, 100, 296),
+            (Category.ACTIVATIONS, 3 * MIB, 296, 500),
+            (Category.PARAMETERS, 2 * MIB, float("-inf"), None),
+        ],
+        key=str,
+    )
+
+
+def test_peak_is_read_in_the_second_iteration_on_top_of_persistent_state() -> None:
+    analysis = analyze(two_iterations(), JOB)
+    starts = [it.start for it in analysis.iterations]
+    sim = replay(orchestrate(analysis, JOB), starts[0], None, starts)
+    # Large pool: the parameter opens a 20 MiB segment every later large block fits in (by best fit, split
+    # and coalescing); small pool: one 2 MiB segment for batches and labels. Iteration 0 holds at most
+    # 19 MiB (its backward); iteration 1's backward holds 21 MiB: its gradient, activation and batch on
+    # top of the parameter and the optimizer state created in iteration 0.
+    assert sim.peak_reserved == 22 * MIB
+    assert sim.peak_allocated == 21 * MIB
+    assert sim.at_peak == {
+        Category.PARAMETERS: P,
+        Category.GRADIENTS: P,
+        Category.OPTIMIZER_STATE: P,
+        Category.ACTIVATIONS: 1 * MIB + 8 * MIB,
+    }
+    assert sim.peak_time == pytest.approx((425 - 60) / 1000)
+    assert sim.iteration_starts == [0.0, pytest.approx((296 - 60) / 1000)]
+    assert not sim.oom
+
+
+def test_replay_signals_oom_when_the_device_is_too_small() -> None:
+    analysis = analyze(two_iterations(), JOB)
+    starts = [it.start for it in analysis.iterations]
+    assert replay(orchestrate(analysis, JOB), starts[0], 22 * MIB, starts).oom is False
+    assert replay(orchestrate(analysis, JOB), starts[0], 21 * MIB, starts).oom is True
