@@ -100,12 +100,14 @@ class _Session:
             with_stack=True,  # yields the python_function events (module windows) in this PyTorch version
             schedule=_record_every_step,
         )
-        self._running.enter_context(self.profiler)
+        with _native_stderr_muted():
+            self._running.enter_context(self.profiler)
         if not self.exact:
             self._running.enter_context(_value_free_arithmetic())
 
     def stop(self, export: bool) -> None:
-        self._running.close()
+        with _native_stderr_muted():
+            self._running.close()
         if export and self.profiler is not None:
             self.trace = _chrome_trace(self.profiler)
 
@@ -125,6 +127,21 @@ class _Session:
         if self.done >= self.steps:
             raise _StepLimitReached
         self.profiler.step()
+
+
+@contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: the profiler's native library prints `USDT ...
+    profiler_start` and `profiler_stop` lines there, whatever its log level."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _record_every_step(step: int) -> Any:
