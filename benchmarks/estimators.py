@@ -1,12 +1,11 @@
 """The memory estimators against real GPU measurements: the GPUMemNet MLP runs, and the time of a BERT-base estimate.
 
-Each run of shared/datasets/gpumemnet/mlp_training_runs.csv is rebuilt from its encoded name with the
-GPUMemNet generator (`depth` hidden Linear layers that halve the width for pyramid, plus one more halving
-layer for bottleneck, never below the output size; keep it for uniform; shrink it by
-(input - output) // depth for gradual; each Linear followed by optional BatchNorm1d, the activation and
-optional Dropout; then the output Linear and Softmax(dim=1); Adam, cross-entropy, one batch of the encoded
-size), captured once on the CPU (`capture_job`) and estimated by every method for one device. The
-measured peak, `Max GPU Memory (MiB)` (nvidia-smi, context included), is the truth.
+Each run of shared/datasets/gpumemnet/mlp_training_runs.csv is trained as it was measured, by
+`gpumemnet_mlp.py` (the GPUMemNet generator rebuilds the MLP from the run's encoded name; a 4,096-sample
+host dataset, shuffled batches moved to the device, Adam, cross-entropy), captured once on the CPU as
+`carma estimate -- python gpumemnet_mlp.py RUN` captures it (in a process of its own) and estimated by
+every method for one device. The measured peak, `Max GPU Memory (MiB)` (nvidia-smi, context included),
+is the truth.
 
 Figures per estimator, on the rows it could estimate:
 - MRE total: median of |estimate - measured| / measured;
@@ -16,9 +15,10 @@ Figures per estimator, on the rows it could estimate:
 - underestimates: share of rows estimated below the measured peak (each an OOM if the estimate were a cap),
   and (under >1%) those below it by more than 1% (nvidia-smi reads whole MiB, sampled once a second);
 - mean overestimate: mean of (estimate - measured) / measured over the rows it overestimates;
-- s/estimate: mean seconds per estimate, the CPU capture included (it runs the job's steps under the
-  profiler, whatever the method); own s: the method's own part (Horus, FakeTensor and GPUMemNet need only
-  the model, batch and optimizer, not the profiled steps).
+- s/estimate: mean seconds per estimate, the CPU capture included (it runs the script's first steps under
+  the profiler, whatever the method; the interpreter's start and imports are not counted); own s: the
+  method's own part (Horus, FakeTensor and GPUMemNet need only the model, batch and optimizer, not the
+  profiled steps).
 GPUMemNet's shipped weights were trained on 80% of these same runs, which flatters it here.
 
 Then one BERT-base estimate (BertConfig() defaults, batch 32 x 128 tokens, AdamW) is timed per method,
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import platform
@@ -48,62 +49,15 @@ from torch import nn
 from carma.calibration.sources import find_datasets
 from carma.estimate.base import EstimateError, TrainingJob
 from carma.estimate.devices import get_device
-from carma.estimate.gpumemnet import RunName, parse_run_name
+from carma.estimate.gpumemnet import parse_run_name
 from carma.estimate.registry import CPU_METHODS, estimate_captured
-from carma.estimate.runner import MALLOC_ENV, capture_job
+from carma.estimate.runner import MALLOC_ENV, capture_job, capture_script
+from gpumemnet_mlp import build_mlp
 
 MIB = 2**20
 ABOVE_MIN_MIB = 256
-RUN_ENV = "CARMA_BENCH_RUN"  # the run `run_job` builds: capture_job takes a job function by name, not arguments
 JOBS = Path(__file__).stem  # this file as a module: its folder is on sys.path when it runs as a script
-ACTIVATIONS = {
-    "relu": nn.ReLU, "leaky_relu": nn.LeakyReLU, "prelu": nn.PReLU, "elu": nn.ELU, "selu": nn.SELU,
-    "gelu": nn.GELU, "swish": nn.SiLU, "mish": nn.Mish, "softplus": nn.Softplus, "tanh": nn.Tanh,
-    "identity": nn.Identity,
-}  # fmt: skip
-
-
-def hidden_widths(run: RunName) -> list[int]:
-    widths, width = [], run.inputs
-    if run.shape in ("pyramid", "bottleneck"):
-        for _ in range(run.depth + (run.shape == "bottleneck")):
-            width = max(width // 2, run.outputs)
-            widths.append(width)
-    elif run.shape == "uniform":
-        widths = [run.inputs] * run.depth
-    elif run.shape == "gradual":
-        step = (run.inputs - run.outputs) // run.depth
-        for _ in range(run.depth):
-            width = max(width - step, run.outputs)
-            widths.append(width)
-    else:
-        raise ValueError(f"unknown MLP shape {run.shape!r}")
-    return widths
-
-
-def build_mlp(run: RunName) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    width = run.inputs
-    for out in hidden_widths(run):
-        layers.append(nn.Linear(width, out))
-        if run.batch_norm:
-            layers.append(nn.BatchNorm1d(out))
-        layers.append(ACTIVATIONS[run.activation]())
-        if run.dropout:
-            layers.append(nn.Dropout(run.dropout_rate))
-        width = out
-    return nn.Sequential(*layers, nn.Linear(width, run.outputs), nn.Softmax(dim=1))
-
-
-def mlp_job(run: RunName) -> TrainingJob:
-    model = build_mlp(run)
-    batch = (torch.randn(run.batch, run.inputs), torch.randint(0, run.outputs, (run.batch,)))
-    loss = lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])  # noqa: E731
-    return TrainingJob(model, batch, loss, torch.optim.Adam(model.parameters()))
-
-
-def run_job() -> TrainingJob:
-    return mlp_job(parse_run_name(os.environ[RUN_ENV]))
+TRAIN = Path(__file__).with_name("gpumemnet_mlp.py")
 
 
 def bert_job() -> TrainingJob:
@@ -142,22 +96,38 @@ def measure(rows: list[dict[str, str]], device: str, steps: int) -> list[Outcome
         run = parse_run_name(row["Filename"])
         counted = (m for m in build_mlp(run).modules() if isinstance(m, nn.Linear | nn.BatchNorm1d))  # as the CSV
         assert sum(p.numel() for m in counted for p in m.parameters()) == int(row["Total Parameters"]), row
-        os.environ[RUN_ENV] = row["Filename"]
-        capture = capture_job(f"{JOBS}:run_job", steps=steps)
-        outcome = Outcome(int(row["Max GPU Memory (MiB)"]) * MIB, {}, {}, capture.seconds)
-        for method in CPU_METHODS:
-            try:
-                estimate = estimate_captured(method, capture, device)
-            except EstimateError as e:
-                print(f"  {method} failed on {row['Filename']}: {e}", file=sys.stderr)
-                outcome.estimates[method] = None
-                continue
-            outcome.estimates[method] = estimate.peak_bytes
-            outcome.seconds[method] = estimate.seconds
+        child = [sys.executable, __file__, "--estimate-run", row["Filename"], "--device", device, "--steps", str(steps)]
+        env = {**MALLOC_ENV, **os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as `carma estimate` runs a capture
+        done = subprocess.run(child, env=env, capture_output=True, text=True)  # stderr: the profiler's warnings
+        if done.returncode:
+            sys.exit(f"estimating {row['Filename']} failed:\n{done.stderr}")
+        result = json.loads(done.stdout.splitlines()[-1])
+        outcome = Outcome(int(row["Max GPU Memory (MiB)"]) * MIB, {}, {}, result["capture_seconds"])
+        for method, (peak, seconds) in result["estimates"].items():
+            outcome.estimates[method] = peak
+            if peak is None:
+                print(f"  {method} failed on {row['Filename']}: {seconds}", file=sys.stderr)
+            else:
+                outcome.seconds[method] = seconds
         outcomes.append(outcome)
         print(f"\r{i}/{len(rows)} runs estimated", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     return outcomes
+
+
+def estimate_run(name: str, device: str, steps: int) -> None:
+    """In a process of its own: capture one run's training script, estimate it with every method, and
+    print `{"capture_seconds", "estimates": {method: [peak bytes, seconds] or [null, error]}}`."""
+    capture = capture_script([sys.executable, str(TRAIN), name, "--seconds", "3600"], steps=steps)
+    estimates: dict[str, tuple[int | None, float | str]] = {}
+    for method in CPU_METHODS:
+        try:
+            estimate = estimate_captured(method, capture, device)
+        except EstimateError as e:
+            estimates[method] = (None, str(e))
+            continue
+        estimates[method] = (estimate.peak_bytes, estimate.seconds)
+    print(json.dumps({"capture_seconds": capture.seconds, "estimates": estimates}))
 
 
 def figures(outcomes: list[Outcome], method: str, baseline: int) -> dict[str, float | int]:
@@ -233,8 +203,13 @@ def main() -> None:
     parser.add_argument("--device", default="a100-40gb", help="The GPU the runs were measured on.")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--skip-bert", action="store_true", help="Leave out the BERT-base timing.")
+    parser.add_argument("--per-run", action="store_true", help="Also print each run's measured peak and estimates.")
     parser.add_argument("--bert-only", action="store_true", help=argparse.SUPPRESS)  # the timing's own process
+    parser.add_argument("--estimate-run", help=argparse.SUPPRESS)  # one run's capture, in its own process
     args = parser.parse_args()
+    if args.estimate_run:
+        estimate_run(args.estimate_run, args.device, args.steps)
+        return
     if args.bert_only:
         time_bert(args.device, args.steps)
         return
@@ -251,6 +226,13 @@ def main() -> None:
         f"baseline = its context constant, {device.context_bytes / MIB:.0f} MiB"
     )
     outcomes = measure(rows, device.name, args.steps)
+    if args.per_run:
+        print("measured MiB, then each estimate less the measured peak (MiB), and the run")
+        for row, o in zip(rows, outcomes, strict=True):
+            misses = "  ".join(
+                f"{m} {'-' if e is None else f'{(e - o.measured) / MIB:+.0f}'}" for m, e in o.estimates.items()
+            )
+            print(f"{o.measured / MIB:6.0f}  {misses}  {row['Filename']}")
     report({method: figures(outcomes, method, device.context_bytes) for method in CPU_METHODS})
     if not args.skip_bert:  # in a process of its own, as a `carma estimate` would be: the capture needs ~12 GB
         sys.stdout.flush()

@@ -9,6 +9,7 @@ from carma.estimate.xmem.allocator import (
     CachingAllocator,
     DeviceMemory,
     OutOfMemory,
+    fragmentation_allowance,
     round_size,
     segment_size,
 )
@@ -19,6 +20,12 @@ def test_requests_round_up_to_512_bytes() -> None:
     assert round_size(512) == 512
     assert round_size(513) == 1024
     assert round_size(3 * MIB + 1) == 3 * MIB + 512
+
+
+def test_fragmentation_allowance_is_one_more_segment_in_each_pool_in_use() -> None:
+    assert fragmentation_allowance(300 * 1024) == 2 * MIB  # only small blocks: a small-pool segment
+    assert fragmentation_allowance(4 * MIB) == 2 * MIB + 20 * MIB  # a large block under 10 MiB: and 20 MiB
+    assert fragmentation_allowance(57 * MIB + 300) == 2 * MIB + 58 * MIB  # and its own size, rounded to 2 MiB
 
 
 def test_segment_sizes_follow_the_pool_and_the_request() -> None:

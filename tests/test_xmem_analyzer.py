@@ -130,6 +130,25 @@ def test_analysis_drops_script_temporaries_and_finds_iterations_and_phases() -> 
     }
 
 
+def test_a_forward_no_backward_follows_is_not_the_first_iteration_forward() -> None:
+    """A model summary's forward pass of a tiny batch (at 20-30, where the runner starts profiling) comes
+    before the training loop: the first iteration still starts at its batch, and the summary's blocks
+    are setup."""
+    SUMMARY_IN, SUMMARY_ACT = 0x7000, 0x7100
+    events = [
+        win("python_function", "nn.Module: Net_0", 20, 30),
+        *block(22, 40, SUMMARY_IN, 512),
+        *block(25, 28, SUMMARY_ACT, 1024),
+        *two_iterations(),
+    ]
+    analysis = analyze(events, JOB)
+    first = analysis.iterations[0]
+    assert (first.start, first.forward) == (60, 100)
+    kept = {b.addr for b in analysis.blocks}
+    assert SUMMARY_IN not in kept and SUMMARY_ACT not in kept
+    assert analysis.dropped == 4
+
+
 def test_analysis_needs_iterations_and_the_model() -> None:
     with pytest.raises(EstimateError, match="no ProfilerStep"):
         analyze([*block(1, None, 0xA, 512)], JOB)
@@ -192,6 +211,7 @@ def test_peak_is_read_in_the_second_iteration_on_top_of_persistent_state() -> No
     # top of the parameter and the optimizer state created in iteration 0.
     assert sim.peak_reserved == 22 * MIB
     assert sim.peak_allocated == 21 * MIB
+    assert sim.largest_request_at_peak == 8 * MIB  # the activation
     assert sim.at_peak == {
         Category.PARAMETERS: P,
         Category.GRADIENTS: P,

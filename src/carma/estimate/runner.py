@@ -7,7 +7,8 @@ Two ways in:
   `estimate_script` in a child process with `CUDA_VISIBLE_DEVICES=""`, so a script that falls back to the
   CPU when CUDA is absent runs unchanged. Global hooks stop the script after N optimizer steps and
   capture its model (the outermost module called whose parameters the optimizer holds) and that model's
-  first batch. Profiling starts at that model's first call, so imports and setup stay out of the trace
+  training batch (of its last call before the first step: not a summary's or a warm-up's). Profiling
+  starts at that model's first call, so imports and setup stay out of the trace
   (their only lasting GPU memory, the parameters, is read from the model). The captured model cannot
   cross the process boundary, so the child also runs the estimator and sends back the `Estimate` as
   JSON (in a file, as the script owns stdout).
@@ -376,7 +377,8 @@ def _as_job(result: Any, target: str) -> TrainingJob:
 
 
 class _ModelRecorder:
-    """Global module hooks: the first call of every outermost module that has parameters; the first such
+    """Global module hooks: the last call before the first optimizer step of every outermost module that
+    has parameters (its training batch, not that of a summary's or warm-up's forward pass); the first such
     call starts the session (the training loop begins: imports and setup before it go unprofiled)."""
 
     def __init__(self, session: _Session) -> None:
@@ -405,12 +407,12 @@ class _ModelRecorder:
 
     def _leave(self, module: Any, args: Any, *rest: Any) -> None:
         self.depth -= 1
-        if self.depth == 0 and id(module) not in self.calls and next(module.parameters(), None) is not None:
+        if self.depth == 0 and not self.session.done and next(module.parameters(), None) is not None:
             kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
             self.calls[id(module)] = (module, tuple(args), dict(kwargs))
 
     def model_of(self, optimizer: Any) -> tuple[Any, Any]:
-        """The recorded module holding most of the optimizer's parameters, and its first batch."""
+        """The recorded module holding most of the optimizer's parameters, and its training batch."""
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         best, overlap = None, 0
         for module, args, kwargs in self.calls.values():

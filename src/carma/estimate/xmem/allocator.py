@@ -57,6 +57,20 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
+def fragmentation_allowance(largest_request: int) -> int:
+    """Headroom for the allocation order a GPU run takes and the replay cannot see: one more segment in
+    each pool the peak uses, a small-pool one and, when the largest request alive at the peak is a large
+    one, a segment for it.
+
+    The replay follows the CPU run's order, but on the GPU library workspaces and kernel temporaries the
+    CPU never makes (cuBLAS, cuDNN, reductions) shift where blocks land, so a pool can end up holding one
+    segment more than the replay's. On the GPUMemNet runs every shortfall of the bare replay was within
+    that much (docs/estimate.md).
+    """
+    rounded = round_size(largest_request)
+    return SMALL_BUFFER + (segment_size(rounded) if rounded > SMALL_SIZE else 0)
+
+
 def _should_split(small: bool, remaining: int) -> bool:
     """Whether the unused rest of a block becomes a free block of its own (`should_split`)."""
     return remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE

@@ -5,9 +5,10 @@ The trace (chrome-trace events of `torch.profiler` with `profile_memory=True` an
 The analyzer pairs each allocation with the next free of the same address (an address freed and
 allocated again starts a new block), attributes each block to the innermost operator window around its
 allocation, and places it in a phase of a training iteration. Iterations are the profiler's
-`ProfilerStep#k` windows that contain an optimizer step; the first one starts at the batch or the first
-forward of the model, so what the script did before (building the dataset, initialising the model) is
-left out, except the model's parameters and buffers, which live on the GPU for the whole job.
+`ProfilerStep#k` windows that contain an optimizer step; the first one starts at its batch or at the
+model's first training forward (the first call a backward pass follows), so what the script did before
+(building the dataset, initialising the model, a summary's forward pass) is left out, except the model's
+parameters and buffers, which live on the GPU for the whole job.
 """
 
 from __future__ import annotations
@@ -203,11 +204,13 @@ def _iterations(
         for w in windows
         if w["cat"] == "cpu_op" and w["name"].startswith(BACKWARD_PREFIX)
     )
+    backward_starts = [s for s, _ in backward_ops]
     iterations = []
     for k, (start, end) in enumerate(bounds):
         # The first forward may open before ProfilerStep#0 does: the runner starts profiling from it.
         earliest = -math.inf if k == 0 else start
-        forward = next((t for t in forwards if earliest <= t <= end), None)
+        calls = [t for t in forwards if earliest <= t <= end]
+        forward = _training_forward(calls, backward_starts) if k == 0 else next(iter(calls), None)
         if forward is None:
             raise EstimateError(f"iteration {k} never calls the model ({job.model_window}...)")
         if k == 0:
@@ -216,6 +219,16 @@ def _iterations(
         backward = (inside[0][0], max(e for _, e in inside)) if inside else None
         iterations.append(Iteration(start, end, forward, backward))
     return iterations
+
+
+def _training_forward(calls: list[float], backward_starts: list[float]) -> float | None:
+    """The first of the model's calls that a backward pass follows before the next call: a script's calls
+    before training (a model summary, a warm-up, an evaluation without gradients) are not its forward."""
+    for t, following in zip(calls, [*calls[1:], math.inf], strict=False):
+        i = bisect_right(backward_starts, t)
+        if i < len(backward_starts) and backward_starts[i] < following:
+            return t
+    return calls[0] if calls else None
 
 
 def _first_iteration_start(window_start: float, forward: float, blocks: list[Block], batch: dict[int, int]) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from carma.estimate.base import Breakdown, Capture, Estimate, TrainingJob
+from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import MODULE_PREFIX, JobTensors, analyze
 from carma.estimate.xmem.orchestrator import Category, orchestrate
 from carma.estimate.xmem.timeline import Simulation, draw_png, replay
@@ -86,7 +87,8 @@ def estimate_xmem(
     device_memory_bytes: int | None = None,
     timeline: str | Path | None = None,
 ) -> Estimate:
-    """xMem's peak for `device`: simulated peak of reserved segments plus the device's CUDA context.
+    """xMem's peak for `device`: the simulated peak of reserved segments, the fragmentation allowance
+    (`fragmentation_allowance`) and the device's CUDA context.
 
     With `device_memory_bytes` the simulation runs against that capacity (see `run_xmem`); a predicted
     OOM shows as a peak above the device memory. `timeline` writes the PNG of the simulated memory.
@@ -94,6 +96,7 @@ def estimate_xmem(
     capacity = None if device_memory_bytes is None else max(device_memory_bytes - device_context_bytes, 0)
     result = run_xmem(capture, capacity)
     sim = result.simulation
+    allowance = fragmentation_allowance(sim.largest_request_at_peak)
     if timeline:
         plot_timeline(result, timeline, device)
     breakdown = Breakdown(
@@ -101,8 +104,8 @@ def estimate_xmem(
         gradients=sim.at_peak[Category.GRADIENTS],
         optimizer_state=sim.at_peak[Category.OPTIMIZER_STATE],
         activations=sim.at_peak[Category.ACTIVATIONS],
-        allocator=sim.peak_reserved - sim.allocated_at_peak,
+        allocator=sim.peak_reserved - sim.allocated_at_peak + allowance,
         context=device_context_bytes,
     )
-    peak = sim.peak_reserved + device_context_bytes
+    peak = sim.peak_reserved + allowance + device_context_bytes
     return Estimate("xmem", peak, breakdown, device, capture.seconds + result.seconds)
