@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from carma.calibration.sources import find_datasets
-from carma.estimate.base import EstimateError, TrainingJob
+from carma.estimate.base import Capture, Estimate, EstimateError, TrainingJob
 from carma.estimate.devices import get_device
 from carma.estimate.gpumemnet import parse_run_name
 from carma.estimate.registry import CPU_METHODS, estimate_captured
@@ -119,15 +119,22 @@ def estimate_run(name: str, device: str, steps: int) -> None:
     """In a process of its own: capture one run's training script, estimate it with every method, and
     print `{"capture_seconds", "estimates": {method: [peak bytes, seconds] or [null, error]}}`."""
     capture = capture_script([sys.executable, str(TRAIN), name, "--seconds", "3600"], steps=steps)
-    estimates: dict[str, tuple[int | None, float | str]] = {}
+    estimates = {
+        method: (None, str(e)) if isinstance(e, EstimateError) else (e.peak_bytes, e.seconds)
+        for method, e in every_method(capture, device).items()
+    }
+    print(json.dumps({"capture_seconds": capture.seconds, "estimates": estimates}))
+
+
+def every_method(capture: Capture, device: str) -> dict[str, Estimate | EstimateError]:
+    """Each CPU method's estimate of the captured job, or why it failed."""
+    results: dict[str, Estimate | EstimateError] = {}
     for method in CPU_METHODS:
         try:
-            estimate = estimate_captured(method, capture, device)
+            results[method] = estimate_captured(method, capture, device)
         except EstimateError as e:
-            estimates[method] = (None, str(e))
-            continue
-        estimates[method] = (estimate.peak_bytes, estimate.seconds)
-    print(json.dumps({"capture_seconds": capture.seconds, "estimates": estimates}))
+            results[method] = e
+    return results
 
 
 def figures(outcomes: list[Outcome], method: str, baseline: int) -> dict[str, float | int]:
@@ -184,11 +191,9 @@ def time_bert(device: str, steps: int) -> None:
         print(f"\nBERT-base {title}, BertConfig() defaults, batch 32 x 128 tokens, AdamW; one estimate each:")
         capture = capture_job(f"{JOBS}:{function}", steps=steps)
         print(f"capture ({steps} profiled steps on the CPU): {capture.seconds:.1f} s")
-        for method in CPU_METHODS:
-            try:
-                estimate = estimate_captured(method, capture, device)
-            except EstimateError as e:
-                print(f"{method:11s} failed: {e}")
+        for method, estimate in every_method(capture, device).items():
+            if isinstance(estimate, EstimateError):
+                print(f"{method:11s} failed: {estimate}")
                 continue
             own, peak = estimate.seconds - capture.seconds, estimate.peak_bytes / 2**30
             mark = target if method == "xmem" else ""
