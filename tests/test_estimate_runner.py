@@ -1,4 +1,4 @@
-"""The CPU runner end to end: user scripts in a child process, job functions in this one, and xMem on them."""
+"""The CPU runner end to end: user scripts and job functions in a child process (or a job in this one), xMem on them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from carma.estimate.base import Capture, EstimateError  # noqa: E402
-from carma.estimate.runner import capture_job, estimate_script  # noqa: E402
+from carma.estimate.runner import capture_job, estimate_job, estimate_script  # noqa: E402
 from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
 
 MIB = 1024 * 1024
@@ -74,6 +74,11 @@ def as_tuple():
 
 def not_a_job():
     return 42
+
+def records_its_process():
+    import os
+    open("job.pid", "w").write(str(os.getpid()))
+    return mlp()
 """
 
 
@@ -211,6 +216,20 @@ def test_job_function_errors(workdir: Path) -> None:
         capture_job("jobs:missing")
     with pytest.raises(EstimateError, match="is not 'module:function'"):
         capture_job("jobs")
+
+
+def test_a_job_function_is_estimated_in_a_child_process_as_in_this_one(workdir: Path) -> None:
+    """`carma estimate --job` captures in a child (CUDA hidden, the capture's heap settings), like a script."""
+    import os
+
+    child = estimate_job("jobs:records_its_process", "xmem", "test-gpu", estimator="xmem_only:estimate")
+    assert int((workdir / "job.pid").read_text()) != os.getpid()
+    here = estimate_xmem(capture_job("jobs:mlp"), 300 * MIB, "test-gpu")
+    assert (child.peak_bytes, child.breakdown) == (here.peak_bytes, here.breakdown)
+    with pytest.raises(EstimateError, match="returned int; expected a TrainingJob"):
+        estimate_job("jobs:not_a_job", "xmem", "test-gpu", estimator="xmem_only:estimate")
+    with pytest.raises(EstimateError, match="is not 'module:function'"):
+        estimate_job("jobs", "xmem", "test-gpu")
 
 
 def test_skipping_arithmetic_leaves_the_estimate_unchanged(workdir: Path) -> None:

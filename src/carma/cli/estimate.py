@@ -80,15 +80,12 @@ def estimate_cmd(
 
     try:
         get_device(device)
+        from carma.estimate.runner import estimate_job, estimate_script
+
         if script:
-            from carma.estimate.runner import estimate_script
-
-            estimate = estimate_script(script, method, device, steps=steps, timeline=timeline)
+            estimate = estimate_script(script, method, device, steps, timeline=timeline)
         else:
-            from carma.estimate.registry import estimate_captured
-            from carma.estimate.runner import capture_job
-
-            estimate = estimate_captured(method, capture_job(job, steps=steps), device, timeline=timeline)
+            estimate = estimate_job(job, method, device, steps, timeline=timeline)
     except EstimateError as e:
         raise fail(str(e)) from None
     if as_json:

@@ -1,11 +1,12 @@
 """Run the first iterations of a training job on the CPU, with CUDA hidden, under the PyTorch profiler.
 
-Two ways in:
-- a job function (`module:function` or `path/file.py:function` returning a `TrainingJob`), run in this
-  process by `capture_job`;
-- the user's own training script (`python train.py ...`, `python -m pkg.train ...`), run by
-  `estimate_script` in a child process with `CUDA_VISIBLE_DEVICES=""`, so a script that falls back to the
-  CPU when CUDA is absent runs unchanged. Global hooks stop the script after N optimizer steps and
+Two ways in, each run in a child process with `CUDA_VISIBLE_DEVICES=""` (and heap settings that suit
+the capture) that estimates and sends the `Estimate` back:
+- a job function (`module:function` or `path/file.py:function` returning a `TrainingJob`), by
+  `estimate_job` (`capture_job` captures it in this process);
+- the user's own training script (`python train.py ...`, `python -m pkg.train ...`), by
+  `estimate_script`, so a script that falls back to the CPU when CUDA is absent runs unchanged.
+  Global hooks stop the script after N optimizer steps and
   capture its model (the outermost module called whose parameters the optimizer holds) and that model's
   training batch (of its last call before the first step: not a summary's or a warm-up's). Profiling
   starts at that model's first call, so imports and setup stay out of the trace
@@ -324,10 +325,16 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
     return Capture(job, session.trace, steps, time.perf_counter() - started)
 
 
-def _load_job_function(target: str) -> Callable[[], Any]:
+def _job_parts(target: str) -> tuple[str, str]:
+    """(module or file, function) of a job target."""
     where, sep, name = target.rpartition(":")
     if not sep or not where or not name:
         raise EstimateError(f"job {target!r} is not 'module:function' or 'path/to/file.py:function'")
+    return where, name
+
+
+def _load_job_function(target: str) -> Callable[[], Any]:
+    where, name = _job_parts(target)
     try:
         if where.endswith(".py"):
             path = Path(where).resolve()
@@ -502,11 +509,24 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     return Capture(job, session.trace, steps, time.perf_counter() - started)
 
 
-def estimate_script(
-    argv: list[str],
+def estimate_script(argv: list[str], method: str, device: str, steps: int = DEFAULT_STEPS, **options: Any) -> Estimate:
+    """Capture the script in a child process (CUDA hidden) and estimate there; `options` as `_estimate_in_child`."""
+    _parse_argv(argv, options.get("cwd"))  # fail fast, before a process is started
+    return _estimate_in_child({"argv": list(argv)}, method, device, steps, **options)
+
+
+def estimate_job(target: str, method: str, device: str, steps: int = DEFAULT_STEPS, **options: Any) -> Estimate:
+    """Capture the job function in a child process (CUDA hidden) and estimate there; `options` as
+    `_estimate_in_child`. The child imports `target` from its working directory, as `capture_job` does."""
+    _job_parts(target)  # fail fast, before a process is started
+    return _estimate_in_child({"job": target}, method, device, steps, **options)
+
+
+def _estimate_in_child(
+    source: dict[str, Any],
     method: str,
     device: str,
-    steps: int = DEFAULT_STEPS,
+    steps: int,
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     exact: bool = False,
@@ -520,19 +540,20 @@ def estimate_script(
     extra_groups: Sequence[int] | None = None,
     on_start: Callable[[int], None] | None = None,
 ) -> Estimate:
-    """Capture the script in a child process (CUDA hidden) and estimate there with `estimator`.
+    """Capture `source` ({"argv": [...]} or {"job": "module:function"}) in a child and estimate there with
+    `estimator`.
 
     `estimator` names a function `(method, capture, device, **options) -> Estimate`; `timeline` (a PNG
-    path) is passed on as an option when given. The child runs as the script would: under `python` (by
+    path) is passed on as an option when given. The child runs as the job would: under `python` (by
     default this interpreter), in `cwd`, with `env` (by default this process's), as `user`/`group`/
     `extra_groups` when given (a root daemon estimating a user's task); `on_start` gets its process group.
     """
-    _parse_argv(argv, cwd)  # fail fast, before a process is started
+    what = "the script" if "argv" in source else "the job function"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="carma-estimate-") as tmp:
         result = Path(tmp) / "estimate.json"
         spec = {
-            "argv": list(argv),
+            **source,
             "steps": steps,
             "exact": exact,
             "method": method,
@@ -559,7 +580,7 @@ def estimate_script(
                 start_new_session=True,  # its own process group, so a timeout ends DataLoader workers too
             )
         except OSError as e:
-            raise EstimateError(f"could not start {python or sys.executable} to capture the script: {e}") from None
+            raise EstimateError(f"could not start {python or sys.executable} to capture {what}: {e}") from None
         if on_start is not None:
             on_start(child.pid)
         try:
@@ -567,8 +588,8 @@ def estimate_script(
         except subprocess.TimeoutExpired:
             _kill_group(child.pid)
             child.communicate()
-            raise EstimateError(f"the script did not reach {steps} optimizer steps within {timeout_s:g} s") from None
-        _kill_group(child.pid)  # whatever the script left running
+            raise EstimateError(f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s") from None
+        _kill_group(child.pid)  # whatever the job left running
         if not result.exists():
             lines = [line for line in err.splitlines() if line.strip()]
             last = lines[-1].strip() if lines else "no error output"
@@ -591,7 +612,10 @@ def _child_main() -> None:
     waiting for threads the script may have left)."""
     spec = json.loads(sys.argv[1])
     try:
-        capture = capture_script(spec["argv"], spec["steps"], exact=spec["exact"])
+        if "job" in spec:
+            capture = capture_job(spec["job"], spec["steps"], exact=spec["exact"])
+        else:
+            capture = capture_script(spec["argv"], spec["steps"], exact=spec["exact"])
         module, _, name = spec["estimator"].partition(":")
         estimate_captured = getattr(importlib.import_module(module), name)
         options = {"timeline": spec["timeline"]} if spec["timeline"] else {}
