@@ -51,7 +51,7 @@ from carma.estimate.base import Capture, Estimate, EstimateError, TrainingJob
 from carma.estimate.devices import get_device
 from carma.estimate.gpumemnet import parse_run_name
 from carma.estimate.registry import CPU_METHODS, estimate_captured
-from carma.estimate.runner import MALLOC_ENV, capture_job, capture_script
+from carma.estimate.runner import capture_environment, capture_job, capture_script
 from gpumemnet_mlp import build_mlp
 
 MIB = 2**20
@@ -97,8 +97,8 @@ def measure(rows: list[dict[str, str]], device: str, steps: int) -> list[Outcome
         counted = (m for m in build_mlp(run).modules() if isinstance(m, nn.Linear | nn.BatchNorm1d))  # as the CSV
         assert sum(p.numel() for m in counted for p in m.parameters()) == int(row["Total Parameters"]), row
         child = [sys.executable, __file__, "--estimate-run", row["Filename"], "--device", device, "--steps", str(steps)]
-        env = {**MALLOC_ENV, **os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as `carma estimate` runs a capture
-        done = subprocess.run(child, env=env, capture_output=True, text=True)  # stderr: the profiler's warnings
+        # As `carma estimate` runs a capture; stderr holds the profiler's warnings.
+        done = subprocess.run(child, env=capture_environment(), capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"estimating {row['Filename']} failed:\n{done.stderr}")
         result = json.loads(done.stdout.splitlines()[-1])
@@ -242,7 +242,7 @@ def main() -> None:
     if not args.skip_bert:  # in a process of its own, as a `carma estimate` would be: the capture needs ~12 GB
         sys.stdout.flush()
         bert = [sys.executable, __file__, "--bert-only", "--device", device.name, "--steps", str(args.steps)]
-        subprocess.run(bert, check=True, env={**MALLOC_ENV, **os.environ})  # the heap settings of a capture child
+        subprocess.run(bert, check=True, env=capture_environment())  # as `carma estimate` runs a capture
 
 
 if __name__ == "__main__":

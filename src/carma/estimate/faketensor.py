@@ -16,8 +16,8 @@ peak; a snapshot of the live storages at that moment gives the breakdown. There 
 no rounding, caching or fragmentation (the `allocator` part stays 0), and the device context is added.
 
 The fake tensors stay on the CPU (a CPU-only PyTorch cannot make fake CUDA tensors), so operators pick
-their CPU kernels; optimizers left to choose get `foreach=True`, their default on CUDA, so the step's
-temporaries are those of a GPU run.
+their CPU kernels; optimizers left to choose get `foreach=True`, their default on CUDA (the runner's
+`take_cuda_foreach`, as in the capture), so the step's temporaries are those of a GPU run.
 
 Script mode has no loss function (the script computed its own): the surrogate loss is the output's `.loss`
 (a transformers model given labels), else the sum of its floating-point tensors, so backward reaches every
@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from carma.estimate.base import Breakdown, Estimate, EstimateError, TrainingJob
+from carma.estimate.runner import take_cuda_foreach
 
 STEPS = 2  # the second step is the first with optimizer state, gradients and activations together
 
@@ -96,8 +97,7 @@ def fake_optimizer(optimizer: Any, fakes: dict[int, Any]) -> Any:
     groups = []
     for group in optimizer.param_groups:
         fake = {**group, "params": [fakes[id(p)] for p in group["params"]]}
-        if fake.get("foreach", False) is None:  # left to choose: take its CUDA default
-            fake["foreach"] = True
+        take_cuda_foreach(fake)
         groups.append(fake)
     try:
         return type(optimizer)(groups)

@@ -69,6 +69,19 @@ _child_main()
 MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(64 << 30), "MALLOC_TOP_PAD_": str(1 << 30)}
 
 
+def capture_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a capture child: `env` (by default this process's) with CUDA hidden, and the
+    `MALLOC_ENV` heap settings unless `env` sets its own."""
+    return {**MALLOC_ENV, **(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def take_cuda_foreach(group: dict[str, Any]) -> None:
+    """An optimizer param group left to choose its implementation takes `foreach`, its default on CUDA
+    (whose step allocates a parameter-sized list of temporaries); fused and differentiable ones keep theirs."""
+    if group.get("foreach", False) is None and not group.get("fused") and not group.get("differentiable"):
+        group["foreach"] = True
+
+
 class _StepLimitReached(BaseException):
     """Raised by the optimizer hook once the captured steps are done; BaseException so that a script's
     `except Exception` does not swallow it."""
@@ -117,8 +130,7 @@ class _Session:
         if self.done >= self.steps:  # the script caught our stop and went on
             raise _StepLimitReached
         for group in optimizer.param_groups:
-            if group.get("foreach", False) is None and not group.get("fused") and not group.get("differentiable"):
-                group["foreach"] = True
+            take_cuda_foreach(group)
 
     def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.profiler is None:  # a step before the model was ever called: not a training step
@@ -565,7 +577,6 @@ def _estimate_in_child(
         if user is not None:
             os.chown(tmp, user, group if group is not None else -1)  # the child writes its result there
         package = str(Path(__file__).resolve().parent.parent / "__init__.py")
-        child_env = {**MALLOC_ENV, **(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": ""}
         try:
             child = subprocess.Popen(
                 [python or sys.executable, "-c", _CHILD, package, json.dumps(spec)],
@@ -573,7 +584,7 @@ def _estimate_in_child(
                 stderr=subprocess.PIPE,  # for the last error line when the child dies
                 text=True,
                 cwd=cwd,
-                env=child_env,
+                env=capture_environment(env),
                 user=user,
                 group=group,
                 extra_groups=extra_groups,
