@@ -90,35 +90,41 @@ class Outcome:
     capture_seconds: float
 
 
-def measure(rows: list[dict[str, str]], device: str, steps: int) -> list[Outcome]:
+def measure(rows: list[dict[str, str]], measured: list[int], device: str, steps: int) -> list[Outcome]:
+    """Estimate each run with every method (one capture per run, in a process of its own) beside its
+    measured peak (bytes, context included)."""
     outcomes = []
-    for i, row in enumerate(rows, 1):
+    for i, (row, truth) in enumerate(zip(rows, measured, strict=True), 1):
         run = parse_run_name(row["Filename"])
         counted = (m for m in build_mlp(run).modules() if isinstance(m, nn.Linear | nn.BatchNorm1d))  # as the CSV
         assert sum(p.numel() for m in counted for p in m.parameters()) == int(row["Total Parameters"]), row
-        child = [sys.executable, __file__, "--estimate-run", row["Filename"], "--device", device, "--steps", str(steps)]
-        # As `carma estimate` runs a capture; stderr holds the profiler's warnings.
-        done = subprocess.run(child, env=capture_environment(), capture_output=True, text=True)
-        if done.returncode:
-            sys.exit(f"estimating {row['Filename']} failed:\n{done.stderr}")
-        result = json.loads(done.stdout.splitlines()[-1])
-        outcome = Outcome(int(row["Max GPU Memory (MiB)"]) * MIB, {}, {}, result["capture_seconds"])
-        for method, (peak, seconds) in result["estimates"].items():
-            outcome.estimates[method] = peak
-            if peak is None:
-                print(f"  {method} failed on {row['Filename']}: {seconds}", file=sys.stderr)
-            else:
-                outcome.seconds[method] = seconds
-        outcomes.append(outcome)
+        outcomes.append(estimate_in_child(["--estimate-run", row["Filename"]], truth, device, steps))
         print(f"\r{i}/{len(rows)} runs estimated", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     return outcomes
 
 
-def estimate_run(name: str, device: str, steps: int) -> None:
-    """In a process of its own: capture one run's training script, estimate it with every method, and
-    print `{"capture_seconds", "estimates": {method: [peak bytes, seconds] or [null, error]}}`."""
-    capture = capture_script([sys.executable, str(TRAIN), name, "--seconds", "3600"], steps=steps)
+def estimate_in_child(what: list[str], truth: int, device: str, steps: int) -> Outcome:
+    """Capture and estimate with every method in a process of its own, as `carma estimate` runs a capture
+    (stderr holds the profiler's warnings); `what` is ["--estimate-run", NAME] or ["--estimate-job", TARGET]."""
+    child = [sys.executable, __file__, *what, "--device", device, "--steps", str(steps)]
+    done = subprocess.run(child, env=capture_environment(), capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"estimating {what[1]} failed:\n{done.stderr}")
+    result = json.loads(done.stdout.splitlines()[-1])
+    outcome = Outcome(truth, {}, {}, result["capture_seconds"])
+    for method, (peak, seconds) in result["estimates"].items():
+        outcome.estimates[method] = peak
+        if peak is None:
+            print(f"  {method} failed on {what[1]}: {seconds}", file=sys.stderr)
+        else:
+            outcome.seconds[method] = seconds
+    return outcome
+
+
+def print_estimates(capture: Capture, device: str) -> None:
+    """For the process that captured a job (as `carma estimate` does, in a process of its own): print
+    `{"capture_seconds", "estimates": {method: [peak bytes, seconds] or [null, error]}}`."""
     estimates = {
         method: (None, str(e)) if isinstance(e, EstimateError) else (e.peak_bytes, e.seconds)
         for method, e in every_method(capture, device).items()
@@ -153,6 +159,15 @@ def figures(outcomes: list[Outcome], method: str, baseline: int) -> dict[str, fl
         "seconds": statistics.mean(s for _, _, s in done),
         "own": statistics.mean(s for _, _, s in done) - statistics.mean(captures),
     }
+
+
+def per_run(names: list[str], outcomes: list[Outcome]) -> None:
+    print("measured MiB, then each estimate less the measured peak (MiB), and the run")
+    for name, o in zip(names, outcomes, strict=True):
+        misses = "  ".join(
+            f"{m} {'-' if e is None else f'{(e - o.measured) / MIB:+.0f}'}" for m, e in o.estimates.items()
+        )
+        print(f"{o.measured / MIB:6.0f}  {misses}  {name}")
 
 
 def pct(x: float) -> str:
@@ -211,9 +226,14 @@ def main() -> None:
     parser.add_argument("--per-run", action="store_true", help="Also print each run's measured peak and estimates.")
     parser.add_argument("--bert-only", action="store_true", help=argparse.SUPPRESS)  # the timing's own process
     parser.add_argument("--estimate-run", help=argparse.SUPPRESS)  # one run's capture, in its own process
+    parser.add_argument("--estimate-job", help=argparse.SUPPRESS)  # the same for a job function
     args = parser.parse_args()
     if args.estimate_run:
-        estimate_run(args.estimate_run, args.device, args.steps)
+        run = [sys.executable, str(TRAIN), args.estimate_run, "--seconds", "3600"]
+        print_estimates(capture_script(run, steps=args.steps), args.device)
+        return
+    if args.estimate_job:
+        print_estimates(capture_job(args.estimate_job, steps=args.steps), args.device)
         return
     if args.bert_only:
         time_bert(args.device, args.steps)
@@ -230,14 +250,9 @@ def main() -> None:
         f"GPUMemNet MLP runs: {len(rows)} (seed {args.seed}{', all' if args.all else ''}); device {device.name}, "
         f"baseline = its context constant, {device.context_bytes / MIB:.0f} MiB"
     )
-    outcomes = measure(rows, device.name, args.steps)
+    outcomes = measure(rows, [int(row["Max GPU Memory (MiB)"]) * MIB for row in rows], device.name, args.steps)
     if args.per_run:
-        print("measured MiB, then each estimate less the measured peak (MiB), and the run")
-        for row, o in zip(rows, outcomes, strict=True):
-            misses = "  ".join(
-                f"{m} {'-' if e is None else f'{(e - o.measured) / MIB:+.0f}'}" for m, e in o.estimates.items()
-            )
-            print(f"{o.measured / MIB:6.0f}  {misses}  {row['Filename']}")
+        per_run([row["Filename"] for row in rows], outcomes)
     report({method: figures(outcomes, method, device.context_bytes) for method in CPU_METHODS})
     if not args.skip_bert:  # in a process of its own, as a `carma estimate` would be: the capture needs ~12 GB
         sys.stdout.flush()

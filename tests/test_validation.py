@@ -60,3 +60,14 @@ def test_an_unknown_configuration_is_one_clear_error(tmp_path):
     result = run("run.py", "--dry-run", "--configs", "exclusive,fastest", "--out", tmp_path)
     assert result.returncode == 2 and "unknown configuration(s) fastest" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_estimator_validation_refuses_plainly_without_a_gpu(tmp_path):
+    """It measures jobs on a real GPU; here (CUDA hidden) it says so in one line and writes nothing."""
+    pytest.importorskip("torch")
+    result = run("estimates.py", "--sample", "2", "--out", tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine"
+    ]
+    assert list(tmp_path.iterdir()) == []

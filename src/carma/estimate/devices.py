@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -130,9 +131,8 @@ def measure_context(index: int = 0) -> tuple[str, int, int]:
     """Measure an empty PyTorch CUDA process on local GPU `index`: (GPU name, context bytes, total bytes).
 
     A child process initializes CUDA, runs one matrix product (so cuBLAS creates its handle and workspaces, as
-    any training step does), frees its tensors and empties the allocator's cache; the drop in the GPU's free
-    memory (`torch.cuda.mem_get_info`, taken in this process before and while the child waits) is the
-    constant. Other processes allocating on the same GPU meanwhile would distort it.
+    any training step does), frees its tensors and empties the allocator's cache; what it holds then
+    (`memory_held_by`) is the constant.
     """
     try:
         import torch
@@ -145,22 +145,32 @@ def measure_context(index: int = 0) -> tuple[str, int, int]:
         )
     if not 0 <= index < torch.cuda.device_count():
         raise EstimateError(f"no GPU {index}: this machine has {torch.cuda.device_count()}")
-    free_before, total = torch.cuda.mem_get_info(index)
-    child = subprocess.Popen(
-        [sys.executable, "-m", "carma.estimate.devices", str(index)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    held, _ = memory_held_by([sys.executable, "-m", "carma.estimate.devices", str(index)], index)
+    return torch.cuda.get_device_name(index), held, torch.cuda.mem_get_info(index)[1]
+
+
+def memory_held_by(argv: list[str], index: int = 0) -> tuple[int, str]:
+    """The memory of GPU `index` that a child process holds, and the line it printed when it held it.
+
+    The child prints one line once its memory is in place and waits until its stdin closes; the drop in the
+    GPU's free memory (`torch.cuda.mem_get_info`, taken in this process before the child starts and while it
+    waits) is what it holds: its CUDA context, library workspaces and allocator segments, as nvidia-smi
+    counts them. Other processes allocating on the same GPU meanwhile would distort it.
+    """
+    import torch
+
+    free_before, _ = torch.cuda.mem_get_info(index)
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
-        if child.stdout.readline().strip() != "ready":
-            raise EstimateError("the calibration process failed to initialize CUDA (see its error above)")
+        line = child.stdout.readline().strip()
+        if not line:
+            raise EstimateError(f"{shlex.join(argv)} failed before holding its memory (see its error above)")
         free_during, _ = torch.cuda.mem_get_info(index)
     finally:
         child.stdin.close()
         child.wait(timeout=60)
-    return torch.cuda.get_device_name(index), free_before - free_during, total
+    return free_before - free_during, line
 
 
 def calibrate(name: str | None = None, index: int = 0) -> tuple[Device, Path]:

@@ -1,0 +1,231 @@
+"""Validate the memory estimators on a real GPU: what training jobs really peak at, against each estimate.
+
+    python validation/estimates.py --out DIR                    # 24 GPUMemNet MLP runs (seed 0) and BERT-base
+    python validation/estimates.py --sample 40 --seed 2 --skip-bert --out DIR
+
+benchmarks/estimators.py takes its truth from the GPUMemNet dataset, measured with an unknown PyTorch on an
+unnamed GPU. Here every figure comes from this machine, set up as a user would set carma up on it:
+
+1. the GPU is calibrated (`carma estimate calibrate`, into this run's own CARMA_HOME): the device's
+   context constant;
+2. each job trains on the GPU in a process of its own with PyTorch's allocator history recorded: a
+   GPUMemNet MLP run for two epochs of its loop (so an epoch's smaller last batch is among them), BERT-base
+   fine-tuning for 5 steps. Its measured peak is the GPU memory the process holds at the end, as nvidia-smi
+   counts it (the caching allocator keeps the segments of its peak), with PyTorch's
+   `max_memory_reserved()` beside it; the allocator snapshot goes to DIR/snapshots/ (open it at
+   https://pytorch.org/memory_viz) to show which segments an estimate misses;
+3. each job is estimated on the CPU as `carma estimate` does it (CUDA hidden, a process of its own), by
+   every method, for the calibrated device;
+4. DIR/estimates.json and DIR/estimates.md: the benchmark's table with these measurements as the truth,
+   and each job's misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import platform
+import random
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from carma.calibration.sources import find_datasets
+from carma.estimate.base import EstimateError
+from carma.estimate.devices import calibrate, memory_held_by
+from carma.estimate.registry import CPU_METHODS
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BERT = "estimators:bert_job"  # benchmarks/estimators.py's job function (its folder is on the children's path)
+BERT_STEPS = 5
+MIB = 2**20
+
+
+class _Enough(BaseException):
+    """Raised from an optimizer step hook once the measured job has run its steps."""
+
+
+def _benchmarks() -> ModuleType:
+    """benchmarks/estimators.py, whose capture children and figures this reuses."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import estimators
+
+    return estimators
+
+
+def hold(kind: str, target: str, steps: int, gpu: int, snapshot: Path) -> None:
+    """The measured job, in a process of its own: train `steps` optimizer steps on GPU `gpu` with the
+    allocator's history recorded, save its snapshot, print one JSON line and hold the memory until stdin
+    closes (so that `memory_held_by` reads what the process holds)."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    torch.cuda.set_device(gpu)
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=1_000_000)
+    done = 0
+
+    def count(optimizer: Any, args: Any, kwargs: Any) -> None:
+        nonlocal done
+        done += 1
+        if done >= steps:
+            raise _Enough
+
+    handle = register_optimizer_step_post_hook(count)
+    with contextlib.suppress(_Enough), contextlib.redirect_stdout(sys.stderr):  # stdout: the one line below
+        if kind == "mlp":
+            from carma.estimate.gpumemnet import parse_run_name
+
+            _benchmarks()  # its folder on the path: gpumemnet_mlp
+            from gpumemnet_mlp import train
+
+            train(parse_run_name(target), seconds=math.inf)
+        else:
+            train_job(_benchmarks(), target)
+    handle.remove()
+    torch.cuda.synchronize()
+    torch.cuda.memory._dump_snapshot(str(snapshot))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    report = {
+        "steps": done,
+        "max_reserved": torch.cuda.max_memory_reserved(),
+        "max_allocated": torch.cuda.max_memory_allocated(),
+    }
+    print(json.dumps(report), flush=True)
+    sys.stdin.read()
+
+
+def train_job(estimators: ModuleType, target: str) -> None:
+    """A job function's training loop on the GPU, as `carma estimate --job` runs it on the CPU."""
+    job = getattr(estimators, target.partition(":")[2])()
+    job.model.cuda()  # in place: the optimizer keeps its parameters
+    batch = {k: v.cuda() for k, v in job.batch.items()} if isinstance(job.batch, dict) else job.batch.cuda()
+    while True:
+        job.optimizer.zero_grad()
+        job.loss(job.model, batch).backward()
+        job.optimizer.step()
+
+
+def measure_on_gpu(jobs: list[tuple[str, str, int]], gpu: int, snapshots: Path) -> list[dict[str, Any] | None]:
+    """Each job's GPU memory as its own process holds it after its steps (None: it failed, reported)."""
+    snapshots.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any] | None] = []
+    for i, (kind, target, steps) in enumerate(jobs):
+        snapshot = snapshots / f"{i:02d}-{kind}.pickle"
+        argv = [sys.executable, __file__, "--hold", kind, target, "--steps", str(steps), "--gpu", str(gpu)]
+        try:
+            held, line = memory_held_by([*argv, "--snapshot", str(snapshot)], gpu)
+        except EstimateError as e:
+            print(f"measuring {target} on the GPU failed: {e}", file=sys.stderr)
+            results.append(None)
+            continue
+        results.append({"held": held, "snapshot": snapshot.name, **json.loads(line)})
+        print(f"\r{i + 1}/{len(jobs)} jobs measured on the GPU", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=int, default=24, help="GPUMemNet MLP runs, drawn at random (seeded)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-bert", action="store_true", help="leave out BERT-base fine-tuning")
+    parser.add_argument("--gpu", type=int, default=0, help="the local GPU to measure on")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "validation")
+    parser.add_argument("--hold", nargs=2, metavar=("KIND", "TARGET"), help=argparse.SUPPRESS)  # a measured job
+    parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--snapshot", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.hold:
+        hold(*args.hold, args.steps, args.gpu, args.snapshot)
+        return
+    try:
+        import torch
+    except ImportError:
+        sys.exit("error: validating the estimators needs PyTorch: pip install 'carma[estimate]'")
+    if not torch.cuda.is_available():
+        sys.exit("error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine")
+
+    os.environ["CARMA_HOME"] = tempfile.mkdtemp(prefix="carma-validate-")  # the user's calibration is untouched
+    device, _ = calibrate(index=args.gpu)
+    gpu_name = torch.cuda.get_device_name(args.gpu)
+    print(f"{gpu_name}: context {device.context_bytes / MIB:.0f} MiB, calibrated as {device.name}")
+
+    estimators = _benchmarks()
+    from gpumemnet_mlp import SAMPLES
+
+    with (find_datasets() / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
+        rows = random.Random(args.seed).sample(list(csv.DictReader(f)), args.sample)
+    jobs = [("mlp", row["Filename"], 2 * math.ceil(SAMPLES / int(row["Batch Size"]))) for row in rows]
+    if not args.skip_bert:
+        jobs.append(("job", BERT, BERT_STEPS))
+    measured = measure_on_gpu(jobs, args.gpu, args.out / "snapshots")
+
+    kept = [i for i, m in enumerate(measured[: len(rows)]) if m is not None]
+    outcomes = estimators.measure([rows[i] for i in kept], [measured[i]["held"] for i in kept], device.name, 3)
+    names = [rows[i]["Filename"] for i in kept]
+    if not args.skip_bert and measured[-1] is not None:
+        outcomes.append(estimators.estimate_in_child(["--estimate-job", BERT], measured[-1]["held"], device.name, 3))
+        names.append("BERT-base fine-tuning (benchmarks/estimators.py:bert_job)")
+    write(args.out, gpu_name, device, estimators, names, outcomes, [m for m in measured if m is not None])
+
+
+def write(
+    out: Path, gpu_name: str, device: Any, estimators: ModuleType, names: list[str], outcomes: list[Any],
+    measured: list[dict[str, Any]],
+) -> None:  # fmt: skip
+    """estimates.json (every figure) and estimates.md (the benchmark's table and each job's misses)."""
+    import torch
+
+    table = io.StringIO()
+    with contextlib.redirect_stdout(table):
+        stats = {m: estimators.figures(outcomes, m, device.context_bytes) for m in CPU_METHODS}
+        estimators.report(stats)
+        print()
+        estimators.per_run(names, outcomes)
+    print(table.getvalue())
+    machine = f"{gpu_name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}, {platform.machine()}"
+    jobs = [
+        {"job": name, "measured_bytes": o.measured, "estimates": o.estimates, **m}
+        for name, o, m in zip(names, outcomes, measured, strict=True)
+    ]
+    figures = {  # JSON has no NaN: a figure with no rows is null
+        method: {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in s.items()}
+        for method, s in stats.items()
+    }
+    data = {"machine": machine, "context_bytes": device.context_bytes, "figures": figures, "jobs": jobs}
+    (out / "estimates.json").write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    lines = [
+        "# Memory estimators on a real GPU",
+        "",
+        f"Measured by `validation/estimates.py` on {machine}; calibrated context "
+        f"{device.context_bytes / MIB:.0f} MiB. Each job's truth is the GPU memory its process held after its "
+        "steps (the allocator's snapshots are in snapshots/).",
+        "",
+        "```",
+        table.getvalue().rstrip(),
+        "```",
+        "",
+        "What each process held beside PyTorch's own peak (the rest is the CUDA context and memory outside the",
+        "caching allocator, e.g. library workspaces):",
+        "",
+        "| job | steps | held MiB | max reserved MiB | held - context - reserved MiB |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {j['job'][:60]} | {j['steps']} | {j['held'] / MIB:.0f} | {j['max_reserved'] / MIB:.0f} | "
+            f"{(j['held'] - device.context_bytes - j['max_reserved']) / MIB:+.0f} |"
+            for j in jobs
+        ),
+        "",
+    ]
+    (out / "estimates.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
