@@ -12,7 +12,7 @@ unnamed GPU. Here every figure comes from this machine, set up as a user would s
    GPUMemNet MLP run for two epochs of its loop (so an epoch's smaller last batch is among them), BERT-base
    fine-tuning for 5 steps. Its measured peak is the GPU memory the process holds at the end, as nvidia-smi
    counts it (the caching allocator keeps the segments of its peak), with PyTorch's
-   `max_memory_reserved()` beside it; the allocator snapshot goes to DIR/snapshots/ (open it at
+   `max_memory_reserved()` beside it; the allocator snapshots go to DIR/estimates-snapshots.zip (open one at
    https://pytorch.org/memory_viz) to show which segments an estimate misses;
 3. each job is estimated on the CPU as `carma estimate` does it (CUDA hidden, a process of its own), by
    every method, for the calibrated device;
@@ -33,6 +33,7 @@ import platform
 import random
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -112,21 +113,23 @@ def train_job(estimators: ModuleType, target: str) -> None:
         job.optimizer.step()
 
 
-def measure_on_gpu(jobs: list[tuple[str, str, int]], gpu: int, snapshots: Path) -> list[dict[str, Any] | None]:
-    """Each job's GPU memory as its own process holds it after its steps (None: it failed, reported)."""
-    snapshots.mkdir(parents=True, exist_ok=True)
+def measure_on_gpu(jobs: list[tuple[str, str, int]], gpu: int, archive: Path) -> list[dict[str, Any] | None]:
+    """Each job's GPU memory as its own process holds it after its steps (None: it failed, reported); the
+    allocator snapshots go into one zip `archive` (one file: the GPU machine returns few)."""
     results: list[dict[str, Any] | None] = []
-    for i, (kind, target, steps) in enumerate(jobs):
-        snapshot = snapshots / f"{i:02d}-{kind}.pickle"
-        argv = [sys.executable, __file__, "--hold", kind, target, "--steps", str(steps), "--gpu", str(gpu)]
-        try:
-            held, line = memory_held_by([*argv, "--snapshot", str(snapshot)], gpu)
-        except EstimateError as e:
-            print(f"measuring {target} on the GPU failed: {e}", file=sys.stderr)
-            results.append(None)
-            continue
-        results.append({"held": held, "snapshot": snapshot.name, **json.loads(line)})
-        print(f"\r{i + 1}/{len(jobs)} jobs measured on the GPU", end="", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as snapshots:
+        for i, (kind, target, steps) in enumerate(jobs):
+            name = f"{i:02d}-{kind}.pickle"
+            argv = [sys.executable, __file__, "--hold", kind, target, "--steps", str(steps), "--gpu", str(gpu)]
+            try:
+                held, line = memory_held_by([*argv, "--snapshot", str(Path(tmp) / name)], gpu)
+            except EstimateError as e:
+                print(f"measuring {target} on the GPU failed: {e}", file=sys.stderr)
+                results.append(None)
+                continue
+            snapshots.write(Path(tmp) / name, name)
+            results.append({"held": held, "snapshot": name, **json.loads(line)})
+            print(f"\r{i + 1}/{len(jobs)} jobs measured on the GPU", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     return results
 
@@ -165,7 +168,8 @@ def main() -> None:
     jobs = [("mlp", row["Filename"], 2 * math.ceil(SAMPLES / int(row["Batch Size"]))) for row in rows]
     if not args.skip_bert:
         jobs.append(("job", BERT, BERT_STEPS))
-    measured = measure_on_gpu(jobs, args.gpu, args.out / "snapshots")
+    args.out.mkdir(parents=True, exist_ok=True)
+    measured = measure_on_gpu(jobs, args.gpu, args.out / "estimates-snapshots.zip")
 
     kept = [i for i, m in enumerate(measured[: len(rows)]) if m is not None]
     outcomes = estimators.measure([rows[i] for i in kept], [measured[i]["held"] for i in kept], device.name, 3)
@@ -206,7 +210,7 @@ def write(
         "",
         f"Measured by `validation/estimates.py` on {machine}; calibrated context "
         f"{device.context_bytes / MIB:.0f} MiB. Each job's truth is the GPU memory its process held after its "
-        "steps (the allocator's snapshots are in snapshots/).",
+        "steps (the allocator's snapshots are in estimates-snapshots.zip).",
         "",
         "```",
         table.getvalue().rstrip(),
