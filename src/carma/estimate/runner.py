@@ -22,7 +22,8 @@ dropout so the CPU takes its flash kernel (the CUDA flash/efficient kernels appl
 like it, never materialise the attention matrix). Unless `exact`, the arithmetic of matrix products,
 convolutions, attention and dropout is skipped: their outputs are allocated with the right shapes but
 not computed. Memory depends on shapes, not values, so the trace keeps its allocations and the run takes
-a fraction of the time (for BERT-base about five times less).
+a fraction of the time (for BERT-base about five times less); mixed precision's GradScaler, the one
+common reader of those values, is told its gradients did not overflow, so its steps run.
 """
 
 from __future__ import annotations
@@ -232,11 +233,18 @@ def _value_free_arithmetic() -> Iterator[None]:
     Outputs are left uninitialised: nothing downstream depends on their values for its memory. Matrix
     products get their (contiguous) output shape directly; convolutions, attention and dropout take
     shapes and strides from the operator's meta kernel. Autograd is untouched (it sits above the CPU
-    kernels), and so is every other operator.
+    kernels), and so is every other operator. One thing does read the values: mixed precision's
+    `GradScaler` skips `optimizer.step()` when it finds an infinite or NaN gradient, which uncomputed
+    values often hold; its check reports no overflow here, so the steps run, as nearly all of a real run's do.
     """
     import torch
 
     aten = torch.ops.aten
+    overflow_check = torch._amp_foreach_non_finite_check_and_unscale_
+
+    def unscale_without_overflow(grads: Any, found_inf: Any, inv_scale: Any) -> None:
+        overflow_check(grads, found_inf, inv_scale)
+        found_inf.zero_()
 
     def product(shape_of: Callable[..., tuple[int, ...]]) -> Callable[..., Any]:
         return lambda *args, **kwargs: torch.empty(shape_of(*args), dtype=args[1].dtype)
@@ -268,9 +276,11 @@ def _value_free_arithmetic() -> Iterator[None]:
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
             for name, kernel in kernels.items():
                 library.impl(name, kernel, "CPU")
+        torch._amp_foreach_non_finite_check_and_unscale_ = unscale_without_overflow
         yield
     finally:
         library._destroy()  # restores the original kernels
+        torch._amp_foreach_non_finite_check_and_unscale_ = overflow_check
 
 
 def _to_meta(x: Any) -> Any:
