@@ -38,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from carma.calibration.sources import find_datasets
+from carma.calibration.sources import DataNotFound, find_datasets
 from carma.estimate.base import EstimateError
 from carma.estimate.devices import calibrate, memory_held_by
 from carma.estimate.registry import CPU_METHODS
@@ -155,16 +155,23 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine")
 
+    try:
+        with (find_datasets() / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
+            rows = random.Random(args.seed).sample(list(csv.DictReader(f)), args.sample)
+    except DataNotFound as e:
+        sys.exit(f"error: {e}")
+
     os.environ["CARMA_HOME"] = tempfile.mkdtemp(prefix="carma-validate-")  # the user's calibration is untouched
-    device, _ = calibrate(index=args.gpu)
+    try:
+        device, _ = calibrate(index=args.gpu)
+    except EstimateError as e:
+        sys.exit(f"error: calibrating GPU {args.gpu} failed: {e}")
     gpu_name = torch.cuda.get_device_name(args.gpu)
     print(f"{gpu_name}: context {device.context_bytes / MIB:.0f} MiB, calibrated as {device.name}")
 
     estimators = _benchmarks()
     from gpumemnet_mlp import SAMPLES
 
-    with (find_datasets() / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
-        rows = random.Random(args.seed).sample(list(csv.DictReader(f)), args.sample)
     jobs = [("mlp", row["Filename"], 2 * math.ceil(SAMPLES / int(row["Batch Size"]))) for row in rows]
     if not args.skip_bert:
         jobs.append(("job", BERT, BERT_STEPS))
