@@ -233,18 +233,14 @@ def _value_free_arithmetic() -> Iterator[None]:
     Outputs are left uninitialised: nothing downstream depends on their values for its memory. Matrix
     products get their (contiguous) output shape directly; convolutions, attention and dropout take
     shapes and strides from the operator's meta kernel. Autograd is untouched (it sits above the CPU
-    kernels), and so is every other operator. One thing does read the values: mixed precision's
-    `GradScaler` skips `optimizer.step()` when it finds an infinite or NaN gradient, which uncomputed
-    values often hold; its check reports no overflow here, so the steps run, as nearly all of a real run's do.
+    kernels), and so is every other operator. One operator reads the values: mixed precision's overflow
+    check, whose finding makes `GradScaler` skip `optimizer.step()` (uncomputed values often hold infinities
+    or NaNs). It works in place, allocating nothing, so it becomes a no-op: its `found_inf` stays at the
+    zero GradScaler set, and the steps run, as nearly all of a real run's do.
     """
     import torch
 
     aten = torch.ops.aten
-    overflow_check = torch._amp_foreach_non_finite_check_and_unscale_
-
-    def unscale_without_overflow(grads: Any, found_inf: Any, inv_scale: Any) -> None:
-        overflow_check(grads, found_inf, inv_scale)
-        found_inf.zero_()
 
     def product(shape_of: Callable[..., tuple[int, ...]]) -> Callable[..., Any]:
         return lambda *args, **kwargs: torch.empty(shape_of(*args), dtype=args[1].dtype)
@@ -269,6 +265,7 @@ def _value_free_arithmetic() -> Iterator[None]:
             aten._scaled_dot_product_flash_attention_for_cpu_backward.default
         ),
         "native_dropout": by_meta(aten.native_dropout.default),
+        "_amp_foreach_non_finite_check_and_unscale_": lambda grads, found_inf, inv_scale: None,
     }
     library = torch.library.Library("aten", "IMPL")
     try:
@@ -276,11 +273,9 @@ def _value_free_arithmetic() -> Iterator[None]:
             warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
             for name, kernel in kernels.items():
                 library.impl(name, kernel, "CPU")
-        torch._amp_foreach_non_finite_check_and_unscale_ = unscale_without_overflow
         yield
     finally:
         library._destroy()  # restores the original kernels
-        torch._amp_foreach_non_finite_check_and_unscale_ = overflow_check
 
 
 def _to_meta(x: Any) -> Any:
