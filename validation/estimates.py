@@ -178,13 +178,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     measured = measure_on_gpu(jobs, args.gpu, args.out / "estimates-snapshots.zip")
 
-    kept = [i for i, m in enumerate(measured[: len(rows)]) if m is not None]
-    outcomes = estimators.measure([rows[i] for i in kept], [measured[i]["held"] for i in kept], device.name, 3)
-    names = [rows[i]["Filename"] for i in kept]
+    done = [(row, m) for row, m in zip(rows, measured[: len(rows)], strict=True) if m is not None]  # MLPs
+    outcomes = estimators.measure([row for row, _ in done], [m["held"] for _, m in done], device.name, 3)
+    names, held = [row["Filename"] for row, _ in done], [m for _, m in done]
     if not args.skip_bert and measured[-1] is not None:
         outcomes.append(estimators.estimate_in_child(["--estimate-job", BERT], measured[-1]["held"], device.name, 3))
         names.append("BERT-base fine-tuning (benchmarks/estimators.py:bert_job)")
-    write(args.out, gpu_name, device, estimators, names, outcomes, [m for m in measured if m is not None])
+        held.append(measured[-1])
+    write(args.out, gpu_name, device, estimators, names, outcomes, held)
 
 
 def write(
