@@ -23,9 +23,16 @@ def test_requests_round_up_to_512_bytes() -> None:
 
 
 def test_fragmentation_allowance_is_one_more_segment_in_each_pool_in_use() -> None:
-    assert fragmentation_allowance(300 * 1024) == 2 * MIB  # only small blocks: a small-pool segment
-    assert fragmentation_allowance(4 * MIB) == 2 * MIB + 20 * MIB  # a large block under 10 MiB: and 20 MiB
-    assert fragmentation_allowance(57 * MIB + 300) == 2 * MIB + 58 * MIB  # and its own size, rounded to 2 MiB
+    assert fragmentation_allowance([300 * 1024, 512]) == 2 * MIB  # only small blocks: a small-pool segment
+    assert fragmentation_allowance([4 * MIB, 512]) == 2 * MIB + 20 * MIB  # a large block under 10 MiB: and 20 MiB
+    assert fragmentation_allowance([57 * MIB + 300]) == 2 * MIB + 58 * MIB  # and its own size, rounded to 2 MiB
+    assert fragmentation_allowance([]) == 2 * MIB
+
+
+def test_fragmentation_allowance_takes_the_largest_segment_not_the_largest_request() -> None:
+    # A 14.3 MiB block opens a 16 MiB segment, a 4 MiB one a 20 MiB segment: either may be the one that misses.
+    assert fragmentation_allowance([4 * MIB, 14 * MIB + 300 * 1024]) == 2 * MIB + 20 * MIB
+    assert fragmentation_allowance([4 * MIB, 25 * MIB]) == 2 * MIB + 26 * MIB
 
 
 def test_segment_sizes_follow_the_pool_and_the_request() -> None:

@@ -20,6 +20,7 @@ garbage-collection threshold, one stream):
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 KIB = 1024
@@ -57,18 +58,20 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
-def fragmentation_allowance(largest_request: int) -> int:
+def fragmentation_allowance(live_requests: Iterable[int]) -> int:
     """Headroom for the allocation order a GPU run takes and the replay cannot see: one more segment in
-    each pool the peak uses, a small-pool one and, when the largest request alive at the peak is a large
-    one, a segment for it.
+    each pool the peak uses, a small-pool one and, when large blocks are alive at the peak (`live_requests`:
+    the bytes each asked for), the largest segment one of them would open.
 
     The replay follows the CPU run's order, but on the GPU library workspaces and kernel temporaries the
     CPU never makes (cuBLAS, cuDNN, reductions) shift where blocks land, so a pool can end up holding one
-    segment more than the replay's. On the GPUMemNet runs every shortfall of the bare replay was within
-    that much (docs/estimate.md).
+    segment more than the replay's. Which request opens it is not known, so the allowance takes the one
+    whose segment is largest: not always the largest request, since a 1-10 MiB block opens a 20 MiB
+    segment and a 14 MiB one a 14 MiB segment. On the GPUMemNet runs the bare replay's shortfalls were
+    within that much but for a few MiB (docs/estimate.md).
     """
-    rounded = round_size(largest_request)
-    return SMALL_BUFFER + (segment_size(rounded) if rounded > SMALL_SIZE else 0)
+    large = (segment_size(r) for r in map(round_size, live_requests) if r > SMALL_SIZE)
+    return SMALL_BUFFER + max(large, default=0)
 
 
 def _should_split(small: bool, remaining: int) -> bool:

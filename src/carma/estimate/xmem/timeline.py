@@ -26,7 +26,7 @@ class Simulation:
     at_peak: dict[Category, int]  # tensor bytes by category at the peak moment
     peak_time: float  # milliseconds since the first iteration started
     oom: bool  # the device capacity could not hold the sequence even after releasing cached segments
-    largest_request_at_peak: int  # bytes asked for by the biggest block alive at the peak (0 before any)
+    requests_at_peak: list[int]  # bytes asked for by each block alive at the peak
     times: array = field(default_factory=lambda: array("d"))  # milliseconds, one point per event
     allocated: array = field(default_factory=lambda: array("q"))
     reserved: array = field(default_factory=lambda: array("q"))
@@ -51,7 +51,7 @@ def replay(
     addrs = [0] * len(blocks)
     held = [0] * len(blocks)
     by_category = dict.fromkeys(Category, 0)
-    sim = Simulation(0, 0, dict(by_category), 0.0, False, 0)
+    sim = Simulation(0, 0, dict(by_category), 0.0, False, [])
     sim.iteration_starts = [(t - origin) / 1000 for t in iteration_starts]
     best = (-1, -1)
     peak_event = -1
@@ -79,18 +79,18 @@ def replay(
             sim.peak_time = ms
             peak_event = n
     sim.peak_reserved = max(best[0], 0)
-    sim.largest_request_at_peak = _largest_live_request(blocks, events[: peak_event + 1])
+    sim.requests_at_peak = _live_requests(blocks, events[: peak_event + 1])
     return sim
 
 
-def _largest_live_request(blocks: list[GpuBlock], events: list[tuple[float, int, int]]) -> int:
+def _live_requests(blocks: list[GpuBlock], events: list[tuple[float, int, int]]) -> list[int]:
     live: set[int] = set()
     for _, kind, i in events:
         if kind == 1:
             live.add(i)
         else:
             live.discard(i)
-    return max((blocks[i].size for i in live), default=0)
+    return [blocks[i].size for i in live]
 
 
 def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
