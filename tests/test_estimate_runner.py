@@ -82,6 +82,14 @@ def records_its_process():
 """
 
 
+# Compiles MLP_SCRIPT's model with a backend that leaves a mark when the compiler calls it.
+COMPILE = """model = model.to(device)
+def backend(graph, example_inputs):
+    open("compiled", "w").write("the model was compiled")
+    return graph.forward
+model = torch.compile(model, backend=backend)"""
+
+
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "xmem_only.py").write_text(ESTIMATOR)
@@ -176,6 +184,16 @@ def test_mixed_precision_steps_are_captured_whatever_the_gradients_hold(workdir:
     its gradients may hold anything: it still reaches its steps, and the estimate is the same."""
     train = script(workdir, "amp.py", AMP_SCRIPT)
     assert estimate(["python", train, "--overflow"]).peak_bytes == estimate(["python", train]).peak_bytes
+
+
+def test_a_compiled_model_is_captured_as_it_runs_eagerly(workdir: Path) -> None:
+    """torch.compile on the CPU would build CPU kernels, not the GPU ones the job runs, and take minutes:
+    the capture runs the model eagerly (the compiler's backend is never called) and estimates it as such."""
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    compiled = script(workdir, "compiled.py", MLP_SCRIPT.replace("model = model.to(device)", COMPILE))
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    assert estimate(["python", compiled, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+    assert not (workdir / "compiled").exists()
 
 
 def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:

@@ -1,7 +1,8 @@
 """Run the first iterations of a training job on the CPU, with CUDA hidden, under the PyTorch profiler.
 
-Two ways in, each run in a child process with `CUDA_VISIBLE_DEVICES=""` (and heap settings that suit
-the capture) that estimates and sends the `Estimate` back:
+Two ways in, each run in a child process with `CUDA_VISIBLE_DEVICES=""`, TorchDynamo off (a model passed
+to `torch.compile` runs eagerly) and heap settings that suit the capture; the child estimates and sends
+the `Estimate` back:
 - a job function (`module:function` or `path/file.py:function` returning a `TrainingJob`), by
   `estimate_job` (`capture_job` captures it in this process);
 - the user's own training script (`python train.py ...`, `python -m pkg.train ...`), by
@@ -71,9 +72,14 @@ MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(64 << 30), "MALLOC_TOP_PAD_": str(1 
 
 
 def capture_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a capture child: `env` (by default this process's) with CUDA hidden, and the
-    `MALLOC_ENV` heap settings unless `env` sets its own."""
-    return {**MALLOC_ENV, **(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": ""}
+    """The environment of a capture child: `env` (by default this process's) with CUDA hidden, TorchDynamo
+    off and the `MALLOC_ENV` heap settings unless `env` sets its own.
+
+    With TorchDynamo off `torch.compile` leaves the model eager: compiling on the CPU would build CPU
+    kernels, not the GPU ones the job will run, and can take minutes. The eager peak is the estimate; a
+    compiled model's is usually lower (fused kernels save fewer activations)."""
+    hidden = {"CUDA_VISIBLE_DEVICES": "", "TORCHDYNAMO_DISABLE": "1"}
+    return {**MALLOC_ENV, **(os.environ if env is None else env), **hidden}
 
 
 def take_cuda_foreach(group: dict[str, Any]) -> None:
