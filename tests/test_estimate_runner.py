@@ -142,6 +142,14 @@ def test_script_as_a_module(workdir: Path) -> None:
     assert len((workdir / "steps.log").read_text().splitlines()) == 2
 
 
+def test_python_c_runs_its_code_as_a_script(workdir: Path) -> None:
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    assert estimate(["python", "-c", MLP_SCRIPT, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+    with pytest.raises(EstimateError, match="`python -c` needs the code to run"):
+        estimate(["python", "-c"])
+
+
 def test_script_that_never_steps_is_a_clear_error(workdir: Path) -> None:
     train = script(
         workdir,

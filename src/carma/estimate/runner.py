@@ -5,7 +5,7 @@ to `torch.compile` runs eagerly) and heap settings that suit the capture; the ch
 the `Estimate` back:
 - a job function (`module:function` or `path/file.py:function` returning a `TrainingJob`), by
   `estimate_job` (`capture_job` captures it in this process);
-- the user's own training script (`python train.py ...`, `python -m pkg.train ...`), by
+- the user's own training script (`python train.py ...`, `python -m pkg.train ...`, `python -c CODE`), by
   `estimate_script`, so a script that falls back to the CPU when CUDA is absent runs unchanged.
   Global hooks stop the script after N optimizer steps and
   capture its model (the outermost module called whose parameters the optimizer holds) and that model's
@@ -475,15 +475,17 @@ def _batch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def _parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str, list[str]]:
-    """("path", script, args) or ("module", name, args) from a command line such as `python train.py`
-    (a relative script path is looked up in `cwd`, by default the current directory)."""
+    """("path", script, args), ("module", name, args) or ("code", source, args) from a command line such as
+    `python train.py` (a relative script path is looked up in `cwd`, by default the current directory)."""
     args = list(argv)
     if args and _PYTHON.search(os.path.basename(args[0])):
         args = args[1:]
         while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
             args = args[2:] if args[0] in ("-W", "-X") else args[1:]
         if args and args[0] == "-c":
-            raise EstimateError("`python -c` commands are not supported; put the training code in a script")
+            if len(args) < 2:
+                raise EstimateError("`python -c` needs the code to run")
+            return "code", args[1], args[2:]
         if args and args[0] == "-m":
             if len(args) < 2:
                 raise EstimateError("`python -m` needs a module name")
@@ -508,9 +510,12 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
         recorder = _ModelRecorder(session)
         try:
             with recorder.hooks():
-                sys.argv = [target, *args]
+                sys.argv = ["-c" if kind == "code" else target, *args]
                 if kind == "module":
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
+                elif kind == "code":  # as `python -c` runs it: in __main__, the current directory on sys.path
+                    sys.path.insert(0, "")
+                    exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
                 else:
                     sys.path.insert(0, str(Path(target).resolve().parent))
                     runpy.run_path(target, run_name="__main__")
