@@ -204,6 +204,17 @@ def test_a_compiled_model_is_captured_as_it_runs_eagerly(workdir: Path) -> None:
     assert not (workdir / "compiled").exists()
 
 
+def test_a_model_called_through_forward(workdir: Path) -> None:
+    """`model.forward(x)` fires its children's hooks, not the model's: xMem, which reads the trace, gives the
+    same peak; the baselines, which need the whole model, say why they cannot."""
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    direct = script(workdir, "direct.py", MLP_SCRIPT.replace("model(x)", "model.forward(x)"))
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    assert estimate(["python", direct, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+    with pytest.raises(EstimateError, match=r"must call its model as model\(x\), not model.forward\(x\)"):
+        estimate_script(["python", direct, *argv], "horus", "a100-40gb")
+
+
 def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
     train = script(
         workdir,
