@@ -58,6 +58,28 @@ for step in range(50):
         log.write(f"step {step} on {device}\\n")
 """
 
+# A GAN: the discriminator's update, then the generator's, each with its own Adam; logs each iteration.
+GAN_SCRIPT = """
+import torch
+from torch import nn
+G = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Linear(1024, 784), nn.Tanh())
+D = nn.Sequential(nn.Linear(784, 1024), nn.LeakyReLU(0.2), nn.Linear(1024, 1))
+opt_d = torch.optim.Adam(D.parameters(), lr=2e-4)
+opt_g = torch.optim.Adam(G.parameters(), lr=2e-4)
+bce = nn.BCEWithLogitsLoss()
+for iteration in range(50):
+    real = torch.randn(64, 784)
+    fake = G(torch.randn(64, 64))
+    opt_d.zero_grad()
+    (bce(D(real), torch.ones(64, 1)) + bce(D(fake.detach()), torch.zeros(64, 1))).backward()
+    opt_d.step()
+    opt_g.zero_grad()
+    bce(D(fake), torch.ones(64, 1)).backward()
+    opt_g.step()
+    with open("iterations.log", "a") as log:
+        log.write(f"iteration {iteration}\\n")
+"""
+
 JOB_MODULE = """
 import torch
 from carma.estimate.base import TrainingJob
@@ -211,8 +233,93 @@ def test_a_model_called_through_forward(workdir: Path) -> None:
     direct = script(workdir, "direct.py", MLP_SCRIPT.replace("model(x)", "model.forward(x)"))
     argv = ["--batch-size", "64", "--log", "steps.log"]
     assert estimate(["python", direct, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
-    with pytest.raises(EstimateError, match=r"must call its model as model\(x\), not model.forward\(x\)"):
+    with pytest.raises(EstimateError, match=r"trains parameters outside the Linear .*model.forward\(x\)"):
         estimate_script(["python", direct, *argv], "horus", "a100-40gb")
+
+
+def nbytes(*modules: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+def test_a_gan_is_captured_over_whole_iterations_of_both_models(workdir: Path) -> None:
+    """Two models, two optimizers stepping in turn: an iteration is the discriminator's step and the
+    generator's, the capture stops after three of them, and both models' weights and Adam moments count.
+    The baselines, which model one network and one optimizer, say so."""
+    from torch import nn
+
+    gan = script(workdir, "gan.py", GAN_SCRIPT)
+    estimate_ = estimate(["python", gan])
+    assert (workdir / "iterations.log").read_text().splitlines() == ["iteration 0", "iteration 1"]
+    g = nn.Sequential(nn.Linear(64, 1024), nn.Linear(1024, 784))
+    d = nn.Sequential(nn.Linear(784, 1024), nn.Linear(1024, 1))
+    both = nbytes(g, d)
+    assert estimate_.breakdown.parameters == pytest.approx(both, rel=0.01)
+    assert estimate_.breakdown.optimizer_state == pytest.approx(2 * both, rel=0.01)
+    with pytest.raises(EstimateError, match=r"faketensor estimates one model .* steps 2 optimizers \(Adam, Adam\)"):
+        estimate_script(["python", gan], "faketensor", "a100-40gb")
+
+
+def test_one_model_trained_by_two_optimizers(workdir: Path) -> None:
+    """An optimizer for the embedding and another for the rest, both stepping after one backward pass: an
+    iteration holds a step of each (each step on its own used to be taken for an iteration without a
+    forward pass, and refused), and the state of both counts."""
+    from torch import nn
+
+    two = script(
+        workdir,
+        "two_optimizers.py",
+        """
+        import torch
+        from torch import nn
+        model = nn.Sequential(
+            nn.Embedding(1000, 256), nn.Flatten(), nn.Linear(8 * 256, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+        embedding = torch.optim.SGD(model[0].parameters(), lr=0.1, momentum=0.9)
+        rest = torch.optim.Adam([p for layer in list(model)[1:] for p in layer.parameters()])
+        for step in range(50):
+            x, y = torch.randint(0, 1000, (32, 8)), torch.randint(0, 10, (32,))
+            embedding.zero_grad()
+            rest.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            embedding.step()
+            rest.step()
+        """,
+    )
+    b = estimate(["python", two]).breakdown
+    embedding, layers = nn.Embedding(1000, 256), (nn.Linear(8 * 256, 512), nn.Linear(512, 10))
+    assert b.parameters == pytest.approx(nbytes(embedding, *layers), rel=0.01)
+    assert b.optimizer_state == pytest.approx(nbytes(embedding) + 2 * nbytes(*layers), rel=0.01)
+
+
+def test_a_frozen_teacher_sits_on_the_gpu_too(workdir: Path) -> None:
+    """Distillation: the teacher is not trained, but its weights are on the GPU all along."""
+    from torch import nn
+
+    distil = script(
+        workdir,
+        "distil.py",
+        """
+        import torch
+        from torch import nn
+        class Teacher(nn.Sequential):
+            pass
+        teacher = Teacher(nn.Linear(256, 4096), nn.ReLU(), nn.Linear(4096, 10)).requires_grad_(False).eval()
+        student = nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 10))
+        optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+        for step in range(50):
+            x = torch.randn(32, 256)
+            with torch.no_grad():
+                target = teacher(x).softmax(-1)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(student(x), target).backward()
+            optimizer.step()
+        """,
+    )
+    teacher = nn.Sequential(nn.Linear(256, 4096), nn.Linear(4096, 10))
+    student = nn.Sequential(nn.Linear(256, 64), nn.Linear(64, 10))
+    assert estimate(["python", distil]).breakdown.parameters == pytest.approx(nbytes(teacher, student), rel=0.01)
+    with pytest.raises(EstimateError, match=r"modules with weights of their own besides the Sequential .*\(Teacher\)"):
+        estimate_script(["python", distil], "horus", "a100-40gb")
 
 
 def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:

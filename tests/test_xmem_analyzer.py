@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from carma.estimate.base import EstimateError
+from carma.estimate.runner import STEP_MARK, split_iterations
 from carma.estimate.xmem.allocator import MIB
 from carma.estimate.xmem.analyzer import JobTensors, Phase, analyze, attribute, pair_blocks
 from carma.estimate.xmem.orchestrator import Category, orchestrate
@@ -37,7 +38,8 @@ JOB = JobTensors("nn.Module: Net_", parameters={PARAM: P}, batch={BATCH0: 1 * MI
 def two_iterations() -> list[dict[str, Any]]:
     """Setup, then two iterations: zero_grad (set_to_none), load, forward, backward, Adam-like step.
 
-    As the runner records it, ProfilerStep#k closes inside the k-th optimizer.step() window.
+    As the runner records it, ProfilerStep#k closes inside the k-th optimizer.step() window, after the
+    runner's mark of the optimizer that stepped.
     """
     events = [
         *block(5, None, DATASET, 3 * MIB),  # script-level: the dataset, kept on the host
@@ -59,6 +61,7 @@ def two_iterations() -> list[dict[str, Any]]:
         win("cpu_op", "aten::zeros_like", 254, 256),
         *block(255, None, STATE, P),  # optimizer state
         *block(260, 270, STEPTMP0, P),  # step temporary
+        win("user_annotation", f"{STEP_MARK}0", 295, 295),  # the runner's mark: optimizer #0's step ran
         win("user_annotation", "ProfilerStep#1", 296, 500),
         win("user_annotation", "Optimizer.zero_grad#Adam.zero_grad", 302, 310),
         *block(320, None, BATCH1, 1 * MIB),  # next batch
@@ -67,6 +70,7 @@ def two_iterations() -> list[dict[str, Any]]:
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 420, 440),
         *block(425, None, GRAD1, P),
         win("user_annotation", "Optimizer.step#Adam.step", 450, 498),
+        win("user_annotation", f"{STEP_MARK}0", 497, 497),
     ]
     return events
 
@@ -155,6 +159,60 @@ def test_analysis_needs_iterations_and_the_model() -> None:
     events = [e for e in two_iterations() if not e["name"].startswith("nn.Module")]
     with pytest.raises(EstimateError, match="never calls the model"):
         analyze(events, JOB)
+
+
+def gan_iteration(k: int, t: float) -> list[dict[str, Any]]:
+    """A GAN's iteration from `t`: the discriminator's update (optimizer #0), then the generator's (#1),
+    each step closing a ProfilerStep window, as the runner records them."""
+    return [
+        win("user_annotation", f"ProfilerStep#{2 * k}", t, t + 100),
+        *block(t + 10, t + 200, 0xB000 + k, 1 * MIB),  # the real batch
+        win("python_function", "nn.Module: Net_0", t + 20, t + 30),
+        win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", t + 40, t + 50),
+        win("user_annotation", "Optimizer.step#Adam.step", t + 60, t + 99),
+        *block(t + 70, None, 0xC000 + k, P),  # the discriminator's state (iteration 0) or a leftover
+        win("user_annotation", f"{STEP_MARK}0", t + 98, t + 98),
+        win("user_annotation", f"ProfilerStep#{2 * k + 1}", t + 100, t + 200),
+        win("python_function", "nn.Module: Gen_0", t + 110, t + 120),
+        win("python_function", "nn.Module: Net_0", t + 121, t + 130),
+        win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", t + 140, t + 150),
+        win("user_annotation", "Optimizer.step#Adam.step", t + 160, t + 199),
+        *block(t + 170, None, 0xD000 + k, P),  # the generator's state
+        win("user_annotation", f"{STEP_MARK}1", t + 198, t + 198),
+    ]
+
+
+def test_an_iteration_holds_a_step_of_every_optimizer() -> None:
+    """Two optimizers stepping in turn (a GAN) make one iteration of two steps, not two iterations; a step
+    the runner stopped before it ran (no mark) is no iteration."""
+    events = [
+        *gan_iteration(0, 0),
+        *gan_iteration(1, 200),
+        win("user_annotation", "ProfilerStep#4", 400, 420),
+        win("user_annotation", "Optimizer.step#Adam.step", 410, 420),
+    ]
+    analysis = analyze(events, JobTensors("nn.Module: Net_", parameters={PARAM: P}, batch={0xB000: 1 * MIB}))
+    assert [(it.start, it.end, it.forward) for it in analysis.iterations] == [(10, 200, 20), (200, 400, 220)]
+    assert [it.backward for it in analysis.iterations] == [(40, 150), (240, 350)]
+    assert len(analysis.steps) == 4
+    phases = {b.addr: (b.phase, b.iteration) for b in analysis.blocks}
+    assert phases[0xB001] == (Phase.LOAD, 1)
+    assert phases[0xD000] == phases[0xC000] == (Phase.STEP, 0)
+
+
+@pytest.mark.parametrize(
+    ("order", "sizes", "complete"),
+    [
+        ([0, 0, 0], [1, 1, 1], True),  # one optimizer: a step is an iteration
+        ([0], [1], False),  # the first iteration is over only when its optimizer steps again
+        ([0, 1, 0, 1, 0, 1], [2, 2, 2], True),  # a GAN: discriminator, generator
+        ([0, 1, 0], [2, 1], False),
+        ([0, 1, 2, 0, 1, 2], [3, 3], True),
+        ([0, 0, 1, 0], [1, 1, 2], True),  # a later optimizer's first step opens an iteration #0's next one closes
+    ],
+)
+def test_optimizer_steps_split_into_iterations(order: list[int], sizes: list[int], complete: bool) -> None:
+    assert split_iterations(order) == (sizes, complete)
 
 
 def lifetimes(blocks: list[Any]) -> list[tuple[Any, ...]]:

@@ -49,7 +49,7 @@ def estimate_cmd(
     ] = None,
     method: Annotated[str, typer.Option(help=f"{', '.join(CPU_METHODS)}.")] = "xmem",
     device: Annotated[str, typer.Option(help="The GPU to estimate for (its context constant).")] = "a100-40gb",
-    steps: Annotated[int, typer.Option(help="Training steps to run on the CPU.", min=1)] = 3,
+    steps: Annotated[int, typer.Option(help="Training iterations (optimizer steps) to run on the CPU.", min=1)] = 3,
     timeline: Annotated[
         Path | None, typer.Option(help="xmem only: write the tensors-vs-segments plot to this PNG.")
     ] = None,

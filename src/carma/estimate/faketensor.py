@@ -81,18 +81,11 @@ def fake_copy(job: TrainingJob, mode: FakeTensorMode) -> tuple[Any, Any, dict[in
     """(model, batch) of the job on fake tensors and the fake of each parameter by id; call inside `mode`.
 
     The model is deep-copied with its parameters and buffers replaced, so the job is left untouched. The
-    optimizer must train the model's parameters only: a script whose model is called as `model.forward(x)`
-    fires its children's hooks, not the model's, and the capture takes a child for the model.
+    optimizer must train the model's parameters only (the registry's `one_model` makes sure).
     """
     memo: dict[int, Any] = {}
     for p in job.model.parameters():
         memo[id(p)] = torch.nn.Parameter(mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
-    outside = sum(id(p) not in memo for group in job.optimizer.param_groups for p in group["params"])
-    if outside:
-        raise EstimateError(
-            f"the optimizer trains {outside} parameter tensors outside the {type(job.model).__name__} taken for "
-            "the model (a script must call its model as model(x), not model.forward(x))"
-        )
     for b in job.model.buffers():
         memo[id(b)] = mode.from_tensor(b)
     fakes = dict(memo)  # deepcopy adds its own entries to the memo

@@ -32,6 +32,8 @@ def estimate_captured(method: str, capture: Capture, device: str, *, timeline: s
         raise EstimateError(f"unknown method {method!r}; choose one of {', '.join(CPU_METHODS)}")
     if timeline and method != "xmem":
         raise EstimateError("a timeline is drawn by xmem only")
+    if method != "xmem":
+        one_model(capture, method)
     start = time.perf_counter()
     if method == "xmem":
         from carma.estimate.xmem import estimate_xmem
@@ -52,6 +54,29 @@ def estimate_captured(method: str, capture: Capture, device: str, *, timeline: s
 
         result = estimate_gpumemnet(capture, known.context_bytes, device)
     return replace(result, seconds=capture.seconds + time.perf_counter() - start)
+
+
+def one_model(capture: Capture, method: str) -> None:
+    """Refuse, in one line, a job the baselines cannot see whole: they model one network trained by one
+    optimizer, and a script may run more (a GAN, a frozen teacher, a model called in parts or as
+    `model.forward(x)`, whose children the capture sees instead). xMem reads the trace and has no such limit."""
+    model = capture.job.model
+    name = type(model).__name__
+    inside = {id(p) for p in model.parameters()}
+    if capture.extra_optimizers:
+        names = ", ".join(type(o).__name__ for o in (capture.job.optimizer, *capture.extra_optimizers))
+        reason = f"steps {1 + len(capture.extra_optimizers)} optimizers ({names})"
+    elif any(id(p) not in inside for group in capture.job.optimizer.param_groups for p in group["params"]):
+        reason = (
+            f"trains parameters outside the {name} taken for the model (a model called as model.forward(x), "
+            "or in parts, is seen as its children)"
+        )
+    elif capture.extra_models:
+        names = ", ".join(sorted({type(m).__name__ for m in capture.extra_models}))
+        reason = f"calls modules with weights of their own besides the {name} it trains ({names})"
+    else:
+        return
+    raise EstimateError(f"{method} estimates one model trained by one optimizer, and this job {reason}: use xmem")
 
 
 def history_estimate(observed_peak_bytes: int, device: str) -> Estimate:

@@ -7,11 +7,13 @@ the `Estimate` back:
   `estimate_job` (`capture_job` captures it in this process);
 - the user's own training script (`python train.py ...`, `python -m pkg.train ...`, `python -c CODE`), by
   `estimate_script`, so a script that falls back to the CPU when CUDA is absent runs unchanged.
-  Global hooks stop the script after N optimizer steps and
-  capture its model (the outermost module called whose parameters the optimizer holds) and that model's
-  training batch (of its last call before the first step: not a summary's or a warm-up's). Profiling
-  starts at that model's first call, so imports and setup stay out of the trace
-  (their only lasting GPU memory, the parameters, is read from the model). The captured model cannot
+  Global hooks stop the script after N training iterations (N optimizer steps, or N steps of each
+  optimizer when several step in turn, as a GAN's do) and capture its model (the outermost module called
+  whose parameters the first optimizer to step holds), that model's training batch (of its last call
+  before the first step: not a summary's or a warm-up's) and the other modules with weights the script
+  called (a GAN's other network, a frozen teacher). Profiling starts at the first call of a module with
+  parameters, so imports and setup stay out of the trace (their only lasting GPU memory, the weights, is
+  read from the modules). The captured model cannot
   cross the process boundary, so the child also runs the estimator and sends back the `Estimate` as
   JSON (in a file, as the script owns stdout).
 
@@ -53,6 +55,7 @@ from carma.estimate.base import Breakdown, Capture, Estimate, EstimateError, Tra
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT_S = 900.0
 REGISTRY = "carma.estimate.registry:estimate_captured"
+STEP_MARK = "carma: step of optimizer #"  # a trace annotation inside each captured optimizer step
 _TRACE_CATEGORIES = {"cpu_instant_event", "python_function", "cpu_op", "user_annotation"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
@@ -98,14 +101,16 @@ class _StepLimitReached(BaseException):
 
 
 class _Session:
-    """Profiles from `start()` on, counts optimizer steps, marks each as a profiler step, and stops the
-    job after `steps` of them."""
+    """Profiles from `start()` on, marks each optimizer step in the trace (`STEP_MARK` and the optimizer's
+    index, in the order optimizers first step) and as a profiler step, and stops the job once it has run
+    `steps` training iterations (`split_iterations`)."""
 
     def __init__(self, steps: int, exact: bool) -> None:
         self.steps = steps
         self.exact = exact
-        self.done = 0
-        self.optimizer: Any = None
+        self.optimizers: list[Any] = []  # by first step while profiling
+        self.order: list[int] = []  # the optimizer (its index) of each step taken while profiling
+        self.stopped = False
         self.profiler: Any = None
         self.trace: list[dict[str, Any]] = []
         self._running = ExitStack()
@@ -133,21 +138,71 @@ class _Session:
         if export and self.profiler is not None:
             self.trace = _chrome_trace(self.profiler)
 
+    def finished(self, ended: bool = False) -> int:
+        """Training iterations run to their end; `ended`: the script ended, so its last iteration did too."""
+        sizes, complete = split_iterations(self.order)
+        return len(sizes) if complete or ended else len(sizes) - 1
+
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.done >= self.steps:  # the script caught our stop and went on
+        if self.stopped:  # the script caught our stop and went on
             raise _StepLimitReached
+        if self.profiler is not None:
+            # A step that begins a new iteration may end the capture before it runs: with one step asked
+            # for, the first iteration is known to be over only here.
+            sizes, _ = split_iterations([*self.order, self._index(optimizer)])
+            if len(sizes) - 1 >= self.steps:
+                self._stop()
         for group in optimizer.param_groups:
             take_cuda_foreach(group)
 
     def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        from torch.profiler import record_function
+
         if self.profiler is None:  # a step before the model was ever called: not a training step
             return
-        if self.optimizer is None:
-            self.optimizer = optimizer
-        self.done += 1
-        if self.done >= self.steps:
-            raise _StepLimitReached
+        index = self._index(optimizer)
+        if index == len(self.optimizers):
+            self.optimizers.append(optimizer)
+        with record_function(f"{STEP_MARK}{index}"):
+            pass  # a mark inside the step: the analyzer reads which optimizer made it
+        self.order.append(index)
+        if self.finished() >= self.steps:
+            self._stop()
         self.profiler.step()
+
+    def _index(self, optimizer: Any) -> int:
+        return next((i for i, known in enumerate(self.optimizers) if known is optimizer), len(self.optimizers))
+
+    def _stop(self) -> None:
+        self.stopped = True
+        raise _StepLimitReached
+
+
+def split_iterations(order: Sequence[int]) -> tuple[list[int], bool]:
+    """The training iterations in a run of optimizer steps: how many steps each holds, and whether the
+    last is known to be complete.
+
+    `order` gives each step's optimizer (0 for the first to step, 1 for the next new one, ...). An
+    iteration ends before a step of an optimizer that already stepped in it, and as soon as it holds a
+    step of every optimizer the first iteration had: one optimizer's [0, 0, 0] is three iterations of one
+    step, a GAN's [0, 1, 0, 1] two of two (discriminator, then generator). The first iteration is known
+    complete only when one of its optimizers steps again.
+    """
+    sizes: list[int] = []
+    first: set[int] | None = None
+    current: set[int] = set()
+    for index in order:
+        if index in current:
+            first = current if first is None else first
+            sizes.append(len(current))
+            current = set()
+        current.add(index)
+        if first is not None and current >= first:
+            sizes.append(len(current))
+            current = set()
+    if current:
+        return [*sizes, len(current)], False
+    return sizes, True
 
 
 @contextmanager
@@ -437,7 +492,7 @@ class _ModelRecorder:
 
     def _leave(self, module: Any, args: Any, *rest: Any) -> None:
         self.depth -= 1
-        if self.depth == 0 and not self.session.done and next(module.parameters(), None) is not None:
+        if self.depth == 0 and not self.session.order and next(module.parameters(), None) is not None:
             kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
             self.calls[id(module)] = (module, tuple(args), dict(kwargs))
 
@@ -453,6 +508,16 @@ class _ModelRecorder:
             raise EstimateError("the optimizer's parameters belong to no torch.nn.Module the script called")
         module, args, kwargs = best
         return module, _batch(module, args, kwargs)
+
+    def besides(self, model: Any) -> tuple[Any, ...]:
+        """The other recorded modules holding parameters outside `model` (a GAN's other network, a frozen
+        teacher, or the model's other children when it is called as `model.forward(x)`)."""
+        inside = {id(p) for p in model.parameters()}
+        return tuple(
+            module
+            for module, _, _ in self.calls.values()
+            if module is not model and any(id(p) not in inside for p in module.parameters())
+        )
 
 
 def _batch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -524,17 +589,23 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 raise EstimateError(
-                    f"the script exited with status {exc.code} after {session.done} optimizer steps"
+                    f"the script exited with status {exc.code} after {len(session.order)} optimizer steps"
                 ) from None
         except Exception as exc:
-            raise EstimateError(f"the script crashed after {session.done} optimizer steps: {_last_line(exc)}") from None
-        if session.done == 0:
+            raise EstimateError(
+                f"the script crashed after {len(session.order)} optimizer steps: {_last_line(exc)}"
+            ) from None
+        if not session.order:
             raise EstimateError(f"the script never reached an optimizer step; xMem needs {steps} training steps")
-        if session.done < steps:
-            raise EstimateError(f"the script ended after {session.done} optimizer steps; xMem needs {steps}")
-    model, batch = recorder.model_of(session.optimizer)
-    job = TrainingJob(model=model, batch=batch, loss=None, optimizer=session.optimizer)
-    return Capture(job, session.trace, steps, time.perf_counter() - started)
+        if not session.stopped and session.finished(ended=True) < steps:
+            each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
+            ended = f"the script ended after {len(session.order)} optimizer steps"
+            raise EstimateError(f"{ended}; xMem needs {steps}{each}")
+    first, *others = session.optimizers
+    model, batch = recorder.model_of(first)
+    job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
+    extra_models = recorder.besides(model)
+    return Capture(job, session.trace, steps, time.perf_counter() - started, extra_models, tuple(others))
 
 
 def estimate_script(argv: list[str], method: str, device: str, steps: int = DEFAULT_STEPS, **options: Any) -> Estimate:

@@ -4,11 +4,13 @@ The trace (chrome-trace events of `torch.profiler` with `profile_memory=True` an
 `[memory]` instants (address, signed byte count) but no link between them and the code that caused them.
 The analyzer pairs each allocation with the next free of the same address (an address freed and
 allocated again starts a new block), attributes each block to the innermost operator window around its
-allocation, and places it in a phase of a training iteration. Iterations are the profiler's
-`ProfilerStep#k` windows that contain an optimizer step; the first one starts at its batch or at the
-model's first training forward (the first call a backward pass follows), so what the script did before
-(building the dataset, initialising the model, a summary's forward pass) is left out, except the model's
-parameters and buffers, which live on the GPU for the whole job.
+allocation, and places it in a phase of a training iteration. The runner marks every optimizer step
+with the optimizer that made it and ends a `ProfilerStep#k` window there; an iteration is the windows of
+its steps, grouped as the runner counted them (`split_iterations`: one step each for one optimizer, a
+step of each for a GAN's two). The first one starts at its batch or at the model's first training
+forward (the first call a backward pass follows), so what the script did before (building the dataset,
+initialising the model, a summary's forward pass) is left out, except the parameters and buffers, which
+live on the GPU for the whole job.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 from carma.estimate.base import EstimateError
+from carma.estimate.runner import STEP_MARK, split_iterations
 
 MEMORY_EVENT = "[memory]"
 CPU_DEVICE = 0  # "Device Type" of memory events on the host
@@ -89,9 +92,9 @@ def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
     blocks = pair_blocks(events)
     windows = [e for e in events if e.get("ph") == "X" and e.get("cat") in WINDOW_CATEGORIES]
     attribute(blocks, windows)
-    steps = _spans(windows, "user_annotation", STEP_PREFIX)
+    steps, owners = _marked_steps(windows)
     zero_grads = _spans(windows, "user_annotation", ZERO_GRAD_PREFIX)
-    iterations = _iterations(windows, steps, blocks, job)
+    iterations = _iterations(windows, steps, owners, blocks, job)
     kept: list[Block] = []
     dropped = dropped_bytes = 0
     starts = [it.start for it in iterations]
@@ -186,16 +189,41 @@ def _spans(windows: list[dict[str, Any]], category: str, prefix: str) -> list[tu
     )
 
 
+def _marked_steps(windows: list[dict[str, Any]]) -> tuple[list[tuple[float, float]], list[int]]:
+    """The `optimizer.step()` windows the runner marked (the steps that ran to their end), and the optimizer
+    of each (its index in the order optimizers first stepped)."""
+    marks = sorted(
+        (w["ts"], int(w["name"][len(STEP_MARK) :]))
+        for w in windows
+        if w["cat"] == "user_annotation" and w["name"].startswith(STEP_MARK)
+    )
+    steps, owners = [], []
+    for start, end in _spans(windows, "user_annotation", STEP_PREFIX):
+        owner = next((index for t, index in marks if start <= t <= end), None)
+        if owner is not None:
+            steps.append((start, end))
+            owners.append(owner)
+    return steps, owners
+
+
 def _iterations(
-    windows: list[dict[str, Any]], steps: list[tuple[float, float]], blocks: list[Block], job: JobTensors
+    windows: list[dict[str, Any]],
+    steps: list[tuple[float, float]],
+    owners: list[int],
+    blocks: list[Block],
+    job: JobTensors,
 ) -> list[Iteration]:
     # The runner calls profiler.step() from the optimizer's post-hook, so ProfilerStep#k closes inside
-    # the k-th optimizer.step() window: an iteration is a ProfilerStep window where a step starts.
+    # the k-th optimizer.step() window: an iteration runs from the ProfilerStep window of its first step
+    # to the end of that of its last.
     profiler_steps = _spans(windows, "user_annotation", ITERATION_PREFIX)
-    step_starts = [start for start, _ in steps]
-    bounds = [(s, e) for s, e in profiler_steps if any(s <= start <= e for start in step_starts)]
-    if not bounds:
+    windows_of_steps = [next(((s, e) for s, e in profiler_steps if s <= start <= e), None) for start, _ in steps]
+    if not steps or None in windows_of_steps:
         raise EstimateError("the trace has no ProfilerStep window with an optimizer step")
+    bounds, first = [], 0
+    for size in split_iterations(owners)[0]:
+        bounds.append((windows_of_steps[first][0], windows_of_steps[first + size - 1][1]))
+        first += size
     forwards = sorted(
         w["ts"] for w in windows if w["cat"] == "python_function" and w["name"].startswith(job.model_window)
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from carma.estimate.base import Breakdown, Capture, Estimate, TrainingJob
+from carma.estimate.base import Breakdown, Capture, Estimate
 from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import MODULE_PREFIX, JobTensors, analyze
 from carma.estimate.xmem.orchestrator import Category, orchestrate
@@ -27,11 +27,18 @@ class XMemResult:
     seconds: float  # analysis and simulation
 
 
-def job_tensors(job: TrainingJob) -> JobTensors:
-    """Storage addresses and sizes of the job's parameters, buffers and first batch."""
-    model = job.model
+def job_tensors(capture: Capture) -> JobTensors:
+    """Storage addresses and sizes of what sits on the GPU before training (the parameters and buffers of
+    the model and of the other modules the job called, every optimizer's parameters) and of the first batch."""
+    job = capture.job
+    resident = [job.model, *capture.extra_models]
+    groups = [group for optimizer in (job.optimizer, *capture.extra_optimizers) for group in optimizer.param_groups]
     parameters = {}
-    for tensor in itertools.chain(model.parameters(), model.buffers()):
+    for tensor in itertools.chain(
+        *(module.parameters() for module in resident),
+        *(module.buffers() for module in resident),
+        *(group["params"] for group in groups),
+    ):
         storage = tensor.untyped_storage()
         if storage.nbytes():
             parameters[storage.data_ptr()] = storage.nbytes()
@@ -40,7 +47,7 @@ def job_tensors(job: TrainingJob) -> JobTensors:
         storage = tensor.untyped_storage()
         if storage.nbytes():
             batch[storage.data_ptr()] = storage.nbytes()
-    return JobTensors(f"{MODULE_PREFIX}{type(model).__name__}_", parameters, batch)
+    return JobTensors(f"{MODULE_PREFIX}{type(job.model).__name__}_", parameters, batch)
 
 
 def _tensors(value: Any) -> list[Any]:
@@ -60,7 +67,7 @@ def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:
     context) the replay may release cached segments to fit, and `simulation.oom` tells when even that
     fails (the peak is then the unconstrained one, what the job would need)."""
     started = time.perf_counter()
-    job = job_tensors(capture.job)
+    job = job_tensors(capture)
     analysis = analyze(capture.trace, job)
     blocks = orchestrate(analysis, job)
     starts = [it.start for it in analysis.iterations]
