@@ -237,6 +237,26 @@ def test_a_model_called_through_forward(workdir: Path) -> None:
         estimate_script(["python", direct, *argv], "horus", "a100-40gb")
 
 
+def test_a_step_given_a_closure_is_estimated_as_the_plain_loop(workdir: Path) -> None:
+    """`optimizer.step(closure)` (PyTorch Lightning, L-BFGS) runs zero_grad, forward and backward inside the
+    step, where the model is first called: they are told from the update, and the estimate is the plain
+    loop's."""
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    loss = "torch.nn.functional.cross_entropy(model(x), y)"
+    plain = f"    optimizer.zero_grad()\n    {loss}.backward()\n    optimizer.step()"
+    assert plain in MLP_SCRIPT
+    closure = (
+        f"    def closure():\n        optimizer.zero_grad()\n        loss = {loss}\n"
+        "        loss.backward()\n        return loss\n    optimizer.step(closure)"
+    )
+    closed = script(workdir, "closure.py", MLP_SCRIPT.replace(plain, closure))
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    by_closure, by_loop = estimate(["python", closed, *argv]), estimate(["python", train, *argv])
+    assert by_closure.peak_bytes == by_loop.peak_bytes
+    assert by_closure.breakdown.gradients == by_loop.breakdown.gradients
+    assert by_closure.breakdown.optimizer_state == by_loop.breakdown.optimizer_state
+
+
 def nbytes(*modules: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 

@@ -38,8 +38,8 @@ JOB = JobTensors("nn.Module: Net_", parameters={PARAM: P}, batch={BATCH0: 1 * MI
 def two_iterations() -> list[dict[str, Any]]:
     """Setup, then two iterations: zero_grad (set_to_none), load, forward, backward, Adam-like step.
 
-    As the runner records it, ProfilerStep#k closes inside the k-th optimizer.step() window, after the
-    runner's mark of the optimizer that stepped.
+    As the runner records it, each optimizer step is a window naming its optimizer, and ProfilerStep#k
+    closes right after the k-th.
     """
     events = [
         *block(5, None, DATASET, 3 * MIB),  # script-level: the dataset, kept on the host
@@ -57,11 +57,10 @@ def two_iterations() -> list[dict[str, Any]]:
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 200, 240),
         *block(205, 304, GRAD0, P),  # the gradient: freed by the next zero_grad
         *block(207, 220, BTEMP0, 2 * MIB),  # backward temporary
-        win("user_annotation", "Optimizer.step#Adam.step", 250, 297),
+        win("user_annotation", f"{STEP_MARK}0", 250, 297),  # optimizer #0's step, in the runner's window
         win("cpu_op", "aten::zeros_like", 254, 256),
         *block(255, None, STATE, P),  # optimizer state
         *block(260, 270, STEPTMP0, P),  # step temporary
-        win("user_annotation", f"{STEP_MARK}0", 295, 295),  # the runner's mark: optimizer #0's step ran
         win("user_annotation", "ProfilerStep#1", 296, 500),
         win("user_annotation", "Optimizer.zero_grad#Adam.zero_grad", 302, 310),
         *block(320, None, BATCH1, 1 * MIB),  # next batch
@@ -69,8 +68,7 @@ def two_iterations() -> list[dict[str, Any]]:
         *block(360, 430, ACT1, 8 * MIB),
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 420, 440),
         *block(425, None, GRAD1, P),
-        win("user_annotation", "Optimizer.step#Adam.step", 450, 498),
-        win("user_annotation", f"{STEP_MARK}0", 497, 497),
+        win("user_annotation", f"{STEP_MARK}0", 450, 498),
     ]
     return events
 
@@ -169,22 +167,20 @@ def gan_iteration(k: int, t: float) -> list[dict[str, Any]]:
         *block(t + 10, t + 200, 0xB000 + k, 1 * MIB),  # the real batch
         win("python_function", "nn.Module: Net_0", t + 20, t + 30),
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", t + 40, t + 50),
-        win("user_annotation", "Optimizer.step#Adam.step", t + 60, t + 99),
+        win("user_annotation", f"{STEP_MARK}0", t + 60, t + 99),
         *block(t + 70, None, 0xC000 + k, P),  # the discriminator's state (iteration 0) or a leftover
-        win("user_annotation", f"{STEP_MARK}0", t + 98, t + 98),
         win("user_annotation", f"ProfilerStep#{2 * k + 1}", t + 100, t + 200),
         win("python_function", "nn.Module: Gen_0", t + 110, t + 120),
         win("python_function", "nn.Module: Net_0", t + 121, t + 130),
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", t + 140, t + 150),
-        win("user_annotation", "Optimizer.step#Adam.step", t + 160, t + 199),
+        win("user_annotation", f"{STEP_MARK}1", t + 160, t + 199),
         *block(t + 170, None, 0xD000 + k, P),  # the generator's state
-        win("user_annotation", f"{STEP_MARK}1", t + 198, t + 198),
     ]
 
 
 def test_an_iteration_holds_a_step_of_every_optimizer() -> None:
     """Two optimizers stepping in turn (a GAN) make one iteration of two steps, not two iterations; a step
-    the runner stopped before it ran (no mark) is no iteration."""
+    the runner stopped before it ran (PyTorch's window, not the runner's) is no iteration."""
     events = [
         *gan_iteration(0, 0),
         *gan_iteration(1, 200),

@@ -12,10 +12,10 @@ the `Estimate` back:
   whose parameters the first optimizer to step holds), that model's training batch (of its last call
   before the first step: not a summary's or a warm-up's) and the other modules with weights the script
   called (a GAN's other network, a frozen teacher). Profiling starts at the first call of a module with
-  parameters, so imports and setup stay out of the trace (their only lasting GPU memory, the weights, is
-  read from the modules). The captured model cannot
-  cross the process boundary, so the child also runs the estimator and sends back the `Estimate` as
-  JSON (in a file, as the script owns stdout).
+  parameters (or at the first step given a closure, which calls the model inside the step), so imports
+  and setup stay out of the trace (their only lasting GPU memory, the weights, is read from the modules).
+  The captured model cannot cross the process boundary, so the child also runs the estimator and sends
+  back the `Estimate` as JSON (in a file, as the script owns stdout).
 
 While capturing, three CPU operators are swapped for the ones CUDA would run, because their memory
 differs (the estimate is for the GPU): optimizers use their `foreach` implementation (the CUDA default,
@@ -55,7 +55,8 @@ from carma.estimate.base import Breakdown, Capture, Estimate, EstimateError, Tra
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT_S = 900.0
 REGISTRY = "carma.estimate.registry:estimate_captured"
-STEP_MARK = "carma: step of optimizer #"  # a trace annotation inside each captured optimizer step
+STEP_MARK = "carma: step of optimizer #"  # the trace window of each captured optimizer step
+CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer step calls
 _TRACE_CATEGORIES = {"cpu_instant_event", "python_function", "cpu_op", "user_annotation"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
@@ -101,9 +102,9 @@ class _StepLimitReached(BaseException):
 
 
 class _Session:
-    """Profiles from `start()` on, marks each optimizer step in the trace (`STEP_MARK` and the optimizer's
-    index, in the order optimizers first step) and as a profiler step, and stops the job once it has run
-    `steps` training iterations (`split_iterations`)."""
+    """Profiles from `start()` on, puts each optimizer step in a trace window of its own (`STEP_MARK` and
+    the optimizer's index, in the order optimizers first step), ends a profiler step with it, and stops
+    the job once it has run `steps` training iterations (`split_iterations`)."""
 
     def __init__(self, steps: int, exact: bool) -> None:
         self.steps = steps
@@ -111,6 +112,7 @@ class _Session:
         self.optimizers: list[Any] = []  # by first step while profiling
         self.order: list[int] = []  # the optimizer (its index) of each step taken while profiling
         self.stopped = False
+        self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self.profiler: Any = None
         self.trace: list[dict[str, Any]] = []
         self._running = ExitStack()
@@ -143,28 +145,35 @@ class _Session:
         sizes, complete = split_iterations(self.order)
         return len(sizes) if complete or ended else len(sizes) - 1
 
-    def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.stopped:  # the script caught our stop and went on
-            raise _StepLimitReached
-        if self.profiler is not None:
-            # A step that begins a new iteration may end the capture before it runs: with one step asked
-            # for, the first iteration is known to be over only here.
-            sizes, _ = split_iterations([*self.order, self._index(optimizer)])
-            if len(sizes) - 1 >= self.steps:
-                self._stop()
-        for group in optimizer.param_groups:
-            take_cuda_foreach(group)
-
-    def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         from torch.profiler import record_function
 
-        if self.profiler is None:  # a step before the model was ever called: not a training step
+        if self.stopped:  # the script caught our stop and went on
+            raise _StepLimitReached
+        closure = _closure(args, kwargs)
+        if closure is not None:  # it runs the forward and backward inside the step: training has begun
+            self.start()
+        if self.profiler is not None:
+            index = self._index(optimizer)
+            # A step that begins a new iteration may end the capture before it runs: with one step asked
+            # for, the first iteration is known to be over only here.
+            sizes, _ = split_iterations([*self.order, index])
+            if len(sizes) - 1 >= self.steps:
+                self._stop()
+            window = record_function(f"{STEP_MARK}{index}")
+            window.__enter__()
+            self._open.append(window)
+        for group in optimizer.param_groups:
+            take_cuda_foreach(group)
+        return None if closure is None else _with_closure(args, kwargs, closure)
+
+    def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._open:  # began before the model was ever called: not a training step
             return
+        self._open.pop().__exit__(None, None, None)
         index = self._index(optimizer)
         if index == len(self.optimizers):
             self.optimizers.append(optimizer)
-        with record_function(f"{STEP_MARK}{index}"):
-            pass  # a mark inside the step: the analyzer reads which optimizer made it
         self.order.append(index)
         if self.finished() >= self.steps:
             self._stop()
@@ -176,6 +185,26 @@ class _Session:
     def _stop(self) -> None:
         self.stopped = True
         raise _StepLimitReached
+
+
+def _closure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The closure an optimizer step was given (`optimizer.step(closure)`, as PyTorch Lightning and L-BFGS
+    call it), if any; `args` starts with the optimizer."""
+    return args[1] if len(args) > 1 else kwargs.get("closure")
+
+
+def _with_closure(args: tuple[Any, ...], kwargs: dict[str, Any], closure: Any) -> tuple[Any, dict[str, Any]]:
+    """The step's arguments with `closure` run inside a `CLOSURE_MARK` window, so that the forward and
+    backward it runs inside the step are told apart from the update."""
+    from torch.profiler import record_function
+
+    def marked() -> Any:
+        with record_function(CLOSURE_MARK):
+            return closure()
+
+    if len(args) > 1:
+        return (args[0], marked, *args[2:]), kwargs
+    return args, {**kwargs, "closure": marked}
 
 
 def split_iterations(order: Sequence[int]) -> tuple[list[int], bool]:

@@ -4,8 +4,8 @@ The trace (chrome-trace events of `torch.profiler` with `profile_memory=True` an
 `[memory]` instants (address, signed byte count) but no link between them and the code that caused them.
 The analyzer pairs each allocation with the next free of the same address (an address freed and
 allocated again starts a new block), attributes each block to the innermost operator window around its
-allocation, and places it in a phase of a training iteration. The runner marks every optimizer step
-with the optimizer that made it and ends a `ProfilerStep#k` window there; an iteration is the windows of
+allocation, and places it in a phase of a training iteration. The runner puts every optimizer step in a
+window naming the optimizer that made it and ends a `ProfilerStep#k` window there; an iteration is the windows of
 its steps, grouped as the runner counted them (`split_iterations`: one step each for one optimizer, a
 step of each for a GAN's two). The first one starts at its batch or at the model's first training
 forward (the first call a backward pass follows), so what the script did before (building the dataset,
@@ -23,13 +23,12 @@ from enum import Enum
 from typing import Any
 
 from carma.estimate.base import EstimateError
-from carma.estimate.runner import STEP_MARK, split_iterations
+from carma.estimate.runner import CLOSURE_MARK, STEP_MARK, split_iterations
 
 MEMORY_EVENT = "[memory]"
 CPU_DEVICE = 0  # "Device Type" of memory events on the host
 WINDOW_CATEGORIES = ("python_function", "cpu_op", "user_annotation")
 ITERATION_PREFIX = "ProfilerStep#"
-STEP_PREFIX = "Optimizer.step#"
 ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
 MODULE_PREFIX = "nn.Module: "
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
@@ -98,7 +97,8 @@ def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
     kept: list[Block] = []
     dropped = dropped_bytes = 0
     starts = [it.start for it in iterations]
-    step_starts, zero_starts = [s for s, _ in steps], [s for s, _ in zero_grads]
+    in_steps, in_zero_grads = _Windows(steps), _Windows(zero_grads)
+    in_closures = _Windows(_spans(windows, "user_annotation", CLOSURE_MARK))
     for block in blocks:
         if block.addr in job.parameters and block.free is None:
             block.phase = Phase.PARAMETER
@@ -110,7 +110,7 @@ def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
             dropped_bytes += block.size
             continue
         block.iteration = k
-        block.phase = _phase(block.alloc, iterations[k], steps, step_starts, zero_grads, zero_starts)
+        block.phase = _phase(block.alloc, iterations[k], in_steps, in_closures, in_zero_grads)
         kept.append(block)
     return Analysis(kept, iterations, steps, zero_grads, dropped, dropped_bytes)
 
@@ -190,20 +190,14 @@ def _spans(windows: list[dict[str, Any]], category: str, prefix: str) -> list[tu
 
 
 def _marked_steps(windows: list[dict[str, Any]]) -> tuple[list[tuple[float, float]], list[int]]:
-    """The `optimizer.step()` windows the runner marked (the steps that ran to their end), and the optimizer
-    of each (its index in the order optimizers first stepped)."""
-    marks = sorted(
-        (w["ts"], int(w["name"][len(STEP_MARK) :]))
+    """The optimizer steps the runner put in windows of their own (the steps that ran to their end), and
+    the optimizer of each (its index in the order optimizers first stepped)."""
+    marked = sorted(
+        (w["ts"], w["ts"] + w.get("dur", 0.0), int(w["name"][len(STEP_MARK) :]))
         for w in windows
         if w["cat"] == "user_annotation" and w["name"].startswith(STEP_MARK)
     )
-    steps, owners = [], []
-    for start, end in _spans(windows, "user_annotation", STEP_PREFIX):
-        owner = next((index for t, index in marks if start <= t <= end), None)
-        if owner is not None:
-            steps.append((start, end))
-            owners.append(owner)
-    return steps, owners
+    return [(start, end) for start, end, _ in marked], [index for _, _, index in marked]
 
 
 def _iterations(
@@ -269,22 +263,22 @@ def _first_iteration_start(window_start: float, forward: float, blocks: list[Blo
     return min([forward, *batch_allocs])
 
 
-def _inside(t: float, spans: list[tuple[float, float]], starts: list[float]) -> bool:
-    i = bisect_right(starts, t) - 1
-    return i >= 0 and t <= spans[i][1]
+class _Windows:
+    """Disjoint time windows, sorted, asked whether they hold a moment."""
+
+    def __init__(self, spans: list[tuple[float, float]]) -> None:
+        self.spans = spans
+        self.starts = [start for start, _ in spans]
+
+    def __contains__(self, t: float) -> bool:
+        i = bisect_right(self.starts, t) - 1
+        return i >= 0 and t <= self.spans[i][1]
 
 
-def _phase(
-    t: float,
-    iteration: Iteration,
-    steps: list[tuple[float, float]],
-    step_starts: list[float],
-    zero_grads: list[tuple[float, float]],
-    zero_starts: list[float],
-) -> Phase:
-    if _inside(t, steps, step_starts):
+def _phase(t: float, iteration: Iteration, steps: _Windows, closures: _Windows, zero_grads: _Windows) -> Phase:
+    if t in steps and t not in closures:  # a closure's forward and backward are no part of the update
         return Phase.STEP
-    if _inside(t, zero_grads, zero_starts):
+    if t in zero_grads:
         return Phase.ZERO_GRAD
     if iteration.backward is not None and iteration.backward[0] <= t <= iteration.backward[1]:
         return Phase.BACKWARD
