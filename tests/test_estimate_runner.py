@@ -360,6 +360,9 @@ def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
     )
     with pytest.raises(EstimateError, match="crashed after 2 optimizer steps: ValueError: boom in the training loop"):
         estimate(["python", train])
+    on_gpu = script(workdir, "on_gpu.py", "import torch\ntorch.nn.Linear(4, 2).cuda()\n")
+    with pytest.raises(EstimateError, match=r"crashed after 0 optimizer steps: .*CUDA.* let it fall back to the CPU"):
+        estimate(["python", on_gpu])
 
 
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:

@@ -57,6 +57,10 @@ DEFAULT_TIMEOUT_S = 900.0
 REGISTRY = "carma.estimate.registry:estimate_captured"
 STEP_MARK = "carma: step of optimizer #"  # the trace window of each captured optimizer step
 CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer step calls
+_CUDA_HINT = (
+    "the capture runs the script on the CPU with CUDA hidden: let it fall back to the CPU, "
+    'e.g. device = "cuda" if torch.cuda.is_available() else "cpu"'
+)
 _TRACE_CATEGORIES = {"cpu_instant_event", "python_function", "cpu_op", "user_annotation"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
@@ -621,9 +625,10 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
                     f"the script exited with status {exc.code} after {len(session.order)} optimizer steps"
                 ) from None
         except Exception as exc:
-            raise EstimateError(
-                f"the script crashed after {len(session.order)} optimizer steps: {_last_line(exc)}"
-            ) from None
+            crash = f"the script crashed after {len(session.order)} optimizer steps: {_last_line(exc)}"
+            if "CUDA" in crash:
+                crash += f" ({_CUDA_HINT})"
+            raise EstimateError(crash) from None
         if not session.order:
             raise EstimateError(f"the script never reached an optimizer step; xMem needs {steps} training steps")
         if not session.stopped and session.finished(ended=True) < steps:
