@@ -342,6 +342,41 @@ def test_a_frozen_teacher_sits_on_the_gpu_too(workdir: Path) -> None:
         estimate_script(["python", distil], "horus", "a100-40gb")
 
 
+def test_an_average_of_the_model_that_is_never_called_sits_on_the_gpu_too(workdir: Path) -> None:
+    """An exponential moving average of the model, kept by a trainer object in a function's frame and
+    updated by arithmetic, never called: its weights are found where the script holds them."""
+    ema = script(
+        workdir,
+        "ema.py",
+        """
+        import copy, torch
+        from torch import nn
+
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+                self.ema = copy.deepcopy(model).requires_grad_(False)
+                self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+            def fit(self):
+                for step in range(50):
+                    x, y = torch.randn(64, 1024), torch.randint(0, 10, (64,))
+                    self.optimizer.zero_grad()
+                    nn.functional.cross_entropy(self.model(x), y).backward()
+                    self.optimizer.step()
+                    with torch.no_grad():
+                        torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 0.001)
+
+        def main():
+            Trainer(nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 10))).fit()
+
+        main()
+        """,
+    )
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.Linear(2048, 10))
+    assert estimate(["python", ema]).breakdown.parameters == pytest.approx(2 * nbytes(model), rel=0.01)
+
+
 def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
     train = script(
         workdir,

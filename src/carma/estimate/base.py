@@ -67,9 +67,9 @@ class Capture:
     None when the job came from a script: the script computed its own); `trace` is the PyTorch profiler's
     trace of `steps` training iterations (events as dicts, chrome-trace format), used by xMem. A script
     may train more than one model or step more than one optimizer (a GAN): `job` holds the first
-    optimizer to step and the model it trains, `extra_models` the other modules the script called that
-    hold parameters outside that model (a generator, a frozen teacher: their weights are on the GPU too)
-    and `extra_optimizers` the other optimizers that stepped.
+    optimizer to step and the model it trains, `extra_models` the other modules the script called or
+    holds that have parameters outside that model (a generator, a frozen teacher, an average of the
+    model: their weights are on the GPU too) and `extra_optimizers` the other optimizers that stepped.
     """
 
     job: TrainingJob

@@ -58,8 +58,8 @@ def estimate_captured(method: str, capture: Capture, device: str, *, timeline: s
 
 def one_model(capture: Capture, method: str) -> None:
     """Refuse, in one line, a job the baselines cannot see whole: they model one network trained by one
-    optimizer, and a script may run more (a GAN, a frozen teacher, a model called in parts or as
-    `model.forward(x)`, whose children the capture sees instead). xMem reads the trace and has no such limit."""
+    optimizer, and a script may use more (a GAN, a frozen teacher, an average of the model, a model called
+    in parts or as `model.forward(x)`, whose children the capture sees instead). xMem has no such limit."""
     model = capture.job.model
     name = type(model).__name__
     inside = {id(p) for p in model.parameters()}
@@ -73,7 +73,7 @@ def one_model(capture: Capture, method: str) -> None:
         )
     elif capture.extra_models:
         names = ", ".join(sorted({type(m).__name__ for m in capture.extra_models}))
-        reason = f"calls modules with weights of their own besides the {name} it trains ({names})"
+        reason = f"uses modules with weights of their own besides the {name} it trains ({names})"
     else:
         return
     raise EstimateError(f"{method} estimates one model trained by one optimizer, and this job {reason}: use xmem")

@@ -11,11 +11,12 @@ the `Estimate` back:
   optimizer when several step in turn, as a GAN's do) and capture its model (the outermost module called
   whose parameters the first optimizer to step holds), that model's training batch (of its last call
   before the first step: not a summary's or a warm-up's) and the other modules with weights the script
-  called (a GAN's other network, a frozen teacher). Profiling starts at the first call of a module with
-  parameters (or at the first step given a closure, which calls the model inside the step), so imports
-  and setup stay out of the trace (their only lasting GPU memory, the weights, is read from the modules).
-  The captured model cannot cross the process boundary, so the child also runs the estimator and sends
-  back the `Estimate` as JSON (in a file, as the script owns stdout).
+  called or holds (a GAN's other network, a frozen teacher, an average of the model). Profiling starts
+  at the first call of a module with parameters (or at the first step given a closure, which calls the
+  model inside the step), so imports and setup stay out of the trace (their only lasting GPU memory, the
+  weights, is read from the modules). The captured model cannot cross the process boundary, so the
+  child also runs the estimator and sends back the `Estimate` as JSON (in a file, as the script owns
+  stdout).
 
 While capturing, three CPU operators are swapped for the ones CUDA would run, because their memory
 differs (the estimate is for the GPU): optimizers use their `foreach` implementation (the CUDA default,
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
@@ -117,6 +119,7 @@ class _Session:
         self.order: list[int] = []  # the optimizer (its index) of each step taken while profiling
         self.stopped = False
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
+        self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
         self.profiler: Any = None
         self.trace: list[dict[str, Any]] = []
         self._running = ExitStack()
@@ -188,6 +191,8 @@ class _Session:
 
     def _stop(self) -> None:
         self.stopped = True
+        if self.on_stop is not None:
+            self.on_stop()
         raise _StepLimitReached
 
 
@@ -497,12 +502,31 @@ def _as_job(result: Any, target: str) -> TrainingJob:
 class _ModelRecorder:
     """Global module hooks: the last call before the first optimizer step of every outermost module that
     has parameters (its training batch, not that of a summary's or warm-up's forward pass); the first such
-    call starts the session (the training loop begins: imports and setup before it go unprofiled)."""
+    call starts the session (the training loop begins: imports and setup before it go unprofiled). When the
+    session stops the job, the modules with parameters the script's frames hold are noted too."""
 
     def __init__(self, session: _Session) -> None:
         self.session = session
         self.depth = 0
         self.calls: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
+        self.held: dict[int, Any] = {}
+        session.on_stop = self._note_held
+
+    def _note_held(self) -> None:
+        """The modules with parameters that the script's variables hold, directly or as an attribute of an
+        object they hold (a trainer's `self.ema`), while its frames are alive: weights the loop keeps on the
+        GPU without calling them, such as an exponential moving average of the model."""
+        import torch
+
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code is not capture_script.__code__:
+            for value in list(frame.f_locals.values()):
+                with suppress(Exception):  # an object that will not show its attributes holds nothing we see
+                    near = list(vars(value).values()) if _plain_object(value) else []
+                    for candidate in (value, *near):
+                        if isinstance(candidate, torch.nn.Module) and next(candidate.parameters(), None) is not None:
+                            self.held[id(candidate)] = candidate
+            frame = frame.f_back
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
@@ -543,14 +567,21 @@ class _ModelRecorder:
         return module, _batch(module, args, kwargs)
 
     def besides(self, model: Any) -> tuple[Any, ...]:
-        """The other recorded modules holding parameters outside `model` (a GAN's other network, a frozen
-        teacher, or the model's other children when it is called as `model.forward(x)`)."""
+        """The other modules called or held with parameters outside `model` (a GAN's other network, a frozen
+        teacher, an average of the model, the model's other children when it is called as `model.forward(x)`)."""
         inside = {id(p) for p in model.parameters()}
+        modules = {**self.held, **{id(module): module for module, _, _ in self.calls.values()}}
         return tuple(
             module
-            for module, _, _ in self.calls.values()
+            for module in modules.values()
             if module is not model and any(id(p) not in inside for p in module.parameters())
         )
+
+
+def _plain_object(value: Any) -> bool:
+    """An instance of a class of the script's or a library's (not a module, class or function), whose
+    attributes may hold modules."""
+    return hasattr(value, "__dict__") and not isinstance(value, type | types.ModuleType | types.FunctionType)
 
 
 def _batch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
