@@ -5,12 +5,12 @@ The trace (chrome-trace events of `torch.profiler` with `profile_memory=True` an
 The analyzer pairs each allocation with the next free of the same address (an address freed and
 allocated again starts a new block), attributes each block to the innermost operator window around its
 allocation, and places it in a phase of a training iteration. The runner puts every optimizer step in a
-window naming the optimizer that made it and ends a `ProfilerStep#k` window there; an iteration is the windows of
-its steps, grouped as the runner counted them (`split_iterations`: one step each for one optimizer, a
-step of each for a GAN's two). The first one starts at its batch or at the model's first training
-forward (the first call a backward pass follows), so what the script did before (building the dataset,
-initialising the model, a summary's forward pass) is left out, except the parameters and buffers, which
-live on the GPU for the whole job.
+window naming the optimizer that made it and ends a `ProfilerStep#k` window there; an iteration is the
+windows of its steps, grouped as the runner counted them (`split_iterations`: one step each for one
+optimizer, a step of each for a GAN's two). The first one starts at its batch or at the model's first
+training forward (the first call a backward pass follows), so what the script did before (building the
+dataset, initialising the model, a summary's forward pass) is left out, except the parameters and
+buffers, which live on the GPU for the whole job.
 """
 
 from __future__ import annotations
@@ -207,9 +207,9 @@ def _iterations(
     blocks: list[Block],
     job: JobTensors,
 ) -> list[Iteration]:
-    # The runner calls profiler.step() from the optimizer's post-hook, so ProfilerStep#k closes inside
-    # the k-th optimizer.step() window: an iteration runs from the ProfilerStep window of its first step
-    # to the end of that of its last.
+    # The runner calls profiler.step() from the optimizer's post-hook, so ProfilerStep#k closes right
+    # after the k-th step's window: an iteration runs from the ProfilerStep window of its first step to
+    # the end of that of its last.
     profiler_steps = _spans(windows, "user_annotation", ITERATION_PREFIX)
     windows_of_steps = [next(((s, e) for s, e in profiler_steps if s <= start <= e), None) for start, _ in steps]
     if not steps or None in windows_of_steps:

@@ -29,7 +29,8 @@ class XMemResult:
 
 def job_tensors(capture: Capture) -> JobTensors:
     """Storage addresses and sizes of what sits on the GPU before training (the parameters and buffers of
-    the model and of the other modules the job called, every optimizer's parameters) and of the first batch."""
+    the model and of the other modules the job called or holds, every optimizer's parameters) and of the
+    first batch."""
     job = capture.job
     resident = [job.model, *capture.extra_models]
     groups = [group for optimizer in (job.optimizer, *capture.extra_optimizers) for group in optimizer.param_groups]
