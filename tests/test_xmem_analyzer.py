@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from carma.estimate.base import EstimateError
-from carma.estimate.runner import STEP_MARK, split_iterations
+from carma.estimate.runner import MODULE_MARK, STEP_MARK, split_iterations
 from carma.estimate.xmem.allocator import MIB
 from carma.estimate.xmem.analyzer import JobTensors, Phase, analyze, attribute, pair_blocks
 from carma.estimate.xmem.orchestrator import Category, orchestrate
@@ -32,7 +32,8 @@ def win(cat: str, name: str, start: float, end: float) -> dict[str, Any]:
 PARAM, DATASET, TEMP, BATCH0, LABEL0, ACT0, GRAD0, BTEMP0, STATE, STEPTMP0 = range(0x1000, 0x1000 + 10 * 0x100, 0x100)
 BATCH1, ACT1, GRAD1 = 0x9000, 0x9100, 0x9200
 P = 4 * MIB  # the one parameter's size
-JOB = JobTensors("nn.Module: Net_", parameters={PARAM: P}, batch={BATCH0: 1 * MIB})
+NET = f"{MODULE_MARK}Net 0x7f00"  # the window of a call of the model, as the runner names it
+JOB = JobTensors(NET, parameters={PARAM: P}, batch={BATCH0: 1 * MIB})
 
 
 def two_iterations() -> list[dict[str, Any]]:
@@ -49,7 +50,7 @@ def two_iterations() -> list[dict[str, Any]]:
         win("user_annotation", "Optimizer.zero_grad#Adam.zero_grad", 52, 55),
         *block(60, None, BATCH0, 1 * MIB),  # the captured batch (held by the runner: never freed)
         *block(62, 330, LABEL0, 1024),  # labels: freed when the loop rebinds them
-        win("python_function", "nn.Module: Net_0", 100, 150),
+        win("user_annotation", NET, 100, 150),
         win("cpu_op", "aten::linear", 105, 140),
         win("cpu_op", "aten::addmm", 108, 139),
         win("cpu_op", "aten::empty", 109, 110),
@@ -64,7 +65,7 @@ def two_iterations() -> list[dict[str, Any]]:
         win("user_annotation", "ProfilerStep#1", 296, 500),
         win("user_annotation", "Optimizer.zero_grad#Adam.zero_grad", 302, 310),
         *block(320, None, BATCH1, 1 * MIB),  # next batch
-        win("python_function", "nn.Module: Net_0", 350, 400),
+        win("user_annotation", NET, 350, 400),
         *block(360, 430, ACT1, 8 * MIB),
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", 420, 440),
         *block(425, None, GRAD1, P),
@@ -98,15 +99,15 @@ def test_blocks_belong_to_the_innermost_window_but_not_to_allocation_primitives(
     assert owners[DATASET] == ""
 
 
-def test_python_frames_inside_an_operator_are_plumbing() -> None:
-    events = [
-        win("cpu_op", "aten::mm", 0, 10),
-        win("python_function", "carma/estimate/runner.py(1): kernel", 1, 9),
+def test_windows_opening_inside_an_operator_do_not_own_its_blocks() -> None:
+    events = [  # a checkpoint's backward running a module's forward again
+        win("cpu_op", "autograd::engine::evaluate_function: CheckpointFunctionBackward", 0, 10),
+        win("user_annotation", f"{MODULE_MARK}Block 0x7f10", 1, 9),
         *block(2, None, 0xA, 512),
     ]
     blocks = pair_blocks(events)
     attribute(blocks, [e for e in events if e["ph"] == "X"])
-    assert blocks[0].owner == "aten::mm"
+    assert blocks[0].owner == "autograd::engine::evaluate_function: CheckpointFunctionBackward"
 
 
 def test_analysis_drops_script_temporaries_and_finds_iterations_and_phases() -> None:
@@ -138,7 +139,7 @@ def test_a_forward_no_backward_follows_is_not_the_first_iteration_forward() -> N
     are setup."""
     SUMMARY_IN, SUMMARY_ACT = 0x7000, 0x7100
     events = [
-        win("python_function", "nn.Module: Net_0", 20, 30),
+        win("user_annotation", NET, 20, 30),
         *block(22, 40, SUMMARY_IN, 512),
         *block(25, 28, SUMMARY_ACT, 1024),
         *two_iterations(),
@@ -154,7 +155,7 @@ def test_a_forward_no_backward_follows_is_not_the_first_iteration_forward() -> N
 def test_analysis_needs_iterations_and_the_model() -> None:
     with pytest.raises(EstimateError, match="no ProfilerStep"):
         analyze([*block(1, None, 0xA, 512)], JOB)
-    events = [e for e in two_iterations() if not e["name"].startswith("nn.Module")]
+    events = [e for e in two_iterations() if e["name"] != NET]
     with pytest.raises(EstimateError, match="never calls the model"):
         analyze(events, JOB)
 
@@ -165,13 +166,13 @@ def gan_iteration(k: int, t: float) -> list[dict[str, Any]]:
     return [
         win("user_annotation", f"ProfilerStep#{2 * k}", t, t + 100),
         *block(t + 10, t + 200, 0xB000 + k, 1 * MIB),  # the real batch
-        win("python_function", "nn.Module: Net_0", t + 20, t + 30),
+        win("user_annotation", NET, t + 20, t + 30),
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", t + 40, t + 50),
         win("user_annotation", f"{STEP_MARK}0", t + 60, t + 99),
         *block(t + 70, None, 0xC000 + k, P),  # the discriminator's state (iteration 0) or a leftover
         win("user_annotation", f"ProfilerStep#{2 * k + 1}", t + 100, t + 200),
-        win("python_function", "nn.Module: Gen_0", t + 110, t + 120),
-        win("python_function", "nn.Module: Net_0", t + 121, t + 130),
+        win("user_annotation", f"{MODULE_MARK}Gen 0x7f80", t + 110, t + 120),
+        win("user_annotation", NET, t + 121, t + 130),
         win("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", t + 140, t + 150),
         win("user_annotation", f"{STEP_MARK}1", t + 160, t + 199),
         *block(t + 170, None, 0xD000 + k, P),  # the generator's state
@@ -187,7 +188,7 @@ def test_an_iteration_holds_a_step_of_every_optimizer() -> None:
         win("user_annotation", "ProfilerStep#4", 400, 420),
         win("user_annotation", "Optimizer.step#Adam.step", 410, 420),
     ]
-    analysis = analyze(events, JobTensors("nn.Module: Net_", parameters={PARAM: P}, batch={0xB000: 1 * MIB}))
+    analysis = analyze(events, JobTensors(NET, parameters={PARAM: P}, batch={0xB000: 1 * MIB}))
     assert [(it.start, it.end, it.forward) for it in analysis.iterations] == [(10, 200, 20), (200, 400, 220)]
     assert [it.backward for it in analysis.iterations] == [(40, 150), (240, 350)]
     assert len(analysis.steps) == 4
@@ -237,7 +238,7 @@ def test_orchestrator_maps_cpu_lifetimes_to_gpu_lifetimes() -> None:
 
 def test_orchestrator_supplies_what_the_trace_does_not_show() -> None:
     """Parameters allocated before profiling, and a batch for each iteration that loads none."""
-    job = JobTensors("nn.Module: Net_", parameters={PARAM: P, 0xF000: 2 * MIB}, batch={0xF100: 3 * MIB})
+    job = JobTensors(NET, parameters={PARAM: P, 0xF000: 2 * MIB}, batch={0xF100: 3 * MIB})
     events = [e for e in two_iterations() if e["args"].get("Addr") != BATCH1]
     analysis = analyze(events, job)
     assert analysis.iterations[0].start == 100  # no captured batch in the trace: it starts at the forward

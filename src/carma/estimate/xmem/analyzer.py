@@ -1,16 +1,16 @@
 """xMem's analyzer: from a CPU profiler trace to memory blocks attributed to the training loop.
 
-The trace (chrome-trace events of `torch.profiler` with `profile_memory=True` and `with_stack=True`) has
-`[memory]` instants (address, signed byte count) but no link between them and the code that caused them.
-The analyzer pairs each allocation with the next free of the same address (an address freed and
-allocated again starts a new block), attributes each block to the innermost operator window around its
-allocation, and places it in a phase of a training iteration. The runner puts every optimizer step in a
-window naming the optimizer that made it and ends a `ProfilerStep#k` window there; an iteration is the
-windows of its steps, grouped as the runner counted them (`split_iterations`: one step each for one
-optimizer, a step of each for a GAN's two). The first one starts at its batch or at the model's first
-training forward (the first call a backward pass follows), so what the script did before (building the
-dataset, initialising the model, a summary's forward pass) is left out, except the parameters and
-buffers, which live on the GPU for the whole job.
+The trace (chrome-trace events of `torch.profiler` with `profile_memory=True`, and the runner's windows
+around module calls and optimizer steps) has `[memory]` instants (address, signed byte count) but no
+link between them and the code that caused them. The analyzer pairs each allocation with the next free
+of the same address (an address freed and allocated again starts a new block), attributes each block to
+the innermost operator window around its allocation, and places it in a phase of a training iteration.
+The runner puts every optimizer step in a window naming the optimizer that made it and ends a
+`ProfilerStep#k` window there; an iteration is the windows of its steps, grouped as the runner counted
+them (`split_iterations`: one step each for one optimizer, a step of each for a GAN's two). The first
+one starts at its batch or at the model's first training forward (the first call a backward pass
+follows), so what the script did before (building the dataset, initialising the model, a summary's
+forward pass) is left out, except the parameters and buffers, which live on the GPU for the whole job.
 """
 
 from __future__ import annotations
@@ -23,18 +23,17 @@ from enum import Enum
 from typing import Any
 
 from carma.estimate.base import EstimateError
-from carma.estimate.runner import CLOSURE_MARK, STEP_MARK, split_iterations
+from carma.estimate.runner import CLOSURE_MARK, MODULE_MARK, STEP_MARK, split_iterations
 
 MEMORY_EVENT = "[memory]"
 CPU_DEVICE = 0  # "Device Type" of memory events on the host
-WINDOW_CATEGORIES = ("python_function", "cpu_op", "user_annotation")
+WINDOW_CATEGORIES = ("cpu_op", "user_annotation")
 ITERATION_PREFIX = "ProfilerStep#"
 ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
-MODULE_PREFIX = "nn.Module: "
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 # Windows that never explain an allocation: the allocation primitives every operator calls (empty,
-# empty_strided, empty_like) and the Python dispatch-mode entry.
-_PLUMBING = ("aten::empty", "<built-in method empty", "PythonDispatchMode")
+# empty_strided, empty_like).
+_PLUMBING = "aten::empty"
 
 
 class Phase(Enum):
@@ -50,7 +49,7 @@ class Phase(Enum):
 class JobTensors:
     """What the analyzer needs to know about the live job, to recognise its blocks by address."""
 
-    model_window: str  # profiler name prefix of the model's forward, e.g. "nn.Module: Sequential_"
+    model_window: str  # name of the trace window of the model's calls (`runner.module_window`)
     parameters: dict[int, int]  # storage address -> bytes, of parameters and buffers
     batch: dict[int, int]  # storage address -> bytes, of the first batch's tensors
 
@@ -149,9 +148,8 @@ def attribute(blocks: list[Block], windows: list[dict[str, Any]]) -> None:
     """Set each block's owner: the innermost window of its thread whose span contains its allocation.
 
     One sweep per thread over windows sorted by start (outer first on ties) and blocks in allocation
-    order, keeping the stack of windows still open. Python frames running inside an operator (a
-    dispatch mode such as the runner's, a Python kernel) are plumbing and skipped, so such an
-    allocation belongs to the operator.
+    order, keeping the stack of windows still open. Other windows opening inside an operator (a module
+    a checkpoint's backward runs again) are skipped, so such an allocation belongs to the operator.
     """
     spans_by_thread: dict[Any, list[tuple[float, float, str, bool]]] = defaultdict(list)
     for w in windows:
@@ -218,9 +216,7 @@ def _iterations(
     for size in split_iterations(owners)[0]:
         bounds.append((windows_of_steps[first][0], windows_of_steps[first + size - 1][1]))
         first += size
-    forwards = sorted(
-        w["ts"] for w in windows if w["cat"] == "python_function" and w["name"].startswith(job.model_window)
-    )
+    forwards = sorted(w["ts"] for w in windows if w["cat"] == "user_annotation" and w["name"] == job.model_window)
     backward_ops = sorted(
         (w["ts"], w["ts"] + w.get("dur", 0.0))
         for w in windows
@@ -234,7 +230,7 @@ def _iterations(
         calls = [t for t in forwards if earliest <= t <= end]
         forward = _training_forward(calls, backward_starts) if k == 0 else next(iter(calls), None)
         if forward is None:
-            raise EstimateError(f"iteration {k} never calls the model ({job.model_window}...)")
+            raise EstimateError(f"iteration {k} never calls the model ({job.model_window.removeprefix(MODULE_MARK)})")
         if k == 0:
             start = _first_iteration_start(start, forward, blocks, job.batch)
         inside = [(s, e) for s, e in backward_ops if start <= s <= end]

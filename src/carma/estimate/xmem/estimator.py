@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from carma.estimate.base import Breakdown, Capture, Estimate
+from carma.estimate.runner import module_window
 from carma.estimate.xmem.allocator import fragmentation_allowance
-from carma.estimate.xmem.analyzer import MODULE_PREFIX, JobTensors, analyze
+from carma.estimate.xmem.analyzer import JobTensors, analyze
 from carma.estimate.xmem.orchestrator import Category, orchestrate
 from carma.estimate.xmem.timeline import Simulation, draw_png, replay
 
@@ -48,7 +49,7 @@ def job_tensors(capture: Capture) -> JobTensors:
         storage = tensor.untyped_storage()
         if storage.nbytes():
             batch[storage.data_ptr()] = storage.nbytes()
-    return JobTensors(f"{MODULE_PREFIX}{type(job.model).__name__}_", parameters, batch)
+    return JobTensors(module_window(job.model), parameters, batch)
 
 
 def _tensors(value: Any) -> list[Any]:
