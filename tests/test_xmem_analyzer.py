@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from carma.estimate.base import EstimateError
-from carma.estimate.runner import MODULE_MARK, STEP_MARK, split_iterations
+from carma.estimate.runner import META_MARK, MODULE_MARK, STEP_MARK, split_iterations
 from carma.estimate.xmem.allocator import MIB
 from carma.estimate.xmem.analyzer import JobTensors, Phase, analyze, attribute, pair_blocks
 from carma.estimate.xmem.orchestrator import Category, orchestrate
@@ -108,6 +108,19 @@ def test_windows_opening_inside_an_operator_do_not_own_its_blocks() -> None:
     blocks = pair_blocks(events)
     attribute(blocks, [e for e in events if e["ph"] == "X"])
     assert blocks[0].owner == "autograd::engine::evaluate_function: CheckpointFunctionBackward"
+
+
+def test_host_scalars_of_a_skipped_operators_meta_kernel_are_left_out() -> None:
+    scalar, output = 0xC000, 0xC100
+    events = [
+        *two_iterations(),
+        win("cpu_op", "aten::gelu", 141, 149),
+        win("user_annotation", META_MARK, 142, 144),  # the shape computation the runner runs instead
+        *block(143, 143.5, scalar, 8),  # a wrapped Python number of the decomposition
+        *block(145, 230, output, 8 * MIB),  # the operator's output, allocated after it
+    ]
+    kept = {b.addr for b in analyze(events, JOB).blocks}
+    assert output in kept and scalar not in kept
 
 
 def test_analysis_drops_script_temporaries_and_finds_iterations_and_phases() -> None:

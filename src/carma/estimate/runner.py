@@ -63,6 +63,7 @@ REGISTRY = "carma.estimate.registry:estimate_captured"
 STEP_MARK = "carma: step of optimizer #"  # the trace window of each captured optimizer step
 CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer step calls
 MODULE_MARK = "carma: call of "  # the trace window of each module call, see `module_window`
+META_MARK = "carma: meta kernel"  # the trace window of a skipped operator's shape computation
 _CUDA_HINT = (
     "the capture runs the script on the CPU with CUDA hidden: let it fall back to the CPU, "
     'e.g. device = "cuda" if torch.cuda.is_available() else "cpu"'
@@ -367,14 +368,16 @@ def _value_free_arithmetic() -> Iterator[None]:
     """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.
 
     Outputs are left uninitialised: nothing downstream depends on their values for its memory. Matrix
-    products get their (contiguous) output shape directly; convolutions, attention and dropout take
-    shapes and strides from the operator's meta kernel. Autograd is untouched (it sits above the CPU
+    products get their (contiguous) output shape directly; the others take shapes and strides from the
+    operator's meta kernel, run in a `META_MARK` window: some meta kernels (Python decompositions) make
+    host scalars, which the analysis leaves out. Autograd is untouched (it sits above the CPU
     kernels), and so is every other operator. One operator reads the values: mixed precision's overflow
     check, whose finding makes `GradScaler` skip `optimizer.step()` (uncomputed values often hold infinities
     or NaNs). It works in place, allocating nothing, so it becomes a no-op: its `found_inf` stays at the
     zero GradScaler set, and the steps run, as nearly all of a real run's do.
     """
     import torch
+    from torch.profiler import record_function
 
     aten = torch.ops.aten
 
@@ -383,7 +386,9 @@ def _value_free_arithmetic() -> Iterator[None]:
 
     def by_meta(op: Any) -> Callable[..., Any]:
         def kernel(*args: Any, **kwargs: Any) -> Any:
-            return _allocate(op(*map(_to_meta, args), **{k: _to_meta(v) for k, v in kwargs.items()}))
+            with record_function(META_MARK):  # the host scalars a meta kernel makes are not the job's
+                meta = op(*map(_to_meta, args), **{k: _to_meta(v) for k, v in kwargs.items()})
+            return _allocate(meta)
 
         return kernel
 

@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Any
 
 from carma.estimate.base import EstimateError
-from carma.estimate.runner import CLOSURE_MARK, MODULE_MARK, STEP_MARK, split_iterations
+from carma.estimate.runner import CLOSURE_MARK, META_MARK, MODULE_MARK, STEP_MARK, split_iterations
 
 MEMORY_EVENT = "[memory]"
 CPU_DEVICE = 0  # "Device Type" of memory events on the host
@@ -87,8 +87,8 @@ class Analysis:
 
 
 def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
-    blocks = pair_blocks(events)
     windows = [e for e in events if e.get("ph") == "X" and e.get("cat") in WINDOW_CATEGORIES]
+    blocks = _outside_meta_kernels(pair_blocks(events), windows)
     attribute(blocks, windows)
     steps, owners = _marked_steps(windows)
     zero_grads = _spans(windows, "user_annotation", ZERO_GRAD_PREFIX)
@@ -142,6 +142,17 @@ def pair_blocks(events: list[dict[str, Any]]) -> list[Block]:
             if block is not None:
                 block.free = ts
     return blocks
+
+
+def _outside_meta_kernels(blocks: list[Block], windows: list[dict[str, Any]]) -> list[Block]:
+    """The blocks less those allocated in a `META_MARK` window of their thread: host scalars of the shape
+    computations the runner runs instead of skipped operators, which no GPU run makes."""
+    spans: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    for w in windows:
+        if w["cat"] == "user_annotation" and w["name"] == META_MARK:
+            spans[w.get("tid")].append((w["ts"], w["ts"] + w.get("dur", 0.0)))
+    inside = {tid: _Windows(sorted(thread_spans)) for tid, thread_spans in spans.items()}
+    return [b for b in blocks if b.tid not in inside or b.alloc not in inside[b.tid]]
 
 
 def attribute(blocks: list[Block], windows: list[dict[str, Any]]) -> None:
