@@ -186,6 +186,11 @@ class _Session:
         if window is not None:
             window.__exit__(None, None, None)
 
+    @property
+    def in_module_call(self) -> bool:
+        """Whether a module's forward is running (after `leave_module` of the outermost call: no longer)."""
+        return bool(self._calls)
+
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         from torch.profiler import record_function
 
@@ -564,13 +569,13 @@ def _as_job(result: Any, target: str) -> TrainingJob:
 
 
 class _ModelRecorder:
-    """Global module hooks: the last call before the first optimizer step of every outermost module that
-    has parameters (its training batch, not that of a summary's or warm-up's forward pass). When the
-    session stops the job, the modules with parameters the script's frames hold are noted too."""
+    """A global module hook, run after the session's: the last call before the first optimizer step of
+    every outermost module that has parameters (its training batch, not that of a summary's or warm-up's
+    forward pass). When the session stops the job, the modules with parameters the script's frames hold
+    are noted too."""
 
     def __init__(self, session: _Session) -> None:
         self.session = session
-        self.depth = 0
         self.calls: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
         self.held: dict[int, Any] = {}
         session.on_stop = self._note_held
@@ -593,24 +598,18 @@ class _ModelRecorder:
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.nn.modules.module import register_module_forward_hook
 
-        handles = [
-            register_module_forward_pre_hook(self._enter),
-            register_module_forward_hook(self._leave, with_kwargs=True, always_call=True),
-        ]
+        handle = register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
         try:
             yield
         finally:
-            for handle in handles:
-                handle.remove()
-
-    def _enter(self, module: Any, args: Any) -> None:
-        self.depth += 1
+            handle.remove()
 
     def _leave(self, module: Any, args: Any, *rest: Any) -> None:
-        self.depth -= 1
-        if self.depth == 0 and not self.session.order and next(module.parameters(), None) is not None:
+        """Runs after the session's own forward hook, which has closed this call's window."""
+        outermost = not self.session.in_module_call
+        if outermost and not self.session.order and next(module.parameters(), None) is not None:
             kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
             self.calls[id(module)] = (module, tuple(args), dict(kwargs))
 
