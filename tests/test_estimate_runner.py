@@ -289,6 +289,33 @@ def test_a_gan_is_captured_over_whole_iterations_of_both_models(workdir: Path) -
         estimate_script(["python", gan], "faketensor", "a100-40gb")
 
 
+def test_a_generator_stepping_every_fifth_iteration_is_waited_for(workdir: Path) -> None:
+    """A WGAN's critic steps five times per generator step: three iterations of the critic would leave the
+    generator's gradients and Adam moments out, so the capture goes on until every optimizer the script
+    holds has stepped, and then one iteration more."""
+    every_fifth = "    if iteration % 5 != 4:\n        continue\n    opt_g.zero_grad()\n"
+    wgan = script(workdir, "wgan.py", GAN_SCRIPT.replace("    opt_g.zero_grad()\n", every_fifth))
+    estimate_ = estimate(["python", wgan])
+    assert (workdir / "iterations.log").read_text().splitlines() == ["iteration 4"]
+    g = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.Linear(1024, 784))
+    d = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.Linear(1024, 1))
+    assert estimate_.breakdown.parameters == pytest.approx(nbytes(g, d), rel=0.01)
+    assert estimate_.breakdown.optimizer_state == pytest.approx(2 * nbytes(g, d), rel=0.01)
+
+
+def test_an_optimizer_that_never_steps_is_waited_for_a_while_only(workdir: Path) -> None:
+    """An optimizer the script holds but never steps (left from another phase) delays the stop by at most
+    ten times the iterations asked for, and its state is not counted."""
+    idle = MLP_SCRIPT.replace(
+        "optimizer = torch.optim.Adam(model.parameters())",
+        "optimizer = torch.optim.Adam(model.parameters())\nfinetune = torch.optim.SGD(model.parameters(), lr=0.1)",
+    )
+    train = script(workdir, "idle.py", idle)
+    b = estimate(["python", train, "--log", "steps.log"]).breakdown
+    assert len((workdir / "steps.log").read_text().splitlines()) == 29
+    assert b.optimizer_state == pytest.approx(2 * b.parameters, rel=0.01)
+
+
 def test_one_model_trained_by_two_optimizers(workdir: Path) -> None:
     """An optimizer for the embedding and another for the rest, both stepping after one backward pass: an
     iteration holds a step of each (each step on its own used to be taken for an iteration without a

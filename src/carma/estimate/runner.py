@@ -11,7 +11,8 @@ the `Estimate` back:
   optimizer when several step in turn, as a GAN's do) and capture its model (the outermost module called
   whose parameters the first optimizer to step holds), that model's training batch (of its last call
   before the first step: not a summary's or a warm-up's) and the other modules with weights the script
-  called or holds (a GAN's other network, a frozen teacher, an average of the model). Profiling starts
+  called or holds (a GAN's other network, a frozen teacher, an average of the model). An optimizer the
+  script holds that has not stepped by then (a WGAN's generator) is waited for a while. Profiling starts
   at the first call of a module with parameters (or at the first step given a closure, which calls the
   model inside the step), so imports and setup stay out of the trace (their only lasting GPU memory, the
   weights, is read from the modules). The captured model cannot cross the process boundary, so the
@@ -58,6 +59,7 @@ from typing import Any
 from carma.estimate.base import Breakdown, Capture, Estimate, EstimateError, TrainingJob
 
 DEFAULT_STEPS = 3
+WAIT_FACTOR = 10  # an optimizer that has not stepped is waited for up to this many times the iterations asked
 DEFAULT_TIMEOUT_S = 900.0
 REGISTRY = "carma.estimate.registry:estimate_captured"
 STEP_MARK = "carma: step of optimizer #"  # the trace window of each captured optimizer step
@@ -122,7 +124,9 @@ class _Session:
     """Profiles from `start()` on, puts each module call in a trace window of its own (`module_window`)
     and each optimizer step in one (`STEP_MARK` and the optimizer's index, in the order optimizers first
     step), ends a profiler step with each step, and stops the job once it has run `steps` training
-    iterations (`split_iterations`).
+    iterations (`split_iterations`). An optimizer the script holds that has not stepped by then (a WGAN's
+    generator, stepping once every five critic steps) is waited for, up to `WAIT_FACTOR` times as many
+    iterations, and then one iteration more is run, so that its state and gradients are in the trace.
 
     The module windows are the runner's, not the profiler's Python tracer's (`with_stack`): that one
     records every Python call, four times as many events as the operators make, and exporting them took
@@ -137,6 +141,9 @@ class _Session:
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._calls: list[Any] = []  # the trace windows of the module calls running (None: not profiled)
         self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
+        # Whether the script holds an optimizer that has not stepped yet: the capture waits for it a while.
+        self.awaits: Callable[[], bool] | None = None
+        self._until = 0  # iterations to run at least: one more after a late optimizer's first step
         self.profiler: Any = None
         self.trace: list[dict[str, Any]] = []
         self._running = ExitStack()
@@ -166,6 +173,12 @@ class _Session:
         """Training iterations run to their end; `ended`: the script ended, so its last iteration did too."""
         sizes, complete = split_iterations(self.order)
         return len(sizes) if complete or ended else len(sizes) - 1
+
+    def enough(self, finished: int) -> bool:
+        """Whether `finished` training iterations are all the capture needs."""
+        if finished < max(self.steps, self._until):
+            return False
+        return finished >= WAIT_FACTOR * self.steps or self.awaits is None or not self.awaits()
 
     def enter_module(self, module: Any, args: Any) -> None:
         """Global forward pre-hook: a call of a module with parameters outside any other call starts the
@@ -204,7 +217,7 @@ class _Session:
             # A step that begins a new iteration may end the capture before it runs: with one step asked
             # for, the first iteration is known to be over only here.
             sizes, _ = split_iterations([*self.order, index])
-            if len(sizes) - 1 >= self.steps:
+            if self.enough(len(sizes) - 1):
                 self._stop()
             window = record_function(f"{STEP_MARK}{index}")
             window.__enter__()
@@ -218,10 +231,12 @@ class _Session:
             return
         self._open.pop().__exit__(None, None, None)
         index = self._index(optimizer)
+        self.order.append(index)
         if index == len(self.optimizers):
             self.optimizers.append(optimizer)
-        self.order.append(index)
-        if self.finished() >= self.steps:
+            if self.finished() >= self.steps:  # it stepped late: run its iteration and one more
+                self._until = self.finished() + 2
+        if self.enough(self.finished()):
             self._stop()
         self.profiler.step()
 
@@ -579,6 +594,7 @@ class _ModelRecorder:
         self.calls: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
         self.held: dict[int, Any] = {}
         session.on_stop = self._note_held
+        session.awaits = self._awaits
 
     def _note_held(self) -> None:
         """The modules with parameters that the script's variables hold, directly or as an attribute of an
@@ -586,15 +602,16 @@ class _ModelRecorder:
         GPU without calling them, such as an exponential moving average of the model."""
         import torch
 
-        frame = sys._getframe(1)
-        while frame is not None and frame.f_code is not capture_script.__code__:
-            for value in list(frame.f_locals.values()):
-                with suppress(Exception):  # an object that will not show its attributes holds nothing we see
-                    near = list(vars(value).values()) if _plain_object(value) else []
-                    for candidate in (value, *near):
-                        if isinstance(candidate, torch.nn.Module) and next(candidate.parameters(), None) is not None:
-                            self.held[id(candidate)] = candidate
-            frame = frame.f_back
+        for module in _held_by_script(sys._getframe(1), torch.nn.Module):
+            if next(module.parameters(), None) is not None:
+                self.held[id(module)] = module
+
+    def _awaits(self) -> bool:
+        """Whether the script holds an optimizer that has not stepped while profiling."""
+        import torch
+
+        stepped = {id(optimizer) for optimizer in self.session.optimizers}
+        return any(id(held) not in stepped for held in _held_by_script(sys._getframe(1), torch.optim.Optimizer))
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
@@ -636,6 +653,19 @@ class _ModelRecorder:
             for module in modules.values()
             if module is not model and any(id(p) not in inside for p in module.parameters())
         )
+
+
+def _held_by_script(frame: Any, kind: type) -> Iterator[Any]:
+    """The instances of `kind` that the frames from `frame` up to the capture's hold in their variables,
+    or as an attribute of an object held there (a trainer's `self.ema`, its optimizers)."""
+    while frame is not None and frame.f_code is not capture_script.__code__:
+        for value in list(frame.f_locals.values()):
+            found: list[Any] = []
+            with suppress(Exception):  # an object that will not show its attributes holds nothing we see
+                near = list(vars(value).values()) if _plain_object(value) else []
+                found = [candidate for candidate in (value, *near) if isinstance(candidate, kind)]
+            yield from found
+        frame = frame.f_back
 
 
 def _plain_object(value: Any) -> bool:
