@@ -167,6 +167,25 @@ def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> Non
     assert estimate([*argv, "--summary"]).peak_bytes == estimate(argv).peak_bytes
 
 
+def test_a_module_called_in_another_thread_leaves_the_capture_alone(workdir: Path) -> None:
+    """A background thread inside a module's forward (a transform of a prefetching thread) while the loop
+    trains: module calls are tracked per thread, so the training loop is captured as without it."""
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    blocked = """import threading
+class Blocked(torch.nn.Module):
+    def forward(self, x):
+        entered.set()
+        threading.Event().wait()
+        return x
+entered = threading.Event()
+threading.Thread(target=Blocked(), args=(torch.zeros(1),), daemon=True).start()
+entered.wait()
+model = model.to(device)"""
+    threaded = script(workdir, "threaded.py", MLP_SCRIPT.replace("model = model.to(device)", blocked))
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    assert estimate(["python", threaded, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+
+
 def test_script_as_a_module(workdir: Path) -> None:
     script(workdir, "trainmod.py", MLP_SCRIPT)
     result = estimate(["python3", "-u", "-m", "trainmod", "--log", "steps.log"])

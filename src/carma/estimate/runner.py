@@ -47,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import types
@@ -139,7 +140,7 @@ class _Session:
         self.order: list[int] = []  # the optimizer (its index) of each step taken while profiling
         self.stopped = False
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
-        self._calls: list[Any] = []  # the trace windows of the module calls running (None: not profiled)
+        self._threads = threading.local()  # each thread's stack of module calls running
         self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
         # Whether the script holds an optimizer that has not stepped yet: the capture waits for it a while.
         self.awaits: Callable[[], bool] | None = None
@@ -180,6 +181,15 @@ class _Session:
             return False
         return finished >= WAIT_FACTOR * self.steps or self.awaits is None or not self.awaits()
 
+    @property
+    def _calls(self) -> list[Any]:
+        """This thread's trace windows of the module calls running (None: not profiled): a module called in
+        another thread (a prefetching thread's transform) is no part of the training loop's calls."""
+        calls = getattr(self._threads, "calls", None)
+        if calls is None:
+            calls = self._threads.calls = []
+        return calls
+
     def enter_module(self, module: Any, args: Any) -> None:
         """Global forward pre-hook: a call of a module with parameters outside any other call starts the
         profiling (the training loop begins: imports and setup before it go unprofiled)."""
@@ -201,7 +211,8 @@ class _Session:
 
     @property
     def in_module_call(self) -> bool:
-        """Whether a module's forward is running (after `leave_module` of the outermost call: no longer)."""
+        """Whether a module's forward is running in this thread (after `leave_module` of the outermost
+        call: no longer)."""
         return bool(self._calls)
 
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
