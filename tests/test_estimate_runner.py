@@ -323,16 +323,43 @@ def test_a_generator_stepping_every_fifth_iteration_is_waited_for(workdir: Path)
 
 
 def test_an_optimizer_that_never_steps_is_waited_for_a_while_only(workdir: Path) -> None:
-    """An optimizer the script holds but never steps (left from another phase) delays the stop by at most
-    ten times the iterations asked for, and its state is not counted."""
+    """An optimizer of other parameters that the script holds but never steps (left from another phase)
+    delays the stop by at most ten times the iterations asked for, and its state is not counted."""
     idle = MLP_SCRIPT.replace(
         "optimizer = torch.optim.Adam(model.parameters())",
-        "optimizer = torch.optim.Adam(model.parameters())\nfinetune = torch.optim.SGD(model.parameters(), lr=0.1)",
+        "optimizer = torch.optim.Adam(model.parameters())\n"
+        "head = torch.nn.Linear(512, 10)\n"
+        "finetune = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)",
     )
     train = script(workdir, "idle.py", idle)
     b = estimate(["python", train, "--log", "steps.log"]).breakdown
     assert len((workdir / "steps.log").read_text().splitlines()) == 29
-    assert b.optimizer_state == pytest.approx(2 * b.parameters, rel=0.01)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 10))
+    assert b.optimizer_state == pytest.approx(2 * nbytes(model), rel=0.01)
+
+
+def test_an_optimizer_wrapping_the_one_that_steps_is_not_waited_for(workdir: Path) -> None:
+    """Accelerate's `AcceleratedOptimizer` is an Optimizer that steps the one it wraps: the wrapped one's
+    steps are the training steps, and the capture stops after three as without the wrapper."""
+    adam = "optimizer = torch.optim.Adam(model.parameters())"
+    wrapper = (
+        adam
+        + """
+class Wrapper(torch.optim.Optimizer):  # does not call Optimizer.__init__, as AcceleratedOptimizer
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+optimizer = Wrapper(optimizer)"""
+    )
+    train = script(workdir, "wrapped.py", MLP_SCRIPT.replace(adam, wrapper))
+    estimate(["python", train, "--log", "steps.log"])
+    assert len((workdir / "steps.log").read_text().splitlines()) == 2
 
 
 def test_one_model_trained_by_two_optimizers(workdir: Path) -> None:
@@ -398,20 +425,29 @@ def test_a_frozen_teacher_sits_on_the_gpu_too(workdir: Path) -> None:
         estimate_script(["python", distil], "horus", "a100-40gb")
 
 
-def test_an_average_of_the_model_that_is_never_called_sits_on_the_gpu_too(workdir: Path) -> None:
+@pytest.mark.parametrize(
+    ("kept", "used"),
+    [
+        ("self.ema = ema", "self.ema"),  # an attribute of an object in a function's frame
+        ("self.averages = {'ema': ema}", "self.averages['ema']"),  # in a dict there
+        ("self.state = types.SimpleNamespace(ema=ema)", "self.state.ema"),  # two attributes away
+    ],
+)
+def test_an_average_of_the_model_that_is_never_called_sits_on_the_gpu_too(workdir: Path, kept: str, used: str) -> None:
     """An exponential moving average of the model, kept by a trainer object in a function's frame and
     updated by arithmetic, never called: its weights are found where the script holds them."""
     ema = script(
         workdir,
         "ema.py",
         """
-        import copy, torch
+        import copy, torch, types
         from torch import nn
 
         class Trainer:
             def __init__(self, model):
                 self.model = model
-                self.ema = copy.deepcopy(model).requires_grad_(False)
+                ema = copy.deepcopy(model).requires_grad_(False)
+                KEPT
                 self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
             def fit(self):
@@ -421,13 +457,13 @@ def test_an_average_of_the_model_that_is_never_called_sits_on_the_gpu_too(workdi
                     nn.functional.cross_entropy(self.model(x), y).backward()
                     self.optimizer.step()
                     with torch.no_grad():
-                        torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 0.001)
+                        torch._foreach_lerp_(list(USED.parameters()), list(self.model.parameters()), 0.001)
 
         def main():
             Trainer(nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 10))).fit()
 
         main()
-        """,
+        """.replace("KEPT", kept).replace("USED", used),
     )
     model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.Linear(2048, 10))
     assert estimate(["python", ema]).breakdown.parameters == pytest.approx(2 * nbytes(model), rel=0.01)

@@ -60,6 +60,8 @@ from typing import Any
 from carma.estimate.base import Breakdown, Capture, Estimate, EstimateError, TrainingJob
 
 DEFAULT_STEPS = 3
+HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
+HELD_ITEMS = 64  # containers larger than this are not looked into
 WAIT_FACTOR = 10  # an optimizer that has not stepped is waited for up to this many times the iterations asked
 DEFAULT_TIMEOUT_S = 900.0
 REGISTRY = "carma.estimate.registry:estimate_captured"
@@ -125,9 +127,10 @@ class _Session:
     """Profiles from `start()` on, puts each module call in a trace window of its own (`module_window`)
     and each optimizer step in one (`STEP_MARK` and the optimizer's index, in the order optimizers first
     step), ends a profiler step with each step, and stops the job once it has run `steps` training
-    iterations (`split_iterations`). An optimizer the script holds that has not stepped by then (a WGAN's
-    generator, stepping once every five critic steps) is waited for, up to `WAIT_FACTOR` times as many
-    iterations, and then one iteration more is run, so that its state and gradients are in the trace.
+    iterations (`split_iterations`). An optimizer the script holds whose parameters no optimizer has
+    updated by then (a WGAN's generator's, stepping once every five critic steps) is waited for, up to
+    `WAIT_FACTOR` times as many iterations, and then one iteration more is run, so that its state and
+    gradients are in the trace.
 
     The module windows are the runner's, not the profiler's Python tracer's (`with_stack`): that one
     records every Python call, four times as many events as the operators make, and exporting them took
@@ -142,7 +145,7 @@ class _Session:
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
         self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
-        # Whether the script holds an optimizer that has not stepped yet: the capture waits for it a while.
+        # Whether the script holds an optimizer of parameters not updated yet: the capture waits a while.
         self.awaits: Callable[[], bool] | None = None
         self._until = 0  # iterations to run at least: one more after a late optimizer's first step
         self.profiler: Any = None
@@ -608,9 +611,9 @@ class _ModelRecorder:
         session.awaits = self._awaits
 
     def _note_held(self) -> None:
-        """The modules with parameters that the script's variables hold, directly or as an attribute of an
-        object they hold (a trainer's `self.ema`), while its frames are alive: weights the loop keeps on the
-        GPU without calling them, such as an exponential moving average of the model."""
+        """The modules with parameters that the script's variables hold (`_held_by_script`: a trainer's
+        `self.ema`) while its frames are alive: weights the loop keeps on the GPU without calling them, such
+        as an exponential moving average of the model."""
         import torch
 
         for module in _held_by_script(sys._getframe(1), torch.nn.Module):
@@ -618,11 +621,15 @@ class _ModelRecorder:
                 self.held[id(module)] = module
 
     def _awaits(self) -> bool:
-        """Whether the script holds an optimizer that has not stepped while profiling."""
+        """Whether the script holds an optimizer of parameters that no optimizer has updated while profiling
+        (not one wrapping a stepped one, as Accelerate's `AcceleratedOptimizer` does)."""
         import torch
 
-        stepped = {id(optimizer) for optimizer in self.session.optimizers}
-        return any(id(held) not in stepped for held in _held_by_script(sys._getframe(1), torch.optim.Optimizer))
+        updated = {id(p) for optimizer in self.session.optimizers for p in _parameters(optimizer)}
+        return any(
+            any(id(p) not in updated for p in _parameters(held))
+            for held in _held_by_script(sys._getframe(1), torch.optim.Optimizer)
+        )
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
@@ -643,7 +650,7 @@ class _ModelRecorder:
 
     def model_of(self, optimizer: Any) -> tuple[Any, Any]:
         """The recorded module holding most of the optimizer's parameters, and its training batch."""
-        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        held = {id(p) for p in _parameters(optimizer)}
         best, overlap = None, 0
         for module, args, kwargs in self.calls.values():
             n = sum(id(p) in held for p in module.parameters())
@@ -666,17 +673,47 @@ class _ModelRecorder:
         )
 
 
+def _parameters(optimizer: Any) -> list[Any]:
+    """The tensors `optimizer` updates."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _held_by_script(frame: Any, kind: type) -> Iterator[Any]:
-    """The instances of `kind` that the frames from `frame` up to the capture's hold in their variables,
-    or as an attribute of an object held there (a trainer's `self.ema`, its optimizers)."""
+    """The instances of `kind` that the frames from `frame` up to the capture's hold: in their variables,
+    or up to `HELD_DEPTH` steps into them (an attribute, a list's or a dict's item: a trainer's
+    `self.ema`, its `self.optimizers["G"]`)."""
+    seen: dict[int, int] = {}
     while frame is not None and frame.f_code is not capture_script.__code__:
         for value in list(frame.f_locals.values()):
-            found: list[Any] = []
-            with suppress(Exception):  # an object that will not show its attributes holds nothing we see
-                near = list(vars(value).values()) if _plain_object(value) else []
-                found = [candidate for candidate in (value, *near) if isinstance(candidate, kind)]
-            yield from found
+            yield from _reachable(value, kind, HELD_DEPTH, seen)
         frame = frame.f_back
+
+
+def _reachable(value: Any, kind: type, depth: int, seen: dict[int, int]) -> Iterator[Any]:
+    """`value` if it is a `kind`, else the instances of `kind` up to `depth` steps into it; `seen`: how deep
+    each object was already searched."""
+    if seen.get(id(value), -1) >= depth:
+        return
+    seen[id(value)] = depth
+    found, inside = False, []
+    with suppress(Exception):  # an object that will not show its attributes holds nothing we see
+        found = isinstance(value, kind)
+        inside = _contents(value) if depth > 0 and not found else []
+    if found:
+        yield value
+    for item in inside:
+        yield from _reachable(item, kind, depth - 1, seen)
+
+
+def _contents(value: Any) -> list[Any]:
+    """A container's items (not a large one's: a dataset's samples hold no model) or an object's attributes."""
+    if isinstance(value, str | bytes):
+        return []
+    if isinstance(value, Mapping):
+        return list(value.values()) if len(value) <= HELD_ITEMS else []
+    if isinstance(value, list | tuple | set | frozenset):
+        return list(value) if len(value) <= HELD_ITEMS else []
+    return list(vars(value).values()) if _plain_object(value) else []
 
 
 def _plain_object(value: Any) -> bool:
