@@ -102,6 +102,19 @@ def test_the_readable_output_is_a_table_of_the_breakdown(work):
     assert "GiB" in result.stdout and "MiB" in result.stdout and "fits in the 40.00 GiB of a100-40gb" in result.stdout
 
 
+def test_notes_on_the_capture_come_with_the_estimate(work):
+    """A script's CUDA autocast is off on the CPU: the table and the JSON say so."""
+    amp = SCRIPT.replace("    loss = torch", '    with torch.autocast("cuda"):\n        loss = torch')
+    (work / "amp.py").write_text(textwrap.dedent(amp))
+    table = estimate(work, "--", "python", "amp.py")
+    assert table.returncode == 0, table.stderr
+    assert "note: the script's CUDA autocast (mixed precision) was off on the CPU" in table.stdout
+    as_json = estimate(work, "--json", "--", "python", "amp.py")
+    assert as_json.returncode == 0, as_json.stderr
+    notes = json.loads(as_json.stdout)["notes"]
+    assert len(notes) == 1 and notes[0].startswith("the script's CUDA autocast")
+
+
 def test_timeline_writes_a_png_for_xmem(work):
     png = work / "timeline.png"
     result = estimate(work, "--job", "tinyjob:job", "--timeline", png)

@@ -149,7 +149,7 @@ def test_script_runs_on_the_cpu_and_stops_after_three_steps(workdir: Path) -> No
     result = estimate(["python", train, "--batch-size", "64", "--log", "steps.log"], timeline=timeline)
     # The third step is stopped inside optimizer.step(): the script logs only the first two.
     assert (workdir / "steps.log").read_text().splitlines() == ["step 0 on cpu", "step 1 on cpu"]
-    assert result.method == "xmem" and result.device == "test-gpu"
+    assert result.method == "xmem" and result.device == "test-gpu" and result.notes == ()
     assert result.breakdown.total == result.peak_bytes
     assert result.breakdown.context == 300 * MIB
     parameters = (256 * 512 + 512 + 512 * 10 + 10) * 4
@@ -245,6 +245,15 @@ def test_mixed_precision_steps_are_captured_whatever_the_gradients_hold(workdir:
     assert estimate(["python", train, "--overflow"]).peak_bytes == estimate(["python", train]).peak_bytes
 
 
+def test_cuda_mixed_precision_run_in_float32_says_so(workdir: Path) -> None:
+    """Without CUDA, `torch.autocast("cuda")` turns itself off and the job runs in float32: the estimate
+    notes it. CPU autocast (as in AMP_SCRIPT) runs as written, without a note."""
+    cuda_amp = AMP_SCRIPT.replace('torch.autocast("cpu", dtype=torch.bfloat16)', 'torch.autocast("cuda")')
+    notes = estimate(["python", script(workdir, "cuda_amp.py", cuda_amp)]).notes
+    assert len(notes) == 1 and "CUDA autocast (mixed precision) was off on the CPU" in notes[0]
+    assert estimate(["python", script(workdir, "amp.py", AMP_SCRIPT)]).notes == ()
+
+
 def test_a_compiled_model_is_captured_as_it_runs_eagerly(workdir: Path) -> None:
     """torch.compile on the CPU would build CPU kernels, not the GPU ones the job runs, and take minutes:
     the capture runs the model eagerly (the compiler's backend is never called) and estimates it as such."""
@@ -332,8 +341,13 @@ def test_an_optimizer_that_never_steps_is_waited_for_a_while_only(workdir: Path)
         "finetune = torch.optim.SGD(head.parameters(), lr=0.1, momentum=0.9)",
     )
     train = script(workdir, "idle.py", idle)
-    b = estimate(["python", train, "--log", "steps.log"]).breakdown
+    result = estimate(["python", train, "--log", "steps.log"])
     assert len((workdir / "steps.log").read_text().splitlines()) == 29
+    assert result.notes == (
+        "the script holds an optimizer (SGD) that never stepped in 30 iterations: its gradients and state are "
+        "left out (a larger --steps waits longer)",
+    )
+    b = result.breakdown
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 10))
     assert b.optimizer_state == pytest.approx(2 * nbytes(model), rel=0.01)
 

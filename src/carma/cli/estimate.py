@@ -92,6 +92,8 @@ def estimate_cmd(
         print(json.dumps(estimate.to_json()))
     else:
         _print_table(estimate)
+        for note in estimate.notes:
+            out.print(f"note: {note}", markup=False)
         if timeline:
             out.print(f"wrote {timeline}")
 

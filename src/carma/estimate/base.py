@@ -34,15 +34,18 @@ class Estimate:
     breakdown: Breakdown
     device: str
     seconds: float  # how long estimating took
+    notes: tuple[str, ...] = ()  # what the user should know about how the job was captured, one line each
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The `--json` output; `notes` only when there are some."""
+        result = {
             "method": self.method,
             "peak_bytes": self.peak_bytes,
             "breakdown": asdict(self.breakdown),
             "device": self.device,
             "seconds": round(self.seconds, 3),
         }
+        return {**result, "notes": list(self.notes)} if self.notes else result
 
 
 @dataclass
@@ -70,6 +73,8 @@ class Capture:
     optimizer to step and the model it trains, `extra_models` the other modules the script called or
     holds that have parameters outside that model (a generator, a frozen teacher, an average of the
     model: their weights are on the GPU too) and `extra_optimizers` the other optimizers that stepped.
+    `notes` say where the capture differs from the GPU run (mixed precision run in float32, an optimizer
+    that never stepped), for the estimate to pass on.
     """
 
     job: TrainingJob
@@ -78,3 +83,4 @@ class Capture:
     seconds: float
     extra_models: tuple[Any, ...] = ()
     extra_optimizers: tuple[Any, ...] = ()
+    notes: tuple[str, ...] = ()

@@ -73,6 +73,11 @@ _CUDA_HINT = (
     "the capture runs the script on the CPU with CUDA hidden: let it fall back to the CPU, "
     'e.g. device = "cuda" if torch.cuda.is_available() else "cpu"'
 )
+_AUTOCAST_OFF = "Disabling autocast"  # what torch.autocast("cuda") warns without CUDA
+_AUTOCAST_NOTE = (
+    "the script's CUDA autocast (mixed precision) was off on the CPU: the estimate is for float32 "
+    "activations, usually above the mixed-precision peak"
+)
 _TRACE_CATEGORIES = {"cpu_instant_event", "cpu_op", "user_annotation"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
@@ -145,9 +150,10 @@ class _Session:
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
         self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
-        # Whether the script holds an optimizer of parameters not updated yet: the capture waits a while.
-        self.awaits: Callable[[], bool] | None = None
+        # The optimizers the script holds whose parameters none has updated yet: the capture waits a while.
+        self.awaits: Callable[[], list[Any]] | None = None
         self._until = 0  # iterations to run at least: one more after a late optimizer's first step
+        self.notes: list[str] = []  # for the user: where the capture differs from the GPU run
         self.profiler: Any = None
         self.trace: list[dict[str, Any]] = []
         self._running = ExitStack()
@@ -182,7 +188,14 @@ class _Session:
         """Whether `finished` training iterations are all the capture needs."""
         if finished < max(self.steps, self._until):
             return False
-        return finished >= WAIT_FACTOR * self.steps or self.awaits is None or not self.awaits()
+        waiting = self.awaits() if self.awaits is not None else []
+        if waiting and finished >= WAIT_FACTOR * self.steps:
+            self.notes.append(
+                f"the script holds {_names(waiting)} that never stepped in {finished} iterations: its "
+                "gradients and state are left out (a larger --steps waits longer)"
+            )
+            return True
+        return not waiting
 
     @property
     def _calls(self) -> list[Any]:
@@ -620,16 +633,14 @@ class _ModelRecorder:
             if next(module.parameters(), None) is not None:
                 self.held[id(module)] = module
 
-    def _awaits(self) -> bool:
-        """Whether the script holds an optimizer of parameters that no optimizer has updated while profiling
+    def _awaits(self) -> list[Any]:
+        """The optimizers the script holds with parameters that no optimizer has updated while profiling
         (not one wrapping a stepped one, as Accelerate's `AcceleratedOptimizer` does)."""
         import torch
 
         updated = {id(p) for optimizer in self.session.optimizers for p in _parameters(optimizer)}
-        return any(
-            any(id(p) not in updated for p in _parameters(held))
-            for held in _held_by_script(sys._getframe(1), torch.optim.Optimizer)
-        )
+        held = {id(o): o for o in _held_by_script(sys._getframe(1), torch.optim.Optimizer)}
+        return [o for o in held.values() if any(id(p) not in updated for p in _parameters(o))]
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
@@ -671,6 +682,12 @@ class _ModelRecorder:
             for module in modules.values()
             if module is not model and any(id(p) not in inside for p in module.parameters())
         )
+
+
+def _names(optimizers: Sequence[Any]) -> str:
+    """`an optimizer (SGD)`, `2 optimizers (SGD, Adam)`."""
+    what = "an optimizer" if len(optimizers) == 1 else f"{len(optimizers)} optimizers"
+    return f"{what} ({', '.join(type(o).__name__ for o in optimizers)})"
 
 
 def _parameters(optimizer: Any) -> list[Any]:
@@ -776,7 +793,9 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     with _capturing(steps, exact) as session:
         recorder = _ModelRecorder(session)
         try:
-            with recorder.hooks():
+            # The script's warnings go nowhere (the parent reads stderr only when the child dies): recorded
+            # instead, they tell when CUDA autocast was turned off.
+            with recorder.hooks(), warnings.catch_warnings(record=True) as caught:
                 sys.argv = ["-c" if kind == "code" else target, *args]
                 if kind == "module":
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -808,7 +827,11 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     model, batch = recorder.model_of(first)
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
     extra_models = recorder.besides(model)
-    return Capture(job, session.trace, steps, time.perf_counter() - started, extra_models, tuple(others))
+    notes = list(session.notes)
+    if any(_AUTOCAST_OFF in str(warning.message) for warning in caught):
+        notes.append(_AUTOCAST_NOTE)
+    seconds = time.perf_counter() - started
+    return Capture(job, session.trace, steps, seconds, extra_models, tuple(others), tuple(notes))
 
 
 def estimate_script(argv: list[str], method: str, device: str, steps: int = DEFAULT_STEPS, **options: Any) -> Estimate:
@@ -900,7 +923,8 @@ def _estimate_in_child(
         raise EstimateError(payload["error"])
     e = payload["estimate"]
     breakdown = Breakdown(**e["breakdown"])
-    return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], seconds, tuple(e.get("notes", ())))
 
 
 def _kill_group(pid: int) -> None:
@@ -921,7 +945,7 @@ def _child_main() -> None:
         estimate_captured = getattr(importlib.import_module(module), name)
         options = {"timeline": spec["timeline"]} if spec["timeline"] else {}
         estimate = estimate_captured(spec["method"], capture, spec["device"], **options)
-        payload: dict[str, Any] = {"estimate": estimate.to_json()}
+        payload: dict[str, Any] = {"estimate": {**estimate.to_json(), "notes": [*capture.notes, *estimate.notes]}}
     except EstimateError as exc:
         payload = {"error": str(exc)}
     except Exception as exc:

@@ -159,6 +159,8 @@ class Estimates:
             return self._failed(job, f"{type(e).__name__}: {e}")
         self._store.add_estimate(key, result, time.time())
         log.info("estimated %s with %s in %.1f s: %d MiB", job.name, result.method, result.seconds, _mib(result))
+        for note in result.notes:
+            log.warning("estimate of %s: %s", job.name, note)
         return _need(result)
 
     def _failed(self, job: JobSpec, reason: str) -> MemoryNeed:
