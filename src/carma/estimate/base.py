@@ -48,6 +48,11 @@ class Estimate:
         return {**result, "notes": list(self.notes)} if self.notes else result
 
 
+def optimizer_parameters(optimizer: Any) -> list[Any]:
+    """The tensors a torch optimizer updates, over all its parameter groups."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 @dataclass
 class TrainingJob:
     """What a job function (`carma estimate --job module:function`) returns: one training step's parts.

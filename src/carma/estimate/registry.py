@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carma.estimate.base import Breakdown, Estimate, EstimateError
+from carma.estimate.base import Breakdown, Estimate, EstimateError, optimizer_parameters
 from carma.estimate.devices import get_device
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def one_model(capture: Capture, method: str) -> None:
     if capture.extra_optimizers:
         names = ", ".join(type(o).__name__ for o in (capture.job.optimizer, *capture.extra_optimizers))
         reason = f"steps {1 + len(capture.extra_optimizers)} optimizers ({names})"
-    elif any(id(p) not in inside for group in capture.job.optimizer.param_groups for p in group["params"]):
+    elif any(id(p) not in inside for p in optimizer_parameters(capture.job.optimizer)):
         reason = (
             f"trains parameters outside the {name} taken for the model (a model called as model.forward(x), "
             "or in parts, is seen as its children)"

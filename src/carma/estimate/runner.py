@@ -54,10 +54,11 @@ import types
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from carma.estimate.base import Breakdown, Capture, Estimate, EstimateError, TrainingJob
+from carma.estimate.base import Breakdown, Capture, Estimate, EstimateError, TrainingJob, optimizer_parameters
 
 DEFAULT_STEPS = 3
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
@@ -185,7 +186,8 @@ class _Session:
         return len(sizes) if complete or ended else len(sizes) - 1
 
     def enough(self, finished: int) -> bool:
-        """Whether `finished` training iterations are all the capture needs."""
+        """Whether `finished` training iterations are all the capture needs; when it gives up waiting for an
+        optimizer, a note says so."""
         if finished < max(self.steps, self._until):
             return False
         waiting = self.awaits() if self.awaits is not None else []
@@ -259,11 +261,12 @@ class _Session:
         self._open.pop().__exit__(None, None, None)
         index = self._index(optimizer)
         self.order.append(index)
+        finished = self.finished()
         if index == len(self.optimizers):
             self.optimizers.append(optimizer)
-            if self.finished() >= self.steps:  # it stepped late: run its iteration and one more
-                self._until = self.finished() + 2
-        if self.enough(self.finished()):
+            if finished >= self.steps:  # it stepped late: run its iteration and one more
+                self._until = finished + 2
+        if self.enough(finished):
             self._stop()
         self.profiler.step()
 
@@ -638,9 +641,9 @@ class _ModelRecorder:
         (not one wrapping a stepped one, as Accelerate's `AcceleratedOptimizer` does)."""
         import torch
 
-        updated = {id(p) for optimizer in self.session.optimizers for p in _parameters(optimizer)}
+        updated = {id(p) for optimizer in self.session.optimizers for p in optimizer_parameters(optimizer)}
         held = {id(o): o for o in _held_by_script(sys._getframe(1), torch.optim.Optimizer)}
-        return [o for o in held.values() if any(id(p) not in updated for p in _parameters(o))]
+        return [o for o in held.values() if any(id(p) not in updated for p in optimizer_parameters(o))]
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
@@ -661,7 +664,7 @@ class _ModelRecorder:
 
     def model_of(self, optimizer: Any) -> tuple[Any, Any]:
         """The recorded module holding most of the optimizer's parameters, and its training batch."""
-        held = {id(p) for p in _parameters(optimizer)}
+        held = {id(p) for p in optimizer_parameters(optimizer)}
         best, overlap = None, 0
         for module, args, kwargs in self.calls.values():
             n = sum(id(p) in held for p in module.parameters())
@@ -688,11 +691,6 @@ def _names(optimizers: Sequence[Any]) -> str:
     """`an optimizer (SGD)`, `2 optimizers (SGD, Adam)`."""
     what = "an optimizer" if len(optimizers) == 1 else f"{len(optimizers)} optimizers"
     return f"{what} ({', '.join(type(o).__name__ for o in optimizers)})"
-
-
-def _parameters(optimizer: Any) -> list[Any]:
-    """The tensors `optimizer` updates."""
-    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _held_by_script(frame: Any, kind: type) -> Iterator[Any]:
@@ -945,7 +943,7 @@ def _child_main() -> None:
         estimate_captured = getattr(importlib.import_module(module), name)
         options = {"timeline": spec["timeline"]} if spec["timeline"] else {}
         estimate = estimate_captured(spec["method"], capture, spec["device"], **options)
-        payload: dict[str, Any] = {"estimate": {**estimate.to_json(), "notes": [*capture.notes, *estimate.notes]}}
+        payload: dict[str, Any] = {"estimate": replace(estimate, notes=(*capture.notes, *estimate.notes)).to_json()}
     except EstimateError as exc:
         payload = {"error": str(exc)}
     except Exception as exc:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from carma.estimate.base import Breakdown, Capture, Estimate
+from carma.estimate.base import Breakdown, Capture, Estimate, optimizer_parameters
 from carma.estimate.runner import module_window
 from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import JobTensors, analyze
@@ -34,12 +34,11 @@ def job_tensors(capture: Capture) -> JobTensors:
     first batch."""
     job = capture.job
     resident = [job.model, *capture.extra_models]
-    groups = [group for optimizer in (job.optimizer, *capture.extra_optimizers) for group in optimizer.param_groups]
     parameters = {}
     for tensor in itertools.chain(
         *(module.parameters() for module in resident),
         *(module.buffers() for module in resident),
-        *(group["params"] for group in groups),
+        *(optimizer_parameters(optimizer) for optimizer in (job.optimizer, *capture.extra_optimizers)),
     ):
         storage = tensor.untyped_storage()
         if storage.nbytes():
