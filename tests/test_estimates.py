@@ -21,10 +21,10 @@ MIB = 1 << 20
 class Runner:
     """Stands in for estimate_script: records its calls, answers when released."""
 
-    def __init__(self, peak_mib: int = 3000, error: str | None = None) -> None:
+    def __init__(self, peak_mib: int = 3000, error: str | None = None, notes: tuple[str, ...] = ()) -> None:
         self.calls: list[tuple[list[str], str, dict]] = []
         self.release = threading.Event()
-        self.peak_mib, self.error = peak_mib, error
+        self.peak_mib, self.error, self.notes = peak_mib, error, notes
 
     def __call__(self, argv, method, device, **options):  # type: ignore[no-untyped-def]
         self.calls.append((argv, method, options))
@@ -32,7 +32,8 @@ class Runner:
         self.release.wait(10)
         if self.error:
             raise EstimateError(self.error)
-        return Estimate(method, self.peak_mib * MIB, Breakdown(activations=self.peak_mib * MIB), device, 1.5)
+        breakdown = Breakdown(activations=self.peak_mib * MIB)
+        return Estimate(method, self.peak_mib * MIB, breakdown, device, 1.5, self.notes)
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def service(store: Store, jobs: dict, runner: Runner, **options: object) -> Esti
 
 
 def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, workdir):
-    store, runner = Store(tmp_path / "carma.db"), Runner(peak_mib=3000)
+    store, runner = Store(tmp_path / "carma.db"), Runner(peak_mib=3000, notes=("CUDA autocast ran in float32",))
     bin_dir = str(Path(sys.executable).parent)
     spec = job(workdir, env={"PATH": bin_dir})
     jobs = {1: spec, 2: spec}
@@ -69,9 +70,13 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     estimates.request(2, spec)  # the same job: no second capture
     first = Task(1, TaskSpec("train"), 0.0)
     assert estimates.need(first) is None  # still computing: the task waits
+    assert estimates.made(1) is None
     runner.release.set()
     need = until(lambda: estimates.need(first))
     assert (need.kind, need.mib, need.source) == (NeedKind.KNOWN, 3000, "xmem")
+    made = estimates.made(1)  # what the task shows
+    assert (made.peak_bytes, made.notes) == (3000 * MIB, ("CUDA autocast ran in float32",))
+    assert estimates.made(2) == made
     assert estimates.need(Task(2, TaskSpec("train"), 0.0)) == need
     assert len(runner.calls) == 1
     argv, method, options = runner.calls[0]
@@ -83,6 +88,7 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     again.request(3, spec)
     assert again.need(Task(3, TaskSpec("train"), 0.0)).mib == 3000
     assert again._runner.calls == []
+    assert again.made(3) == made  # with its breakdown and notes
     again.close()
 
 
@@ -96,6 +102,7 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
     assert need.kind is NeedKind.UNKNOWN
     assert need.source == "xmem failed: the script never reached an optimizer step"
     assert "runs recovery only" in caplog.text
+    assert estimates.made(1) is None  # no estimate to show: the need's source says why
     estimates.close()
 
 

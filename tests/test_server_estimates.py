@@ -17,7 +17,9 @@ optimizer = torch.optim.Adam(model.parameters())
 x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
 for _ in range(5):
     optimizer.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with torch.autocast("cuda"):  # mixed precision on the GPU; the CPU capture runs it in float32
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
     optimizer.step()
 print("trained")
 """
@@ -45,11 +47,21 @@ def test_xmem_estimates_the_tasks_own_script_before_placing_it(start_server, tmp
     attempt = first_attempt(server, trained)
     assert (attempt["need"], attempt["need_source"]) == ("known", "xmem")
     assert 1449 < attempt["need_mib"] < 1600  # the a100-40gb context and a few MiB of tensors
-    assert "need " + str(attempt["need_mib"]) + " MiB from xmem" in server.cli("show", trained).stdout
+    shown = server.cli("show", trained).stdout
+    assert "need " + str(attempt["need_mib"]) + " MiB from xmem" in shown
+    estimate = server.task(trained)["memory_estimate"]  # what the need came from, part by part
+    assert (estimate["method"], estimate["device"]) == ("xmem", "a100-40gb")
+    assert -(-estimate["peak_bytes"] // 2**20) == attempt["need_mib"]
+    assert estimate["breakdown"]["context"] == 1449 * 2**20
+    assert f"estimate: {estimate['peak_bytes'] / 2**30:.2f} GiB by xmem for a100-40gb" in shown
+    assert "context 1.42 GiB)" in shown
+    (note,) = estimate["notes"]
+    assert "autocast" in note and f"note: {note}" in shown
     assert server.cli("logs", trained).stdout == "trained\n"  # then it ran as submitted
     failed = first_attempt(server, idle)  # the estimate failed: it ran recovery only
     assert failed["need"] == "unknown" and failed["need_source"].startswith("xmem failed: ")
     assert "optimizer step" in failed["need_source"]
+    assert server.task(idle)["memory_estimate"] is None
 
 
 def test_history_uses_the_peak_an_earlier_run_of_the_command_was_seen_at(start_server, tmp_path):  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 
 from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, TaskState
+from carma.estimate.base import Breakdown, Estimate
 from carma.server.spec import JobSpec
 from carma.server.store import Spawn, Store
 
@@ -86,3 +87,20 @@ def test_meta_values_and_the_database_mode(path):
     store.set_meta("gpus", ["GPU-a", "GPU-b"])
     assert Store(path).meta("gpus") == ["GPU-a", "GPU-b"]
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_estimates_keep_their_notes_and_older_databases_gain_the_column(path):
+    old = sqlite3.connect(path)  # the estimates table as the first release made it, with one row
+    old.execute(
+        "CREATE TABLE estimates (fingerprint TEXT PRIMARY KEY, method TEXT NOT NULL, device TEXT NOT NULL, "
+        "peak_bytes INTEGER NOT NULL, breakdown TEXT NOT NULL, seconds REAL NOT NULL, t REAL NOT NULL)"
+    )
+    old.execute("INSERT INTO estimates VALUES ('old', 'xmem', 'a100-40gb', 1024, '{\"parameters\": 1024}', 2.0, 0)")
+    old.commit()
+    old.close()
+    store = Store(path)
+    assert store.estimate("old") == Estimate("xmem", 1024, Breakdown(parameters=1024), "a100-40gb", 2.0)
+    noted = Estimate("xmem", 2048, Breakdown(activations=2048), "h100-80gb", 3.5, ("CUDA autocast ran in float32",))
+    store.add_estimate("new", noted, 1.0)
+    store.close()
+    assert Store(path).estimate("new") == noted

@@ -42,6 +42,11 @@ def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def size_text(n: int) -> str:
+    """Bytes for people: GiB from 1 GiB up, MiB below."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str:
     if value not in choices:
         raise UsageError(f"{option} must be one of {', '.join(choices)}; got {value!r}")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperGroup
 
-from carma.cli.common import UsageError, app, choice, fail, out
+from carma.cli.common import UsageError, app, choice, fail, out, size_text
 from carma.estimate.registry import CPU_METHODS
 
 if TYPE_CHECKING:
@@ -98,10 +98,6 @@ def estimate_cmd(
             out.print(f"wrote {timeline}")
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def _print_table(estimate: Estimate) -> None:
     from dataclasses import asdict
 
@@ -115,11 +111,11 @@ def _print_table(estimate: Estimate) -> None:
     table.add_column("size", justify="right")
     table.add_column("MiB", justify="right")
     for part, n in asdict(estimate.breakdown).items():
-        table.add_row(part.replace("_", " "), _size(n), f"{n / 2**20:,.0f}")
-    table.add_row("peak", _size(estimate.peak_bytes), f"{estimate.peak_bytes / 2**20:,.0f}", style="bold")
+        table.add_row(part.replace("_", " "), size_text(n), f"{n / 2**20:,.0f}")
+    table.add_row("peak", size_text(estimate.peak_bytes), f"{estimate.peak_bytes / 2**20:,.0f}", style="bold")
     out.print(table)
     fits = "fits" if estimate.peak_bytes <= total else "does NOT fit"
-    out.print(f"{fits} in the {_size(total)} of {estimate.device}; estimated in {estimate.seconds:.1f} s")
+    out.print(f"{fits} in the {size_text(total)} of {estimate.device}; estimated in {estimate.seconds:.1f} s")
 
 
 @estimate_app.command("calibrate")
@@ -138,4 +134,4 @@ def calibrate_cmd(
         measured, path = calibrate(device, gpu)
     except EstimateError as e:
         raise fail(str(e)) from None
-    out.print(f"{measured.name}: context {_size(measured.context_bytes)} ({measured.source}); wrote {path}")
+    out.print(f"{measured.name}: context {size_text(measured.context_bytes)} ({measured.source}); wrote {path}")

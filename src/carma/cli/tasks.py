@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 
-from carma.cli.common import app, columns, fail, out
+from carma.cli.common import app, columns, fail, out, size_text
 
 if TYPE_CHECKING:
     from carma.server.client import Client
@@ -169,6 +169,7 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
         f"command: {' '.join(task['command'])}{shell}",
         f"workdir: {task['workdir']}; GPUs: {task['gpus_requested']}; memory need: " + _declared_need(task),
     ]
+    lines += _estimate_lines(task["memory_estimate"])
     if task["waiting_reason"]:
         lines.append(f"waiting: {task['waiting_reason']}")
     if task["reason"]:
@@ -181,7 +182,16 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
             f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need} from "
             f"{a['need_source']}) {a['message']}"
         )
-    out.print("\n".join(lines), highlight=False)
+    out.print("\n".join(lines), highlight=False, markup=False)
+
+
+def _estimate_lines(estimate: dict[str, Any] | None) -> list[str]:
+    """The estimate the task's placement uses: its peak, where it goes, and the capture's notes."""
+    if not estimate:
+        return []
+    parts = ", ".join(f"{part.replace('_', ' ')} {size_text(n)}" for part, n in estimate["breakdown"].items())
+    head = f"estimate: {size_text(estimate['peak_bytes'])} by {estimate['method']} for {estimate['device']}"
+    return [f"{head} in {estimate['seconds']:.1f} s ({parts})", *(f"note: {n}" for n in estimate.get("notes", []))]
 
 
 def _declared_need(task: dict[str, Any]) -> str:

@@ -7,7 +7,8 @@ result is cached by the job's fingerprint (command, directory, script contents, 
 store, so the same job is not estimated twice, across restarts too. `history` needs no capture: it is the
 largest peak an earlier successful run of the same command was observed at. An estimator that fails (the
 script never reaches an optimizer step, times out, is a shell line) leaves the task recovery only, and the
-reason is logged and shown as the attempt's memory source.
+reason is logged and shown as the attempt's memory source. A capture's estimate, with its breakdown and
+notes, is shown with the task (`carma show`), so its owner can see what the placement was based on.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Estimates:
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, Future[Estimate]] = {}
         self._done: dict[str, MemoryNeed] = {}
+        self._made: dict[str, Estimate] = {}  # the captures' estimates behind the needs in _done
         self._children: set[int] = set()  # process groups of the captures under way
 
     def request(self, task_id: TaskId, job: JobSpec) -> None:
@@ -96,6 +98,7 @@ class Estimates:
             return
         cached = self._store.estimate(key)
         if cached is not None:
+            self._made[key] = cached
             self._done[key] = _need(cached)
             return
         self._running[key] = self._pool.submit(self._estimate, job, method)
@@ -116,6 +119,11 @@ class Estimates:
             self._done[key] = self._settle(key, job, future)
             del self._running[key]
         return self._done[key]
+
+    def made(self, task_id: TaskId) -> Estimate | None:
+        """The estimate a capture made of the task's job, once there is one (never for `history`)."""
+        key = self._fingerprints.get(task_id)
+        return None if key is None else self._made.get(key)
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
@@ -158,6 +166,7 @@ class Estimates:
             log.exception("estimating %s crashed", job.name)
             return self._failed(job, f"{type(e).__name__}: {e}")
         self._store.add_estimate(key, result, time.time())
+        self._made[key] = result
         log.info("estimated %s with %s in %.1f s: %d MiB", job.name, result.method, result.seconds, _mib(result))
         for note in result.notes:
             log.warning("estimate of %s: %s", job.name, note)

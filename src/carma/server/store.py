@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS estimates (
     peak_bytes INTEGER NOT NULL,
     breakdown TEXT NOT NULL,
     seconds REAL NOT NULL,
-    t REAL NOT NULL
+    t REAL NOT NULL,
+    notes TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
     gpu INTEGER NOT NULL,
@@ -87,6 +88,7 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
 # columns added since the first release, for databases that predate them
 ADDED_COLUMNS = {
     "attempts": {"peak_mib": "INTEGER", "smact_mean": "REAL", "smocc_mean": "REAL", "drama_mean": "REAL"},
+    "estimates": {"notes": "TEXT NOT NULL DEFAULT '[]'"},
 }
 SERIES_FIELDS = ("used_mib", "total_mib", "smact", "smocc", "drama", "power_w", "energy_j", "temperature_c")
 
@@ -232,20 +234,21 @@ class Store:
         """Keep a job's memory estimate, so the same job is not estimated again (after a restart too)."""
         with self._transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO estimates VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO estimates (fingerprint, method, device, peak_bytes, breakdown, seconds, t, "
+                "notes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (fingerprint, estimate.method, estimate.device, estimate.peak_bytes,
-                 json.dumps(asdict(estimate.breakdown)), estimate.seconds, t),
+                 json.dumps(asdict(estimate.breakdown)), estimate.seconds, t, json.dumps(estimate.notes)),
             )  # fmt: skip
 
     def estimate(self, fingerprint: str) -> Estimate | None:
         row = self._db.execute(
-            "SELECT method, device, peak_bytes, breakdown, seconds FROM estimates WHERE fingerprint = ?",
+            "SELECT method, device, peak_bytes, breakdown, seconds, notes FROM estimates WHERE fingerprint = ?",
             (fingerprint,),
         ).fetchone()
         if row is None:
             return None
-        method, device, peak, breakdown, seconds = row
-        return Estimate(method, peak, Breakdown(**json.loads(breakdown)), device, seconds)
+        method, device, peak, breakdown, seconds, notes = row
+        return Estimate(method, peak, Breakdown(**json.loads(breakdown)), device, seconds, tuple(json.loads(notes)))
 
     def drop_attempt(self, task: Task, number: int) -> None:
         """Forget a placement whose process never started (the daemon died in between)."""

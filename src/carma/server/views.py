@@ -53,12 +53,14 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
 
 def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
     job = daemon.jobs[task.id]
+    estimate = daemon.estimates.made(task.id)
     return {
         **task_summary(daemon, task),
         "command": list(job.argv),
         "shell": job.shell,
         "workdir": job.workdir,
         "env": dict(job.env),
+        "memory_estimate": estimate.to_json() if estimate else None,  # `carma estimate --json`'s object
         "attempt_list": [
             {
                 "number": a.number,
