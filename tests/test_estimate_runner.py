@@ -260,8 +260,27 @@ def test_a_compiled_model_is_captured_as_it_runs_eagerly(workdir: Path) -> None:
     train = script(workdir, "train.py", MLP_SCRIPT)
     compiled = script(workdir, "compiled.py", MLP_SCRIPT.replace("model = model.to(device)", COMPILE))
     argv = ["--batch-size", "64", "--log", "steps.log"]
-    assert estimate(["python", compiled, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+    eager, as_compiled = estimate(["python", train, *argv]), estimate(["python", compiled, *argv])
+    assert as_compiled.peak_bytes == eager.peak_bytes
     assert not (workdir / "compiled").exists()
+    assert eager.notes == ()
+    (note,) = as_compiled.notes  # the estimate says the GPU run will differ
+    assert "torch.compile was left eager" in note and "CUDA graphs" not in note
+
+
+def test_compiling_with_cuda_graphs_is_noted_and_a_disabled_compile_is_not(workdir: Path) -> None:
+    """CUDA graphs (mode="reduce-overhead", here through the decorator) keep their own memory pool on the
+    GPU, which the eager capture cannot see: the note says so. `disable=True` compiles nothing."""
+    loss = "torch.nn.functional.cross_entropy(model(x), y)"
+    decorated = MLP_SCRIPT.replace(
+        "for step in range(50):",
+        f"@torch.compile(mode='reduce-overhead')\ndef loss_of(x, y):\n    return {loss}\nfor step in range(50):",
+    ).replace(f"    {loss}.backward()", "    loss_of(x, y).backward()")
+    argv = ["--log", "steps.log"]
+    (note,) = estimate(["python", script(workdir, "graphs.py", decorated), *argv]).notes
+    assert "torch.compile was left eager" in note and "CUDA graphs (reduce-overhead)" in note
+    disabled = MLP_SCRIPT.replace("model = model.to(device)", "model = torch.compile(model.to(device), disable=True)")
+    assert estimate(["python", script(workdir, "disabled.py", disabled), *argv]).notes == ()
 
 
 def test_a_model_called_through_forward(workdir: Path) -> None:

@@ -79,6 +79,12 @@ _AUTOCAST_NOTE = (
     "the script's CUDA autocast (mixed precision) was off on the CPU: the estimate is for float32 "
     "activations, usually above the mixed-precision peak"
 )
+_COMPILE_NOTE = (
+    "the script's torch.compile was left eager (on the CPU it would build CPU kernels): the estimate is the "
+    "eager peak, and compiled GPU kernels usually keep fewer activations"
+)
+_CUDA_GRAPHS_NOTE = ", but its CUDA graphs ({}) keep a memory pool of their own, which can hold more than that"
+_CUDA_GRAPHS = ("reduce-overhead", "max-autotune", "triton.cudagraphs")  # what records CUDA graphs on the GPU
 _TRACE_CATEGORIES = {"cpu_instant_event", "cpu_op", "user_annotation"}
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
@@ -779,6 +785,37 @@ def _parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, st
     return "path", args[0], args[1:]
 
 
+@contextmanager
+def _compile_calls() -> Iterator[list[str]]:
+    """The modes of the script's `torch.compile` calls, in order ("triton.cudagraphs" when its options ask
+    for CUDA graphs).
+
+    With TorchDynamo off, torch.compile hands the model back unchanged and says nothing, so the capture
+    wraps it to know that the GPU run will differ; calls with `disable=True` compile nothing and are left out.
+    """
+    import torch
+
+    original = torch.compile
+    modes: list[str] = []
+
+    def compile(model: Any = None, **options: Any) -> Any:
+        if not options.get("disable"):
+            graphs = (options.get("options") or {}).get("triton.cudagraphs")
+            modes.append("triton.cudagraphs" if graphs else options.get("mode") or "default")
+        return original(model, **options)
+
+    torch.compile = compile
+    try:
+        yield modes
+    finally:
+        torch.compile = original
+
+
+def _compile_note(modes: list[str]) -> str:
+    graphs = [mode for mode in modes if mode in _CUDA_GRAPHS]
+    return _COMPILE_NOTE + (_CUDA_GRAPHS_NOTE.format(graphs[0]) if graphs else "")
+
+
 def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool = False) -> Capture:
     """Run the script in THIS process until `steps` optimizer steps are done, and capture it.
 
@@ -793,7 +830,7 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
         try:
             # The script's warnings go nowhere (the parent reads stderr only when the child dies): recorded
             # instead, they tell when CUDA autocast was turned off.
-            with recorder.hooks(), warnings.catch_warnings(record=True) as caught:
+            with recorder.hooks(), _compile_calls() as compiled, warnings.catch_warnings(record=True) as caught:
                 sys.argv = ["-c" if kind == "code" else target, *args]
                 if kind == "module":
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -828,6 +865,8 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     notes = list(session.notes)
     if any(_AUTOCAST_OFF in str(warning.message) for warning in caught):
         notes.append(_AUTOCAST_NOTE)
+    if compiled:
+        notes.append(_compile_note(compiled))
     seconds = time.perf_counter() - started
     return Capture(job, session.trace, steps, seconds, extra_models, tuple(others), tuple(notes))
 
