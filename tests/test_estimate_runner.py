@@ -543,6 +543,8 @@ def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
         estimate(["python", train])
     with pytest.raises(EstimateError, match="does not exist"):
         estimate(["python", "missing.py"])
+    with pytest.raises(EstimateError, match="sh is a program, not a Python script"):
+        estimate(["sh", "-c", "torchrun train.py"])  # a launcher, as torchrun or accelerate would be
 
 
 def test_script_timeout(workdir: Path) -> None:

@@ -43,6 +43,7 @@ import json
 import os
 import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -766,7 +767,8 @@ def _parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, st
     """("path", script, args), ("module", name, args) or ("code", source, args) from a command line such as
     `python train.py` (a relative script path is looked up in `cwd`, by default the current directory)."""
     args = list(argv)
-    if args and _PYTHON.search(os.path.basename(args[0])):
+    interpreted = bool(args) and bool(_PYTHON.search(os.path.basename(args[0])))
+    if interpreted:
         args = args[1:]
         while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
             args = args[2:] if args[0] in ("-W", "-X") else args[1:]
@@ -781,6 +783,11 @@ def _parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, st
     if not args:
         raise EstimateError("no training script given")
     if not (Path(cwd or ".") / args[0]).is_file():
+        if not interpreted and shutil.which(args[0]):  # `torchrun train.py`, `accelerate launch ...`
+            raise EstimateError(
+                f"{args[0]} is a program, not a Python script: give `python script.py ...` (for a launcher such "
+                "as torchrun, the script it starts, with its arguments)"
+            )
         raise EstimateError(f"training script {args[0]} does not exist (give `python script.py ...`)")
     return "path", args[0], args[1:]
 
