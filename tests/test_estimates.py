@@ -56,6 +56,11 @@ def until(predicate, timeout: float = 10.0):  # type: ignore[no-untyped-def]
     raise AssertionError("timed out")
 
 
+def queued(store: Store, *specs: JobSpec) -> dict[int, JobSpec]:
+    """The jobs, submitted: {task id: job}."""
+    return {store.add(spec, 0.0): spec for spec in specs}
+
+
 def service(store: Store, jobs: dict, runner: Runner, **options: object) -> Estimates:
     return Estimates(store, jobs, "a100-40gb", run_as_owner=False, runner=runner, **options)  # type: ignore[arg-type]
 
@@ -64,7 +69,8 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     store, runner = Store(tmp_path / "carma.db"), Runner(peak_mib=3000, notes=("CUDA autocast ran in float32",))
     bin_dir = str(Path(sys.executable).parent)
     spec = job(workdir, env={"PATH": bin_dir})
-    jobs = {1: spec, 2: spec}
+    jobs = queued(store, spec, spec)
+    assert list(jobs) == [1, 2]
     estimates = service(store, jobs, runner)
     estimates.request(1, spec)
     estimates.request(2, spec)  # the same job: no second capture
@@ -84,19 +90,20 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     assert options["python"] == f"{bin_dir}/python" and options["env"] == {"PATH": bin_dir}  # the task's own
     estimates.close()
 
-    again = service(store, {3: spec}, Runner())  # a restarted daemon finds it in the store
+    again = service(store, queued(store, spec), Runner())  # a restarted daemon finds it in the store
     again.request(3, spec)
     assert again.need(Task(3, TaskSpec("train"), 0.0)).mib == 3000
     assert again._runner.calls == []
     assert again.made(3) == made  # with its breakdown and notes
+    assert again.made(1) == made  # a task placed before the restart still shows what it was placed with
     again.close()
 
 
 def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, workdir, caplog):
     runner = Runner(error="the script never reached an optimizer step")
     runner.release.set()
-    spec = job(workdir)
-    estimates = service(Store(tmp_path / "carma.db"), {1: spec}, runner)
+    spec, store = job(workdir), Store(tmp_path / "carma.db")
+    estimates = service(store, queued(store, spec), runner)
     estimates.request(1, spec)
     need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.kind is NeedKind.UNKNOWN
@@ -109,7 +116,8 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
 def test_a_shell_line_cannot_be_captured(tmp_path, workdir):
     runner = Runner()
     spec = JobSpec("train", ("python train.py | tee log",), str(workdir), shell=True, estimator="horus")
-    estimates = service(Store(tmp_path / "carma.db"), {1: spec}, runner)
+    store = Store(tmp_path / "carma.db")
+    estimates = service(store, queued(store, spec), runner)
     estimates.request(1, spec)
     need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.kind is NeedKind.UNKNOWN and "shell command line" in need.source and runner.calls == []

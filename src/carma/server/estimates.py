@@ -94,6 +94,7 @@ class Estimates:
         if method is None or method == "history":
             return
         key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
+        self._store.link_estimate(task_id, key)
         if key in self._done or key in self._running:
             return
         cached = self._store.estimate(key)
@@ -121,9 +122,10 @@ class Estimates:
         return self._done[key]
 
     def made(self, task_id: TaskId) -> Estimate | None:
-        """The estimate a capture made of the task's job, once there is one (never for `history`)."""
+        """The estimate a capture made of the task's job, once there is one (never for `history`); for a
+        task from before a restart, the one its placement used."""
         key = self._fingerprints.get(task_id)
-        return None if key is None else self._made.get(key)
+        return self._store.task_estimate(task_id) if key is None else self._made.get(key)
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""

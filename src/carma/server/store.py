@@ -71,6 +71,10 @@ CREATE TABLE IF NOT EXISTS estimates (
     t REAL NOT NULL,
     notes TEXT NOT NULL DEFAULT '[]'
 );
+CREATE TABLE IF NOT EXISTS task_estimates (
+    task_id INTEGER PRIMARY KEY REFERENCES tasks (id),
+    fingerprint TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS gpu_samples (
     gpu INTEGER NOT NULL,
     t REAL NOT NULL,
@@ -249,6 +253,15 @@ class Store:
             return None
         method, device, peak, breakdown, seconds, notes = row
         return Estimate(method, peak, Breakdown(**json.loads(breakdown)), device, seconds, tuple(json.loads(notes)))
+
+    def link_estimate(self, task_id: TaskId, fingerprint: str) -> None:
+        """Remember which estimate a task's placement uses, for `carma show` after a restart too."""
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO task_estimates VALUES (?, ?)", (task_id, fingerprint))
+
+    def task_estimate(self, task_id: TaskId) -> Estimate | None:
+        row = self._db.execute("SELECT fingerprint FROM task_estimates WHERE task_id = ?", (task_id,)).fetchone()
+        return None if row is None else self.estimate(row[0])
 
     def drop_attempt(self, task: Task, number: int) -> None:
         """Forget a placement whose process never started (the daemon died in between)."""
