@@ -85,7 +85,6 @@ class Estimates:
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, Future[Estimate]] = {}
         self._done: dict[str, MemoryNeed] = {}
-        self._made: dict[str, Estimate] = {}  # the captures' estimates behind the needs in _done
         self._children: set[int] = set()  # process groups of the captures under way
 
     def request(self, task_id: TaskId, job: JobSpec) -> None:
@@ -99,7 +98,6 @@ class Estimates:
             return
         cached = self._store.estimate(key)
         if cached is not None:
-            self._made[key] = cached
             self._done[key] = _need(cached)
             return
         self._running[key] = self._pool.submit(self._estimate, job, method)
@@ -122,10 +120,9 @@ class Estimates:
         return self._done[key]
 
     def made(self, task_id: TaskId) -> Estimate | None:
-        """The estimate a capture made of the task's job, once there is one (never for `history`); for a
-        task from before a restart, the one its placement used."""
-        key = self._fingerprints.get(task_id)
-        return self._store.task_estimate(task_id) if key is None else self._made.get(key)
+        """The estimate a capture made of the task's job, once there is one (never for `history`); the store
+        keeps which one each task uses, so tasks from before a restart have theirs too."""
+        return self._store.task_estimate(task_id)
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
@@ -168,7 +165,6 @@ class Estimates:
             log.exception("estimating %s crashed", job.name)
             return self._failed(job, f"{type(e).__name__}: {e}")
         self._store.add_estimate(key, result, time.time())
-        self._made[key] = result
         log.info("estimated %s with %s in %.1f s: %d MiB", job.name, result.method, result.seconds, _mib(result))
         for note in result.notes:
             log.warning("estimate of %s: %s", job.name, note)

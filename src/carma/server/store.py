@@ -255,13 +255,20 @@ class Store:
         return Estimate(method, peak, Breakdown(**json.loads(breakdown)), device, seconds, tuple(json.loads(notes)))
 
     def link_estimate(self, task_id: TaskId, fingerprint: str) -> None:
-        """Remember which estimate a task's placement uses, for `carma show` after a restart too."""
+        """Remember which estimate a task's placement uses, for `carma show` after a restart too; written
+        only when it changed (a restart asks again for every queued task)."""
+        if self._linked(task_id) == fingerprint:
+            return
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO task_estimates VALUES (?, ?)", (task_id, fingerprint))
 
     def task_estimate(self, task_id: TaskId) -> Estimate | None:
+        fingerprint = self._linked(task_id)
+        return None if fingerprint is None else self.estimate(fingerprint)
+
+    def _linked(self, task_id: TaskId) -> str | None:
         row = self._db.execute("SELECT fingerprint FROM task_estimates WHERE task_id = ?", (task_id,)).fetchone()
-        return None if row is None else self.estimate(row[0])
+        return None if row is None else row[0]
 
     def drop_attempt(self, task: Task, number: int) -> None:
         """Forget a placement whose process never started (the daemon died in between)."""
