@@ -75,7 +75,9 @@ def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser,
     task = server.submit(*fakejob(100_000, "4GiB", "--smact", "0.5"), name="resnet-demo", mem="4GiB")
     chip = page.locator(f"[data-gpu] [data-task='{task}']")
     expect(chip).to_contain_text("resnet-demo", timeout=WAIT_MS)
-    expect(page.locator(f"#queue tr[data-task='{task}']")).to_contain_text("running", timeout=WAIT_MS)
+    row = page.locator(f"#queue tr[data-task='{task}']")
+    expect(row).to_contain_text("running", timeout=WAIT_MS)
+    expect(row.locator("td[title='user']")).to_have_text("4.0 GiB")  # the memory it was placed with, and why
     bar = page.locator(f"#timeline rect[data-task='{task}']")
     expect(bar).to_have_class(re.compile("running"), timeout=WAIT_MS)
     expect(page.locator("[data-chart='smact'] polyline").first).to_be_attached(timeout=WAIT_MS)
@@ -84,7 +86,7 @@ def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser,
 
     assert server.cli("cancel", task).returncode == 0
     expect(chip).to_have_count(0, timeout=WAIT_MS)
-    expect(page.locator(f"#queue tr[data-task='{task}']")).to_have_count(0, timeout=WAIT_MS)
+    expect(row).to_have_count(0, timeout=WAIT_MS)
     expect(bar).to_have_class(re.compile("killed"), timeout=WAIT_MS)  # it stays in the timeline, ended
     assert errors == []
     page.close()

@@ -76,10 +76,11 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     estimates.request(2, spec)  # the same job: no second capture
     first = Task(1, TaskSpec("train"), 0.0)
     assert estimates.need(first) is None  # still computing: the task waits
-    assert estimates.made(1) is None
+    assert estimates.made(1) is None and estimates.settled(1) is None
     runner.release.set()
     need = until(lambda: estimates.need(first))
     assert (need.kind, need.mib, need.source) == (NeedKind.KNOWN, 3000, "xmem")
+    assert estimates.settled(1) == estimates.settled(2) == need  # what the task lists show
     made = estimates.made(1)  # what the task shows
     assert (made.peak_bytes, made.notes) == (3000 * MIB, ("CUDA autocast ran in float32",))
     assert estimates.made(2) == made
@@ -92,6 +93,7 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
 
     again = service(store, queued(store, spec), Runner())  # a restarted daemon finds it in the store
     again.request(3, spec)
+    assert again.settled(3) == need  # known from the store before the scheduler asks
     assert again.need(Task(3, TaskSpec("train"), 0.0)).mib == 3000
     assert again._runner.calls == []
     assert again.made(3) == made  # with its breakdown and notes

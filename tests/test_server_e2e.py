@@ -36,7 +36,11 @@ def test_submit_queue_show_logs_cancel_wait(start_server):  # type: ignore[no-un
     server.wait_state(slow, "running")
     queue = server.cli("queue")
     assert queue.returncode == 0 and "running" in queue.stdout and "quick" not in queue.stdout
-    assert {t["id"] for t in server.json("queue", "--all")} >= {quick, slow}
+    header, row = queue.stdout.splitlines()[:2]
+    assert header.split()[4:6] == ["GPUS", "MEMORY"] and row.split()[5] == "unknown"  # no need given: recovery only
+    listed = {t["id"]: t for t in server.json("queue", "--all")}
+    assert {quick, slow} <= set(listed)
+    assert (listed[quick]["need"], listed[quick]["need_mib"], listed[quick]["need_source"]) == ("known", 4096, "user")
     gpus = server.json("gpus")
     assert len(gpus) == 2 and any(slow in g["tasks"] for g in gpus)
     assert any(g["used_mib"] == 2048 for g in gpus)  # the fake device shows the job's allocation

@@ -46,6 +46,9 @@ def test_xmem_estimates_the_tasks_own_script_before_placing_it(start_server, tmp
     idle = submit(server, sys.executable, "idle.py", estimate="xmem", workdir=tmp_path)
     attempt = first_attempt(server, trained)
     assert (attempt["need"], attempt["need_source"]) == ("known", "xmem")
+    listed = {t["id"]: t for t in server.json("queue", "--all")}  # the lists show the need it was placed with
+    assert (listed[trained]["need"], listed[trained]["need_mib"]) == ("known", attempt["need_mib"])
+    assert f"{attempt['need_mib'] / 1024:.2f} GiB" in server.cli("queue", "--all").stdout
     assert 1449 < attempt["need_mib"] < 1600  # the a100-40gb context and a few MiB of tensors
     shown = server.cli("show", trained).stdout
     assert "need " + str(attempt["need_mib"]) + " MiB from xmem" in shown

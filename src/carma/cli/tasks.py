@@ -149,11 +149,21 @@ def queue_cmd(
                 t["user"],
                 t["state"],
                 gpus,
+                _need_text(t),
                 _age(started, t["ended_s"] or now),
                 t["waiting_reason"] or t["reason"] or "",
             ]
         )
-    print(columns(("ID", "NAME", "USER", "STATE", "GPUS", "TIME", "REASON"), rows))
+    print(columns(("ID", "NAME", "USER", "STATE", "GPUS", "MEMORY", "TIME", "REASON"), rows))
+
+
+def _need_text(task: dict[str, Any]) -> str:
+    """The memory a task is (or will be) placed with, as `carma queue` and the dashboard show it."""
+    if task["need"] is None:
+        return f"{task['estimate']} pending"
+    if task["need"] == "known":
+        return f"{task['need_mib'] / 1024:.2f} GiB"
+    return "whole GPU" if task["need"] == "whole_gpu" else "unknown"
 
 
 @app.command("show")

@@ -119,6 +119,12 @@ class Estimates:
             del self._running[key]
         return self._done[key]
 
+    def settled(self, task_id: TaskId) -> MemoryNeed | None:
+        """The need a finished estimate gave the task's job, without asking for one (for the task lists:
+        cheap, no store read); None while the estimate is under way or not yet taken up by the scheduler."""
+        key = self._fingerprints.get(task_id)
+        return None if key is None else self._done.get(key)
+
     def made(self, task_id: TaskId) -> Estimate | None:
         """The estimate a capture made of the task's job, once there is one (never for `history`); the store
         keeps which one each task uses, so tasks from before a restart have theirs too."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from carma import __version__
-from carma.core.types import Task
+from carma.core.types import MemoryNeed, NeedKind, Task
 from carma.server.daemon import Daemon
 
 
@@ -41,6 +41,7 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "gpus_requested": job.gpus,
         "mem_mib": job.mem_mib,
         "estimate": job.estimator,
+        **_need_view(daemon, task),
         "gpus": list(a.gpus) if a and a.ended_s is None else [],
         "submit_s": task.submit_s,
         "start_s": task.attempts[0].dispatched_s if task.attempts else None,
@@ -49,6 +50,23 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "waiting_reason": daemon.scheduler.waiting_reason(task.id),
         "reason": task.reason,
     }
+
+
+def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
+    """The memory the scheduler plans the task with: its last placement's need, else the declared value,
+    else a finished estimate; all None while its estimate is still to come."""
+    need = task.current.need if task.current else None
+    if need is None:
+        job = daemon.jobs[task.id]
+        if job.mem_mib is not None:
+            need = MemoryNeed(NeedKind.KNOWN, job.mem_mib, "user")
+        elif job.estimator is None:
+            need = MemoryNeed(NeedKind.UNKNOWN, source="none")
+        else:
+            need = daemon.estimates.settled(task.id)
+    if need is None:
+        return {"need_mib": None, "need": None, "need_source": None}
+    return {"need_mib": need.mib, "need": need.kind.value, "need_source": need.source}
 
 
 def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:

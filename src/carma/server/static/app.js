@@ -197,6 +197,13 @@ function renderGpus(s) {
   }).join("");
 }
 
+// The memory a task is (or will be) placed with, as `carma queue` shows it; its source in the tooltip.
+function needText(t) {
+  if (t.need === null) return `${esc(t.estimate)} pending`;
+  if (t.need === "known") return `${gib(t.need_mib)} GiB`;
+  return t.need === "whole_gpu" ? "whole GPU" : "unknown";
+}
+
 function renderQueue(s) {
   const order = { running: 0, dispatched: 1, oom_crashed: 2, recovering: 3, queued: 4 };
   const tasks = [...s.tasks].sort((a, b) => (order[a.state] ?? 9) - (order[b.state] ?? 9) || a.id - b.id);
@@ -208,7 +215,7 @@ function renderQueue(s) {
     const gpus = running ? t.gpus.join(",") : `(${t.gpus_requested})`;
     const why = running ? "" : t.waiting_reason || t.reason || "";
     return `<tr data-task="${t.id}"><td>${t.id}</td><td>${esc(t.name)}</td><td>${esc(t.user)}</td>
-      <td>${t.state}</td><td>${gpus}</td><td>${t.mem_mib ? gib(t.mem_mib) + " GiB" : "unknown"}</td>
+      <td>${t.state}</td><td>${gpus}</td><td title="${esc(t.need_source ?? "")}">${needText(t)}</td>
       <td>${since !== null ? duration(s.now_s - since) : ""}</td><td class="why">${esc(why)}</td></tr>`;
   });
   $("#queue tbody").innerHTML = rows.join("") || `<tr class="empty"><td colspan="8">no tasks waiting or running</td></tr>`;
