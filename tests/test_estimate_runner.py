@@ -314,6 +314,53 @@ def test_a_step_given_a_closure_is_estimated_as_the_plain_loop(workdir: Path) ->
     assert by_closure.breakdown.optimizer_state == by_loop.breakdown.optimizer_state
 
 
+# A small BERT fine-tuned by Hugging Face's Trainer (through Accelerate), and the same training as a plain loop.
+TINY_BERT = """
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+config = BertConfig(vocab_size=4000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+model = BertForSequenceClassification(config)
+"""
+TRAINER_SCRIPT = (
+    TINY_BERT
+    + """
+from transformers import Trainer, TrainingArguments
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        return {"input_ids": torch.randint(0, 4000, (64,)), "labels": torch.tensor(i % 2)}
+args = TrainingArguments(output_dir="out", per_device_train_batch_size=16, optim="adamw_torch_fused", report_to=[],
+                         save_strategy="no", disable_tqdm=True)
+Trainer(model=model, args=args, train_dataset=Data()).train()
+"""
+)
+LOOP_SCRIPT = (
+    TINY_BERT
+    + """
+optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, fused=True)
+for _ in range(16):
+    batch = {"input_ids": torch.randint(0, 4000, (16, 64)), "labels": torch.randint(0, 2, (16,))}
+    model(**batch).loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+)
+
+
+def test_a_hugging_face_trainer_script_is_estimated_as_its_plain_loop(workdir: Path) -> None:
+    """Trainer steps an Accelerate wrapper around a fused AdamW, feeds batches through its own data
+    loader and clips gradients: the capture finds the model, the batch and the optimizer all the same."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    trainer = estimate(["python", script(workdir, "trainer.py", TRAINER_SCRIPT)])
+    loop = estimate(["python", script(workdir, "loop.py", LOOP_SCRIPT)])
+    assert trainer.peak_bytes == loop.peak_bytes
+    assert trainer.breakdown.parameters == loop.breakdown.parameters
+    assert trainer.breakdown.optimizer_state == loop.breakdown.optimizer_state >= 2 * loop.breakdown.parameters
+
+
 def nbytes(*modules: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
