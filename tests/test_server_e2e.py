@@ -206,6 +206,8 @@ def test_an_oom_crashed_task_is_recovered_and_completes(start_server):  # type: 
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
     big = server.submit(*fakejob(600, "30000MiB"))
     late = server.submit(*fakejob(200, "20000MiB"))
+    waiting = wait_until(lambda: [t for t in server.json("queue") if t["state"] == "recovering"], 60, "recovery")
+    assert [(t["id"], t["need"], t["need_source"]) for t in waiting] == [(late, "whole_gpu", "recovery")]
     assert server.cli("wait", big, late, "--timeout", "90").returncode == 0
     attempts = server.task(late)["attempt_list"]
     assert [a["outcome"] for a in attempts] == ["oom", "success"]

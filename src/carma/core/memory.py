@@ -14,6 +14,7 @@ from typing import Protocol
 from carma.core.types import MemoryNeed, NeedKind, Task
 
 NO_ESTIMATE = "no usable estimate"
+RECOVERY_NEED = MemoryNeed(NeedKind.WHOLE_GPU, source="recovery")  # an OOM-crashed task's relaunch: whole idle GPUs
 
 
 class Estimator(Protocol):

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from carma.core.config import Policy, SchedulerConfig
-from carma.core.memory import Estimator, resolve_need
+from carma.core.memory import RECOVERY_NEED, Estimator, resolve_need
 from carma.core.monitor import MonitorWindow
 from carma.core.policies import Candidate, RoundRobin, order
 from carma.core.recovery import classify_exit, oom_message
@@ -203,8 +203,7 @@ class Scheduler:
                 if len(idle) < task.spec.gpus:
                     self._blocked[task.id] = f"recovery: waiting for {task.spec.gpus} whole idle GPU(s)"
                     break
-                need = MemoryNeed(NeedKind.WHOLE_GPU, source="recovery")
-                launches.append(self._launch(task, idle[: task.spec.gpus], need, now, recovery=True))
+                launches.append(self._launch(task, idle[: task.spec.gpus], RECOVERY_NEED, now, recovery=True))
                 continue
             if not self._queue:
                 break

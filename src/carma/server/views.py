@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from carma import __version__
-from carma.core.types import MemoryNeed, NeedKind, Task
+from carma.core.memory import RECOVERY_NEED
+from carma.core.types import MemoryNeed, NeedKind, Task, TaskState
 from carma.server.daemon import Daemon
 
 
@@ -53,9 +54,13 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
 
 
 def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
-    """The memory the scheduler plans the task with: its last placement's need, else the declared value,
-    else a finished estimate; all None while its estimate is still to come."""
-    need = task.current.need if task.current else None
+    """The memory the scheduler plans the task with: whole GPUs when it waits for recovery, else its last
+    placement's need, else the declared value, else a finished estimate; all None while its estimate is
+    still to come."""
+    if task.state is TaskState.RECOVERING:
+        need: MemoryNeed | None = RECOVERY_NEED
+    else:
+        need = task.current.need if task.current else None
     if need is None:
         job = daemon.jobs[task.id]
         if job.mem_mib is not None:
