@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,50 @@ def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser,
     expect(chip).to_have_count(0, timeout=WAIT_MS)
     expect(row).to_have_count(0, timeout=WAIT_MS)
     expect(bar).to_have_class(re.compile("killed"), timeout=WAIT_MS)  # it stays in the timeline, ended
+    assert errors == []
+    page.close()
+
+
+# Trains a few steps under CUDA autocast (the estimate gets a note), then idles so that it stays in the queue.
+TRAIN = """
+import time, torch
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+optimizer = torch.optim.Adam(model.parameters())
+for _ in range(5):
+    optimizer.zero_grad()
+    with torch.autocast("cuda"):
+        torch.nn.functional.cross_entropy(model(torch.randn(32, 64)), torch.randint(0, 10, (32,))).backward()
+    optimizer.step()
+time.sleep(600)
+"""
+
+
+def test_a_tasks_details_show_the_memory_estimate_it_was_placed_with(browser, served, tmp_path):  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    from playwright.sync_api import expect
+
+    server, url, token = served
+    (tmp_path / "train.py").write_text(TRAIN)
+    task = server.submit(sys.executable, "train.py", name="tiny", estimate="xmem", workdir=tmp_path)
+    page = browser.new_page(viewport={"width": 1280, "height": 1300})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{url}/#token={token}")
+    row = page.locator(f"#queue tr[data-task='{task}']")
+    expect(row.locator("td[title='xmem']")).to_contain_text("GiB", timeout=2 * WAIT_MS)  # placed with its estimate
+    row.click()
+    details = page.locator("#task")
+    expect(details).to_contain_text(f"task {task}: tiny", timeout=WAIT_MS)
+    expect(details).to_contain_text("by xmem for a100-40gb")
+    expect(details).to_contain_text("optimizer state")
+    expect(details.locator(".note")).to_contain_text("autocast")
+    expect(details).to_contain_text("attempt 1 on GPU")
+    expect(details).to_contain_text("from xmem")
+    ARTIFACTS.mkdir(exist_ok=True)
+    details.screenshot(path=str(ARTIFACTS / "dashboard-task.png"))
+    details.locator(".close").click()
+    expect(details).to_be_hidden()
+    assert server.cli("cancel", task).returncode == 0
     assert errors == []
     page.close()
 

@@ -20,6 +20,7 @@ const state = {
   series: {},           // gpu -> {t: [], mem_pct: [], smact: [], ...}
   timeline: null,
   timelineAt: 0,
+  selected: null,       // the task whose details show below the queue
   active: "",           // ids of the tasks not yet ended, to notice when the timeline changed
 };
 
@@ -61,6 +62,13 @@ function init() {
     start();
   });
   $("#hours").addEventListener("change", () => loadTimeline());
+  $("#queue tbody").addEventListener("click", (event) => {
+    const row = event.target.closest("tr[data-task]");
+    if (row) showTask(Number(row.dataset.task));
+  });
+  $("#task").addEventListener("click", (event) => {
+    if (event.target.closest(".close")) showTask(null);
+  });
   window.addEventListener("resize", () => renderTimeline());
   start();
 }
@@ -128,6 +136,7 @@ function onSnapshot(s) {
   if (active !== state.active || Date.now() - state.timelineAt > TIMELINE_REFRESH_S * 1000) {
     state.active = active;
     loadTimeline().catch((e) => console.warn("timeline:", e));
+    if (state.selected !== null) showTask(state.selected);
   } else {
     renderTimeline();
   }
@@ -219,6 +228,49 @@ function renderQueue(s) {
       <td>${since !== null ? duration(s.now_s - since) : ""}</td><td class="why">${esc(why)}</td></tr>`;
   });
   $("#queue tbody").innerHTML = rows.join("") || `<tr class="empty"><td colspan="8">no tasks waiting or running</td></tr>`;
+}
+
+// ---------------------------------------------------------------- one task's details, as `carma show`
+
+const size = (bytes) => (bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(2)} GiB` : `${(bytes / 2 ** 20).toFixed(1)} MiB`);
+
+async function showTask(id) {
+  state.selected = id;
+  const panel = $("#task");
+  if (id === null) {
+    panel.hidden = true;
+    return;
+  }
+  let t;
+  try {
+    t = await api(`/v1/tasks/${id}`);
+  } catch (error) {
+    t = null;
+    console.warn("task:", error);
+  }
+  if (state.selected !== id) return;  // another task was picked meanwhile
+  if (t === null) {
+    panel.innerHTML = `<h3>task ${id} <button class="close" aria-label="close">&times;</button></h3><p class="muted">not found</p>`;
+    panel.hidden = false;
+    return;
+  }
+  const e = t.memory_estimate;
+  const estimate = e
+    ? `<p>estimate: <b>${size(e.peak_bytes)}</b> by ${esc(e.method)} for ${esc(e.device)} in ${e.seconds.toFixed(1)} s</p>
+       <table class="parts">${Object.entries(e.breakdown).map(([part, n]) => `<tr><td>${esc(part.replaceAll("_", " "))}</td><td>${size(n)}</td></tr>`).join("")}</table>
+       ${(e.notes || []).map((n) => `<p class="note">note: ${esc(n)}</p>`).join("")}`
+    : "";
+  const attempts = t.attempt_list.map((a) => {
+    const need = a.need_mib ? `${a.need_mib} MiB` : a.need;
+    const how = a.recovery ? "recovery, exclusive" : a.exclusive ? "exclusive" : "collocated";
+    return `<li>attempt ${a.number} on GPU ${a.gpus.join(",")} (${how}; ${a.outcome || (a.ended_s === null ? t.state : "ended")}; need ${esc(need)} from ${esc(a.need_source)}) ${esc(a.message || "")}</li>`;
+  }).join("");
+  panel.innerHTML = `<h3>task ${t.id}: ${esc(t.name)} <span class="muted">${esc(t.user)} · ${t.state}</span>
+      <button class="close" aria-label="close">&times;</button></h3>
+    <p><code>${esc(t.command.join(" "))}</code> <span class="muted">in ${esc(t.workdir)}</span></p>
+    <p>memory: <b>${needText(t)}</b> <span class="muted">${esc(t.need_source ?? "")}</span></p>
+    ${estimate}${attempts ? `<ul>${attempts}</ul>` : ""}`;
+  panel.hidden = false;
 }
 
 // ---------------------------------------------------------------- timeline (Gantt per GPU)
