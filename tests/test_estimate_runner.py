@@ -361,6 +361,33 @@ def test_a_hugging_face_trainer_script_is_estimated_as_its_plain_loop(workdir: P
     assert trainer.breakdown.optimizer_state == loop.breakdown.optimizer_state >= 2 * loop.breakdown.parameters
 
 
+LOADER_SCRIPT = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+device = "cuda" if torch.cuda.is_available() else "cpu"
+data = TensorDataset(torch.randn(2048, 512), torch.randint(0, 10, (2048,)))
+loader = DataLoader(data, batch_size=128, shuffle=True, LOADER)
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(device)
+optimizer = torch.optim.AdamW(model.parameters())
+for epoch in range(3):
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_batches_from_data_loader_workers_are_estimated_as_from_the_loop_itself(workdir: Path) -> None:
+    """Worker processes (forked from the capture child, with its hooks) and pinned memory (off without
+    CUDA) change nothing."""
+    workers = LOADER_SCRIPT.replace("LOADER", "num_workers=2, pin_memory=True, persistent_workers=True")
+    alone = LOADER_SCRIPT.replace("LOADER", "num_workers=0")
+    by_workers = estimate(["python", script(workdir, "workers.py", workers)])
+    assert by_workers.peak_bytes == estimate(["python", script(workdir, "alone.py", alone)]).peak_bytes
+    assert by_workers.breakdown.optimizer_state >= 2 * by_workers.breakdown.parameters > 0
+
+
 def nbytes(*modules: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
