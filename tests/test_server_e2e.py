@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -280,11 +281,15 @@ def test_mps_clients_get_carmas_pipe_and_their_limits(start_server):  # type: ig
 
 def test_history_records_what_the_gpus_saw_of_a_run(start_server):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
-    task_id = server.submit(*fakejob(200, "3GiB", "--smact", "0.4", "--smocc", "0.2", "--drama", "0.3"))
+    task_id = server.submit(*fakejob(200, "3GiB", "--smact", "0.4", "--smocc", "0.2", "--drama", "0.3"), mem="4GiB")
     assert server.cli("wait", task_id).returncode == 0
     (run,) = server.json("history")
     assert (run["task_id"], run["attempt"], run["outcome"], run["peak_mib"]) == (task_id, 1, "success", 3072)
+    assert (run["need_mib"], run["need_source"]) == (4096, "user")  # what it was placed with, beside its peak
     assert run["smact_mean"] == pytest.approx(0.4, abs=0.05)  # alone on its GPU, its own SMACT
     assert run["exec_s"] > 150
     table = server.cli("history")
-    assert table.returncode == 0 and "3.00" in table.stdout
+    header, row = (re.split(r"\s{2,}", line.strip()) for line in table.stdout.splitlines()[:2])
+    shown = dict(zip(header, row, strict=True))
+    assert table.returncode == 0
+    assert (shown["PEAK"], shown["PLACED WITH"], shown["FROM"]) == ("3.00 GiB", "4.00 GiB", "user")

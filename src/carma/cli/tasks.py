@@ -158,9 +158,10 @@ def queue_cmd(
 
 
 def _need_text(task: dict[str, Any]) -> str:
-    """The memory a task is (or will be) placed with, as `carma queue` and the dashboard show it."""
+    """The memory a task is (or will be) placed with, as `carma queue`, `carma history` and the dashboard
+    show it."""
     if task["need"] is None:
-        return f"{task['estimate']} pending"
+        return f"{task['estimate']} pending" if task.get("estimate") else "-"
     if task["need"] == "known":
         return f"{task['need_mib'] / 1024:.2f} GiB"
     return "whole GPU" if task["need"] == "whole_gpu" else "unknown"
@@ -322,7 +323,8 @@ def history_cmd(
     hours: Annotated[float | None, typer.Option(help="Only attempts that ended in the last H hours.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Finished runs with what the GPUs saw of them: peak memory, execution time, mean SMACT/SMOCC/DRAMA."""
+    """Finished runs with what the GPUs saw of them: peak memory beside the memory each was placed with
+    (declared or estimated), execution time, mean SMACT/SMOCC/DRAMA."""
     runs = _call(_client().history, hours)
     if as_json:
         _print_json(runs)
@@ -335,13 +337,14 @@ def history_cmd(
             r["outcome"] or "",
             ",".join(map(str, r["gpus"])),
             f"{r['exec_s'] / 60:.1f}",
-            "-" if r["peak_mib"] is None else f"{r['peak_mib'] / 1024:.2f}",
-            "-" if r["mem_mib"] is None else f"{r['mem_mib'] / 1024:.2f}",
+            "-" if r["peak_mib"] is None else f"{r['peak_mib'] / 1024:.2f} GiB",
+            _need_text(r),
+            (r["need_source"] or "").partition(":")[0],
             f"{_fmt(r['smact_mean'])}/{_fmt(r['smocc_mean'])}/{_fmt(r['drama_mean'])}",
         ]
         for r in runs
     ]
-    headers = ("RUN", "NAME", "USER", "OUTCOME", "GPUS", "MINUTES", "PEAK GiB", "DECLARED GiB", "SMACT/SMOCC/DRAMA")
+    headers = ("RUN", "NAME", "USER", "OUTCOME", "GPUS", "MINUTES", "PEAK", "PLACED WITH", "FROM", "SMACT/SMOCC/DRAMA")
     print(columns(headers, rows))
 
 

@@ -290,14 +290,14 @@ class Store:
         """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates)."""
         rows = self._db.execute(
             """SELECT a.task_id, a.number, t.job, t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
-                      a.outcome, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean
+                      a.outcome, a.need, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean
                FROM attempts a JOIN tasks t ON t.id = a.task_id
                WHERE a.ended_s IS NOT NULL AND a.ended_s >= ? ORDER BY a.ended_s, a.task_id""",
             (since_s if since_s is not None else float("-inf"),),
         )
         out = []
-        for task_id, number, job, state, gpus, start, first, end, outcome, peak, smact, smocc, drama in rows:
-            spec = _job(job)
+        for task_id, number, job, state, gpus, start, first, end, outcome, need, peak, smact, smocc, drama in rows:
+            spec, placed = _job(job), _need(need)
             out.append(
                 {
                     "task_id": task_id,
@@ -311,6 +311,9 @@ class Store:
                     "outcome": outcome,
                     "gpus": json.loads(gpus),
                     "mem_mib": spec.mem_mib,
+                    "need_mib": placed.mib if placed else None,  # the memory it was placed with
+                    "need": placed.kind.value if placed else None,
+                    "need_source": placed.source if placed else None,
                     "dispatched_s": start,
                     "first_kernel_s": first,
                     "ended_s": end,
@@ -367,13 +370,16 @@ def _job(text: str) -> JobSpec:
     return JobSpec(**{**data, "argv": tuple(data["argv"])})
 
 
+def _need(text: str | None) -> MemoryNeed | None:
+    if not text:
+        return None
+    data = json.loads(text)
+    return MemoryNeed(NeedKind(data["kind"]), data["mib"], data["source"])
+
+
 def _attempt(row: tuple) -> tuple[Attempt, Spawn | None]:
     (_, number, gpus, dispatched_s, exclusive, recovery, first_kernel_s, ended_s, outcome, message, need, shared,
      pid, start_ticks, run_dir, *_observed) = row  # fmt: skip
-    need_value = None
-    if need:
-        data = json.loads(need)
-        need_value = MemoryNeed(NeedKind(data["kind"]), data["mib"], data["source"])
     attempt = Attempt(
         number=number,
         gpus=tuple(json.loads(gpus)),
@@ -384,7 +390,7 @@ def _attempt(row: tuple) -> tuple[Attempt, Spawn | None]:
         ended_s=ended_s,
         outcome=ExitKind(outcome) if outcome else None,
         message=message,
-        need=need_value,
+        need=_need(need),
         shared=bool(shared),
     )
     spawn = Spawn(pid, start_ticks, run_dir) if pid is not None else None
