@@ -289,3 +289,19 @@ def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"carma {carma.__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("need", "need_mib", "estimate", "shown"),
+    [
+        ("known", 1453, "xmem", "1.42 GiB"),
+        ("whole_gpu", None, None, "whole GPU"),
+        ("unknown", None, None, "unknown"),  # recovery only
+        (None, None, "xmem", "xmem pending"),  # queued, its estimate still to come
+        (None, None, None, "-"),  # a run from before needs were stored
+    ],
+)
+def test_the_memory_a_task_is_placed_with_as_the_lists_show_it(need, need_mib, estimate, shown):  # type: ignore[no-untyped-def]
+    from carma.cli.tasks import _need_text
+
+    assert _need_text({"need": need, "need_mib": need_mib, "estimate": estimate}) == shown
