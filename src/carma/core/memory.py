@@ -15,6 +15,7 @@ from carma.core.types import MemoryNeed, NeedKind, Task
 
 NO_ESTIMATE = "no usable estimate"
 RECOVERY_NEED = MemoryNeed(NeedKind.WHOLE_GPU, source="recovery")  # an OOM-crashed task's relaunch: whole idle GPUs
+RECOVERY_ONLY = MemoryNeed(NeedKind.UNKNOWN, source="none")  # nothing known: placed by the minimum-free precondition
 
 
 class Estimator(Protocol):
@@ -32,17 +33,21 @@ def estimated(source: str, mib: int | None) -> MemoryNeed:
     return MemoryNeed(NeedKind.KNOWN, mib, source)
 
 
+def given_need(mem_mib: int | None, estimated: bool) -> MemoryNeed | None:
+    """The need known without asking an estimator: the declared value, else recovery only when no estimate
+    is asked for; None when it is the estimator's to say."""
+    if mem_mib is not None:
+        return MemoryNeed(NeedKind.KNOWN, mem_mib, "user")
+    return None if estimated else RECOVERY_ONLY
+
+
 def resolve_need(task: Task, estimator: Estimator | None, largest_gpu_mib: int, margin_mib: int) -> MemoryNeed | None:
     """The head task's need, or None while its estimate is not ready."""
-    if task.spec.mem_mib is not None:
-        need = MemoryNeed(NeedKind.KNOWN, task.spec.mem_mib, "user")
-    elif estimator is not None:
-        found = estimator.need(task)
-        if found is None:
-            return None
-        need = found
-    else:
-        return MemoryNeed(NeedKind.UNKNOWN, source="none")
+    need = given_need(task.spec.mem_mib, estimated=estimator is not None)
+    if need is None and estimator is not None:
+        need = estimator.need(task)
+    if need is None:
+        return None
     if need.kind is NeedKind.KNOWN and need.mib is not None and need.mib + margin_mib > largest_gpu_mib:
         too_big = f"{need.source}: {need.mib} MiB exceeds any GPU with the margin"
         return MemoryNeed(NeedKind.WHOLE_GPU, need.mib, too_big)

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
-from carma.core.memory import estimated
+from carma.core.memory import RECOVERY_ONLY, estimated
 from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
 from carma.server.executor import groups_of
@@ -105,7 +105,7 @@ class Estimates:
     def need(self, task: Task) -> MemoryNeed | None:
         job = self._jobs[task.id]
         if job.estimator is None:
-            return MemoryNeed(NeedKind.UNKNOWN, source="none")
+            return RECOVERY_ONLY
         if job.estimator == "history":
             return self._history(job)
         if task.id not in self._fingerprints:  # e.g. a placement dropped at a restart put it back in the queue

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from carma import __version__
-from carma.core.memory import RECOVERY_NEED
-from carma.core.types import MemoryNeed, NeedKind, Task, TaskState
+from carma.core.memory import RECOVERY_NEED, given_need
+from carma.core.types import MemoryNeed, Task, TaskState
 from carma.server.daemon import Daemon
 
 
@@ -63,12 +63,7 @@ def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
         need = task.current.need if task.current else None
     if need is None:
         job = daemon.jobs[task.id]
-        if job.mem_mib is not None:
-            need = MemoryNeed(NeedKind.KNOWN, job.mem_mib, "user")
-        elif job.estimator is None:
-            need = MemoryNeed(NeedKind.UNKNOWN, source="none")
-        else:
-            need = daemon.estimates.settled(task.id)
+        need = given_need(job.mem_mib, estimated=job.estimator is not None) or daemon.estimates.settled(task.id)
     if need is None:
         return {"need_mib": None, "need": None, "need_source": None}
     return {"need_mib": need.mib, "need": need.kind.value, "need_source": need.source}
