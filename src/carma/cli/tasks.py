@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 
 from carma.cli.common import app, columns, fail, out, size_text
 
@@ -41,6 +40,8 @@ def _print_json(value: object) -> None:
 
 
 def _spec_from_file(path: Path) -> dict[str, Any]:
+    import yaml  # here: only `submit -f` reads YAML, and every command pays for a top-level import
+
     try:
         doc = yaml.safe_load(path.read_text())
     except FileNotFoundError:

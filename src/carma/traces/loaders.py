@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from carma.traces.catalog import Catalog, UnknownTaskError, Workload, data_file, define_workload
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
@@ -116,6 +114,8 @@ def _read_script(text: str, b: _Builder) -> None:
 
 
 def _read_yaml(text: str, b: _Builder) -> str | None:
+    import yaml  # here, not at the top: every `carma` command imports this module, few read YAML
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:
