@@ -388,6 +388,42 @@ def test_batches_from_data_loader_workers_are_estimated_as_from_the_loop_itself(
     assert by_workers.breakdown.optimizer_state >= 2 * by_workers.breakdown.parameters > 0
 
 
+# Six blocks of 2048 x 512 float32 activations (4 MiB each), with and without activation checkpointing.
+CHECKPOINT_SCRIPT = """
+import sys, torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+recompute = sys.argv[1] == "recompute"
+device = "cuda" if torch.cuda.is_available() else "cpu"
+blocks = nn.ModuleList(nn.Sequential(nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU()) for _ in range(6))
+head = nn.Linear(512, 10)
+blocks, head = blocks.to(device), head.to(device)
+optimizer = torch.optim.Adam([*blocks.parameters(), *head.parameters()])
+for step in range(20):
+    h, y = torch.randn(2048, 512, device=device), torch.randint(0, 10, (2048,), device=device)
+    for block in blocks:
+        h = checkpoint(block, h, use_reentrant=False) if recompute else block(h)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(head(h), y).backward()
+    optimizer.step()
+"""
+
+
+def test_activation_checkpointing_lowers_the_estimate_by_the_activations_it_recomputes(workdir: Path) -> None:
+    """Without checkpointing, each block keeps four 4 MiB tensors for its backward pass (its input and
+    those of GELU, the second Linear and the second GELU): 96 MiB for the six. With it, each keeps only its
+    input (24 MiB) and the backward pass runs one block again at a time, so the peak holds the saved
+    tensors of one block instead of six."""
+    train = script(workdir, "blocks.py", CHECKPOINT_SCRIPT)
+    plain = estimate(["python", train, "plain"])
+    recomputed = estimate(["python", train, "recompute"])
+    assert plain.breakdown.activations >= 6 * 4 * 4 * MIB
+    assert 6 * 4 * MIB <= recomputed.breakdown.activations <= plain.breakdown.activations - 2 * 4 * 4 * MIB
+    assert recomputed.breakdown.parameters == plain.breakdown.parameters
+    assert recomputed.breakdown.optimizer_state == plain.breakdown.optimizer_state >= 2 * plain.breakdown.parameters
+    assert recomputed.peak_bytes < plain.peak_bytes
+
+
 def nbytes(*modules: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
