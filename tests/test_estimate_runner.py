@@ -635,6 +635,32 @@ def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
         estimate(["python", on_gpu])
 
 
+@pytest.mark.parametrize(
+    ("signal_name", "message"),
+    [
+        ("SIGKILL", r"killed \(SIGKILL\), most likely for lack of host memory"),  # as the kernel's OOM killer does
+        ("SIGTERM", "killed by SIGTERM"),
+    ],
+)
+def test_a_capture_killed_by_a_signal_says_which_and_why_it_may_have_been(
+    workdir: Path, signal_name: str, message: str
+) -> None:
+    train = script(
+        workdir,
+        "killed.py",
+        f"""
+        import os, signal, torch
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        os.kill(os.getpid(), signal.{signal_name})
+        """,
+    )
+    with pytest.raises(EstimateError, match=message):
+        estimate(["python", train])
+
+
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
     train = script(
         workdir,

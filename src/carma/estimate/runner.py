@@ -966,9 +966,7 @@ def _estimate_in_child(
             raise EstimateError(f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s") from None
         _kill_group(child.pid)  # whatever the job left running
         if not result.exists():
-            lines = [line for line in err.splitlines() if line.strip()]
-            last = lines[-1].strip() if lines else "no error output"
-            raise EstimateError(f"the estimating process died (exit status {child.returncode}): {last}")
+            raise EstimateError(_death(child.returncode, err))
         payload = json.loads(result.read_text())
     if "error" in payload:
         raise EstimateError(payload["error"])
@@ -976,6 +974,21 @@ def _estimate_in_child(
     breakdown = Breakdown(**e["breakdown"])
     seconds = time.perf_counter() - started
     return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], seconds, tuple(e.get("notes", ())))
+
+
+def _death(returncode: int, err: str) -> str:
+    """Why the capture child ended without a result. A SIGKILL nobody sent is most often the kernel's
+    out-of-memory killer: the capture holds the model, the batch and the activations in host memory."""
+    if returncode == -signal.SIGKILL:
+        return (
+            "the estimating process was killed (SIGKILL), most likely for lack of host memory: the capture runs "
+            "the training steps on the CPU, so the host needs about the memory the job needs on the GPU"
+        )
+    if returncode < 0:
+        return f"the estimating process was killed by {signal.Signals(-returncode).name}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "no error output"
+    return f"the estimating process died (exit status {returncode}): {last}"
 
 
 def _kill_group(pid: int) -> None:
