@@ -661,6 +661,29 @@ def test_a_capture_killed_by_a_signal_says_which_and_why_it_may_have_been(
         estimate(["python", train])
 
 
+@pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="Linux's OOM killer settings")
+def test_the_capture_is_what_the_kernel_kills_first_when_host_memory_runs_out(workdir: Path) -> None:
+    """Not a training job running beside it, nor the daemon that started it."""
+    train = script(
+        workdir,
+        "score.py",
+        """
+        import torch
+        open("score", "w").write(open("/proc/self/oom_score_adj").read())
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(5):
+            optimizer.zero_grad()
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+        """,
+    )
+    own = Path("/proc/self/oom_score_adj").read_text()
+    estimate(["python", train])
+    assert (workdir / "score").read_text().strip() == "1000"
+    assert Path("/proc/self/oom_score_adj").read_text() == own  # the process asking is left as it was
+
+
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
     train = script(
         workdir,

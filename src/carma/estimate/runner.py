@@ -1000,6 +1000,8 @@ def _child_main() -> None:
     """The child of `estimate_script`: capture, estimate, write the JSON, and exit at once (without
     waiting for threads the script may have left)."""
     spec = json.loads(sys.argv[1])
+    with suppress(OSError):  # the first the kernel kills if host memory runs out, not a training job or the daemon
+        Path("/proc/self/oom_score_adj").write_text("1000")
     try:
         if "job" in spec:
             capture = capture_job(spec["job"], spec["steps"], exact=spec["exact"])
