@@ -139,6 +139,21 @@ def script(workdir: Path, name: str, body: str) -> str:
     return name
 
 
+def tiny_script(workdir: Path, name: str, steps: int, each_step: str = "pass") -> str:
+    """A script training a 4-2 linear model for `steps` SGD steps, running `each_step` after each."""
+    body = f"""
+    import torch
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range({steps}):
+        optimizer.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+        {each_step}
+    """
+    return script(workdir, name, body)
+
+
 def estimate(argv: list[str], **kwargs: object):
     return estimate_script(argv, "xmem", "test-gpu", estimator="xmem_only:estimate", **kwargs)
 
@@ -613,21 +628,7 @@ def test_an_average_of_the_model_that_is_never_called_sits_on_the_gpu_too(workdi
 
 
 def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
-    train = script(
-        workdir,
-        "crash.py",
-        """
-        import torch
-        model = torch.nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(5):
-            optimizer.zero_grad()
-            model(torch.randn(3, 4)).sum().backward()
-            optimizer.step()
-            if step == 1:
-                raise ValueError("boom in the training loop")
-        """,
-    )
+    train = tiny_script(workdir, "crash.py", 5, 'if step == 1: raise ValueError("boom in the training loop")')
     with pytest.raises(EstimateError, match="crashed after 2 optimizer steps: ValueError: boom in the training loop"):
         estimate(["python", train])
     on_gpu = script(workdir, "on_gpu.py", "import torch\ntorch.nn.Linear(4, 2).cuda()\n")
@@ -645,18 +646,7 @@ def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
 def test_a_capture_killed_by_a_signal_says_which_and_why_it_may_have_been(
     workdir: Path, signal_name: str, message: str
 ) -> None:
-    train = script(
-        workdir,
-        "killed.py",
-        f"""
-        import os, signal, torch
-        model = torch.nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        optimizer.zero_grad()
-        model(torch.randn(3, 4)).sum().backward()
-        os.kill(os.getpid(), signal.{signal_name})
-        """,
-    )
+    train = tiny_script(workdir, "killed.py", 5, f"import os, signal; os.kill(os.getpid(), signal.{signal_name})")
     with pytest.raises(EstimateError, match=message):
         estimate(["python", train])
 
@@ -664,20 +654,7 @@ def test_a_capture_killed_by_a_signal_says_which_and_why_it_may_have_been(
 @pytest.mark.skipif(not Path("/proc/self/oom_score_adj").exists(), reason="Linux's OOM killer settings")
 def test_the_capture_is_what_the_kernel_kills_first_when_host_memory_runs_out(workdir: Path) -> None:
     """Not a training job running beside it, nor the daemon that started it."""
-    train = script(
-        workdir,
-        "score.py",
-        """
-        import torch
-        open("score", "w").write(open("/proc/self/oom_score_adj").read())
-        model = torch.nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(5):
-            optimizer.zero_grad()
-            model(torch.randn(3, 4)).sum().backward()
-            optimizer.step()
-        """,
-    )
+    train = tiny_script(workdir, "score.py", 5, 'open("score", "w").write(open("/proc/self/oom_score_adj").read())')
     own = Path("/proc/self/oom_score_adj").read_text()
     estimate(["python", train])
     assert (workdir / "score").read_text().strip() == "1000"
@@ -685,19 +662,7 @@ def test_the_capture_is_what_the_kernel_kills_first_when_host_memory_runs_out(wo
 
 
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
-    train = script(
-        workdir,
-        "short.py",
-        """
-        import torch
-        model = torch.nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(2):
-            optimizer.zero_grad()
-            model(torch.randn(3, 4)).sum().backward()
-            optimizer.step()
-        """,
-    )
+    train = tiny_script(workdir, "short.py", 2)
     with pytest.raises(EstimateError, match="ended after 2 optimizer steps; xMem needs 3"):
         estimate(["python", train])
     with pytest.raises(EstimateError, match="does not exist"):
