@@ -50,8 +50,10 @@ from carma.calibration.sources import find_datasets
 from carma.estimate.base import Capture, Estimate, EstimateError, TrainingJob
 from carma.estimate.devices import get_device
 from carma.estimate.gpumemnet import parse_run_name
+from carma.estimate.job import capture_job
 from carma.estimate.registry import CPU_METHODS, estimate_captured
-from carma.estimate.runner import capture_environment, capture_job, capture_script
+from carma.estimate.runner import capture_environment
+from carma.estimate.script import capture_script
 from gpumemnet_mlp import build_mlp
 
 MIB = 2**20

@@ -11,7 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from carma.estimate.base import Capture, EstimateError  # noqa: E402
-from carma.estimate.runner import capture_job, estimate_job, estimate_script, module_window  # noqa: E402
+from carma.estimate.job import capture_job  # noqa: E402
+from carma.estimate.runner import estimate_job, estimate_script  # noqa: E402
+from carma.estimate.session import module_window  # noqa: E402
 from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
 
 MIB = 1024 * 1024

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from carma.estimate.base import EstimateError
-from carma.estimate.runner import META_MARK, MODULE_MARK, STEP_MARK, split_iterations
+from carma.estimate.kernels import META_MARK
+from carma.estimate.session import MODULE_MARK, STEP_MARK, split_iterations
 from carma.estimate.xmem.allocator import MIB
 from carma.estimate.xmem.analyzer import JobTensors, Phase, analyze, attribute, pair_blocks
 from carma.estimate.xmem.orchestrator import Category, orchestrate

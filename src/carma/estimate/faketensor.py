@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
 from carma.estimate.base import Breakdown, Estimate, EstimateError, TrainingJob
-from carma.estimate.runner import take_cuda_foreach
+from carma.estimate.kernels import take_cuda_foreach
 
 STEPS = 2  # the second step is the first with optimizer state, gradients and activations together
 

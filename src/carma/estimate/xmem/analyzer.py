@@ -23,7 +23,8 @@ from enum import Enum
 from typing import Any
 
 from carma.estimate.base import EstimateError
-from carma.estimate.runner import CLOSURE_MARK, META_MARK, MODULE_MARK, STEP_MARK, split_iterations
+from carma.estimate.kernels import META_MARK
+from carma.estimate.session import CLOSURE_MARK, MODULE_MARK, STEP_MARK, split_iterations
 
 MEMORY_EVENT = "[memory]"
 CPU_DEVICE = 0  # "Device Type" of memory events on the host
@@ -49,7 +50,7 @@ class Phase(Enum):
 class JobTensors:
     """What the analyzer needs to know about the live job, to recognise its blocks by address."""
 
-    model_window: str  # name of the trace window of the model's calls (`runner.module_window`)
+    model_window: str  # name of the trace window of the model's calls (`session.module_window`)
     parameters: dict[int, int]  # storage address -> bytes, of parameters and buffers
     batch: dict[int, int]  # storage address -> bytes, of the first batch's tensors
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from carma.estimate.base import Breakdown, Capture, Estimate, optimizer_parameters
-from carma.estimate.runner import module_window
+from carma.estimate.session import module_window
 from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import JobTensors, analyze
 from carma.estimate.xmem.orchestrator import Category, orchestrate

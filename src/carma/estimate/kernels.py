@@ -1,0 +1,157 @@
+"""What the CPU runs while a training job is captured: the memory of CUDA's kernels, not the CPU's.
+
+Three CPU operators are swapped for the ones CUDA would run, because their memory differs (the estimate
+is for the GPU): optimizers use their `foreach` implementation (the CUDA default, whose step allocates a
+parameter-sized list of temporaries), dropout uses `native_dropout` (the fused CUDA kernel, saving a
+1-byte mask where the CPU saves a float one) and attention is computed without dropout so the CPU takes
+its flash kernel (the CUDA flash/efficient kernels apply dropout inside and, like it, never materialise
+the attention matrix). Unless the capture is `exact`, the arithmetic of matrix products, convolutions,
+attention, dropout, activations, normalisations and softmax is skipped: their outputs are allocated with
+the shapes the operator's meta kernel gives, but not computed. Memory depends on shapes, not values, so
+the trace keeps the allocations the GPU makes and the run takes a fraction of the time (for BERT-base
+about seven times less). It also drops temporaries that only the CPU kernels allocate (the CPU
+batch-norm backward allocates an input-sized one; the CUDA kernels, only their outputs). Mixed
+precision's GradScaler, the one common reader of those values, is told its gradients did not overflow,
+so its steps run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+META_MARK = "carma: meta kernel"  # the trace window of a skipped operator's shape computation
+
+
+def take_cuda_foreach(group: dict[str, Any]) -> None:
+    """An optimizer param group left to choose its implementation takes `foreach`, its default on CUDA
+    (whose step allocates a parameter-sized list of temporaries); fused and differentiable ones keep theirs."""
+    if group.get("foreach", False) is None and not group.get("fused") and not group.get("differentiable"):
+        group["foreach"] = True
+
+
+@contextmanager
+def cuda_like_operators() -> Iterator[None]:
+    """Dropout and attention as their CUDA kernels allocate (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    dropout, attention = F.dropout, F.scaled_dot_product_attention
+
+    def fused_dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if training and 0 < p < 1 and not inplace and input.numel() > 0:
+            return torch.native_dropout(input, p, training)[0]
+        return dropout(input, p, training, inplace)
+
+    def attention_without_dropout(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) >= 2:
+            args = (args[0], 0.0, *args[2:])
+        else:
+            kwargs["dropout_p"] = 0.0
+        return attention(query, key, value, *args, **kwargs)
+
+    F.dropout, F.scaled_dot_product_attention = fused_dropout, attention_without_dropout
+    try:
+        yield
+    finally:
+        F.dropout, F.scaled_dot_product_attention = dropout, attention
+
+
+@contextmanager
+def value_free_arithmetic() -> Iterator[None]:
+    """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.
+
+    Outputs are left uninitialised: nothing downstream depends on their values for its memory. Matrix
+    products get their (contiguous) output shape directly; the others take shapes and strides from the
+    operator's meta kernel, run in a `META_MARK` window: some meta kernels (Python decompositions) make
+    host scalars, which the analysis leaves out. Autograd is untouched (it sits above the CPU
+    kernels), and so is every other operator. One operator reads the values: mixed precision's overflow
+    check, whose finding makes `GradScaler` skip `optimizer.step()` (uncomputed values often hold infinities
+    or NaNs). It works in place, allocating nothing, so it becomes a no-op: its `found_inf` stays at the
+    zero GradScaler set, and the steps run, as nearly all of a real run's do.
+    """
+    import torch
+    from torch.profiler import record_function
+
+    aten = torch.ops.aten
+
+    def product(shape_of: Callable[..., tuple[int, ...]]) -> Callable[..., Any]:
+        return lambda *args, **kwargs: torch.empty(shape_of(*args), dtype=args[1].dtype)
+
+    def by_meta(op: Any) -> Callable[..., Any]:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            with record_function(META_MARK):  # the host scalars a meta kernel makes are not the job's
+                meta = op(*map(_to_meta, args), **{k: _to_meta(v) for k, v in kwargs.items()})
+            return _allocate(meta)
+
+        return kernel
+
+    kernels = {
+        "mm": product(lambda a, b: (a.shape[0], b.shape[1])),
+        "addmm": product(lambda bias, a, b, *_: (a.shape[0], b.shape[1])),
+        "bmm": product(lambda a, b: (a.shape[0], a.shape[1], b.shape[2])),
+        "baddbmm": product(lambda bias, a, b, *_: (a.shape[0], a.shape[1], b.shape[2])),
+        "convolution": by_meta(aten.convolution.default),
+        "convolution_backward": by_meta(aten.convolution_backward.default),
+        "_scaled_dot_product_flash_attention_for_cpu": by_meta(
+            aten._scaled_dot_product_flash_attention_for_cpu.default
+        ),
+        "_scaled_dot_product_flash_attention_for_cpu_backward": by_meta(
+            aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        ),
+        "native_dropout": by_meta(aten.native_dropout.default),
+        # Activations, normalisations and softmax: their inputs come from the products above, so their
+        # outputs would hold meaningless values anyway; they are most of what is left of the time.
+        **{
+            name: by_meta(getattr(aten, name).default)
+            for name in (
+                "native_dropout_backward",
+                "gelu",
+                "gelu_backward",
+                "silu",
+                "silu_backward",
+                "native_layer_norm",
+                "native_layer_norm_backward",
+                "native_group_norm",
+                "native_group_norm_backward",
+                "native_batch_norm",
+                "native_batch_norm_backward",
+                "_softmax",
+                "_softmax_backward_data",
+                "_log_softmax",
+                "_log_softmax_backward_data",
+            )
+        },
+        "_amp_foreach_non_finite_check_and_unscale_": lambda grads, found_inf, inv_scale: None,
+    }
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
+            for name, kernel in kernels.items():
+                library.impl(name, kernel, "CPU")
+        yield
+    finally:
+        library._destroy()  # restores the original kernels
+
+
+def _to_meta(x: Any) -> Any:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.to("meta")
+    if isinstance(x, list):
+        return [_to_meta(v) for v in x]
+    return x
+
+
+def _allocate(meta: Any) -> Any:
+    import torch
+
+    if isinstance(meta, torch.Tensor):
+        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+    if isinstance(meta, tuple | list):
+        return type(meta)(_allocate(m) for m in meta)
+    return meta

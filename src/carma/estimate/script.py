@@ -1,0 +1,299 @@
+"""A training script's capture: the user's own `python train.py ...`, run unchanged on the CPU.
+
+Global hooks stop the script after N training iterations (N optimizer steps, or N steps of each optimizer
+when several step in turn, as a GAN's do) and capture its model (the outermost module called whose
+parameters the first optimizer to step holds), that model's training batch (of its last call before the
+first step: not a summary's or a warm-up's) and the other modules with weights the script called or holds
+(a GAN's other network, a frozen teacher, an average of the model). An optimizer the script holds that
+has not stepped by then (a WGAN's generator) is waited for a while.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import runpy
+import shutil
+import sys
+import time
+import types
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from carma.estimate.base import Capture, EstimateError, TrainingJob, optimizer_parameters
+from carma.estimate.session import DEFAULT_STEPS, Session, StepLimitReached, capturing, hide_cuda, last_line
+
+HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
+HELD_ITEMS = 64  # containers larger than this are not looked into
+_CUDA_HINT = (
+    "the capture runs the script on the CPU with CUDA hidden: let it fall back to the CPU, "
+    'e.g. device = "cuda" if torch.cuda.is_available() else "cpu"'
+)
+_AUTOCAST_OFF = "Disabling autocast"  # what torch.autocast("cuda") warns without CUDA
+_AUTOCAST_NOTE = (
+    "the script's CUDA autocast (mixed precision) was off on the CPU: the estimate is for float32 "
+    "activations, usually above the mixed-precision peak"
+)
+_COMPILE_NOTE = (
+    "the script's torch.compile was left eager (on the CPU it would build CPU kernels): the estimate is the "
+    "eager peak, and compiled GPU kernels usually keep fewer activations"
+)
+_CUDA_GRAPHS_NOTE = ", but its CUDA graphs ({}) keep a memory pool of their own, which can hold more than that"
+_CUDA_GRAPHS = ("reduce-overhead", "max-autotune", "triton.cudagraphs")  # what records CUDA graphs on the GPU
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
+
+
+class _ModelRecorder:
+    """A global module hook, run after the session's: the last call before the first optimizer step of
+    every outermost module that has parameters (its training batch, not that of a summary's or warm-up's
+    forward pass). When the session stops the job, the modules with parameters the script's frames hold
+    are noted too."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.calls: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
+        self.held: dict[int, Any] = {}
+        session.on_stop = self._note_held
+        session.awaits = self._awaits
+
+    def _note_held(self) -> None:
+        """The modules with parameters that the script's variables hold (`_held_by_script`: a trainer's
+        `self.ema`) while its frames are alive: weights the loop keeps on the GPU without calling them, such
+        as an exponential moving average of the model."""
+        import torch
+
+        for module in _held_by_script(sys._getframe(1), torch.nn.Module):
+            if next(module.parameters(), None) is not None:
+                self.held[id(module)] = module
+
+    def _awaits(self) -> list[Any]:
+        """The optimizers the script holds with parameters that no optimizer has updated while profiling
+        (not one wrapping a stepped one, as Accelerate's `AcceleratedOptimizer` does)."""
+        import torch
+
+        updated = {id(p) for optimizer in self.session.optimizers for p in optimizer_parameters(optimizer)}
+        held = {id(o): o for o in _held_by_script(sys._getframe(1), torch.optim.Optimizer)}
+        return [o for o in held.values() if any(id(p) not in updated for p in optimizer_parameters(o))]
+
+    @contextmanager
+    def hooks(self) -> Iterator[None]:
+        from torch.nn.modules.module import register_module_forward_hook
+
+        handle = register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _leave(self, module: Any, args: Any, *rest: Any) -> None:
+        """Runs after the session's own forward hook, which has closed this call's window."""
+        outermost = not self.session.in_module_call
+        if outermost and not self.session.order and next(module.parameters(), None) is not None:
+            kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
+            self.calls[id(module)] = (module, tuple(args), dict(kwargs))
+
+    def model_of(self, optimizer: Any) -> tuple[Any, Any]:
+        """The recorded module holding most of the optimizer's parameters, and its training batch."""
+        held = {id(p) for p in optimizer_parameters(optimizer)}
+        best, overlap = None, 0
+        for module, args, kwargs in self.calls.values():
+            n = sum(id(p) in held for p in module.parameters())
+            if n > overlap:
+                best, overlap = (module, args, kwargs), n
+        if best is None:
+            raise EstimateError("the optimizer's parameters belong to no torch.nn.Module the script called")
+        module, args, kwargs = best
+        return module, _batch(module, args, kwargs)
+
+    def besides(self, model: Any) -> tuple[Any, ...]:
+        """The other modules called or held with parameters outside `model` (a GAN's other network, a frozen
+        teacher, an average of the model, the model's other children when it is called as `model.forward(x)`)."""
+        inside = {id(p) for p in model.parameters()}
+        modules = {**self.held, **{id(module): module for module, _, _ in self.calls.values()}}
+        return tuple(
+            module
+            for module in modules.values()
+            if module is not model and any(id(p) not in inside for p in module.parameters())
+        )
+
+
+def _held_by_script(frame: Any, kind: type) -> Iterator[Any]:
+    """The instances of `kind` that the frames from `frame` up to the capture's hold: in their variables,
+    or up to `HELD_DEPTH` steps into them (an attribute, a list's or a dict's item: a trainer's
+    `self.ema`, its `self.optimizers["G"]`)."""
+    seen: dict[int, int] = {}
+    while frame is not None and frame.f_code is not capture_script.__code__:
+        for value in list(frame.f_locals.values()):
+            yield from _reachable(value, kind, HELD_DEPTH, seen)
+        frame = frame.f_back
+
+
+def _reachable(value: Any, kind: type, depth: int, seen: dict[int, int]) -> Iterator[Any]:
+    """`value` if it is a `kind`, else the instances of `kind` up to `depth` steps into it; `seen`: how deep
+    each object was already searched."""
+    if seen.get(id(value), -1) >= depth:
+        return
+    seen[id(value)] = depth
+    found, inside = False, []
+    with suppress(Exception):  # an object that will not show its attributes holds nothing we see
+        found = isinstance(value, kind)
+        inside = _contents(value) if depth > 0 and not found else []
+    if found:
+        yield value
+    for item in inside:
+        yield from _reachable(item, kind, depth - 1, seen)
+
+
+def _contents(value: Any) -> list[Any]:
+    """A container's items (not a large one's: a dataset's samples hold no model) or an object's attributes."""
+    if isinstance(value, str | bytes):
+        return []
+    if isinstance(value, Mapping):
+        return list(value.values()) if len(value) <= HELD_ITEMS else []
+    if isinstance(value, list | tuple | set | frozenset):
+        return list(value) if len(value) <= HELD_ITEMS else []
+    return list(vars(value).values()) if _plain_object(value) else []
+
+
+def _plain_object(value: Any) -> bool:
+    """An instance of a class of the script's or a library's (not a module, class or function), whose
+    attributes may hold modules."""
+    return hasattr(value, "__dict__") and not isinstance(value, type | types.ModuleType | types.FunctionType)
+
+
+def _batch(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The model's inputs as a TrainingJob batch: a tensor, a tuple (positional) or a dict (keywords)."""
+    if not kwargs:
+        return args[0] if len(args) == 1 else args
+    if not args:
+        return kwargs
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return {**{f"arg{i}": a for i, a in enumerate(args)}, **kwargs}
+    named: dict[str, Any] = {}
+    for name, value in bound.items():
+        if isinstance(value, Mapping) and name not in kwargs:  # the **kwargs parameter
+            named.update(value)
+        else:
+            named[name] = value
+    return named
+
+
+def parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str, list[str]]:
+    """("path", script, args), ("module", name, args) or ("code", source, args) from a command line such as
+    `python train.py` (a relative script path is looked up in `cwd`, by default the current directory)."""
+    args = list(argv)
+    interpreted = bool(args) and bool(_PYTHON.search(os.path.basename(args[0])))
+    if interpreted:
+        args = args[1:]
+        while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+            args = args[2:] if args[0] in ("-W", "-X") else args[1:]
+        if args and args[0] == "-c":
+            if len(args) < 2:
+                raise EstimateError("`python -c` needs the code to run")
+            return "code", args[1], args[2:]
+        if args and args[0] == "-m":
+            if len(args) < 2:
+                raise EstimateError("`python -m` needs a module name")
+            return "module", args[1], args[2:]
+    if not args:
+        raise EstimateError("no training script given")
+    if not (Path(cwd or ".") / args[0]).is_file():
+        if not interpreted and shutil.which(args[0]):  # `torchrun train.py`, `accelerate launch ...`
+            raise EstimateError(
+                f"{args[0]} is a program, not a Python script: give `python script.py ...` (for a launcher such "
+                "as torchrun, the script it starts, with its arguments)"
+            )
+        raise EstimateError(f"training script {args[0]} does not exist (give `python script.py ...`)")
+    return "path", args[0], args[1:]
+
+
+@contextmanager
+def _compile_calls() -> Iterator[list[str]]:
+    """The modes of the script's `torch.compile` calls, in order ("triton.cudagraphs" when its options ask
+    for CUDA graphs).
+
+    With TorchDynamo off, torch.compile hands the model back unchanged and says nothing, so the capture
+    wraps it to know that the GPU run will differ; calls with `disable=True` compile nothing and are left out.
+    """
+    import torch
+
+    original = torch.compile
+    modes: list[str] = []
+
+    def compile(model: Any = None, **options: Any) -> Any:
+        if not options.get("disable"):
+            graphs = (options.get("options") or {}).get("triton.cudagraphs")
+            modes.append("triton.cudagraphs" if graphs else options.get("mode") or "default")
+        return original(model, **options)
+
+    torch.compile = compile
+    try:
+        yield modes
+    finally:
+        torch.compile = original
+
+
+def _compile_note(modes: list[str]) -> str:
+    graphs = [mode for mode in modes if mode in _CUDA_GRAPHS]
+    return _COMPILE_NOTE + (_CUDA_GRAPHS_NOTE.format(graphs[0]) if graphs else "")
+
+
+def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool = False) -> Capture:
+    """Run the script in THIS process until `steps` optimizer steps are done, and capture it.
+
+    It takes over the process (sys.argv, global hooks, whatever the script leaves behind): call it in a
+    process of its own, as `carma.estimate.runner.estimate_script` does.
+    """
+    kind, target, args = parse_argv(argv)
+    hide_cuda()
+    started = time.perf_counter()
+    with capturing(steps, exact) as session:
+        recorder = _ModelRecorder(session)
+        try:
+            # The script's warnings go nowhere (the parent reads stderr only when the child dies): recorded
+            # instead, they tell when CUDA autocast was turned off.
+            with recorder.hooks(), _compile_calls() as compiled, warnings.catch_warnings(record=True) as caught:
+                sys.argv = ["-c" if kind == "code" else target, *args]
+                if kind == "module":
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+                elif kind == "code":  # as `python -c` runs it: in __main__, the current directory on sys.path
+                    sys.path.insert(0, "")
+                    exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+                else:
+                    sys.path.insert(0, str(Path(target).resolve().parent))
+                    runpy.run_path(target, run_name="__main__")
+        except StepLimitReached:
+            pass
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise EstimateError(
+                    f"the script exited with status {exc.code} after {len(session.order)} optimizer steps"
+                ) from None
+        except Exception as exc:
+            crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
+            if "CUDA" in crash:
+                crash += f" ({_CUDA_HINT})"
+            raise EstimateError(crash) from None
+        if not session.order:
+            raise EstimateError(f"the script never reached an optimizer step; xMem needs {steps} training steps")
+        if not session.stopped and session.finished(ended=True) < steps:
+            each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
+            ended = f"the script ended after {len(session.order)} optimizer steps"
+            raise EstimateError(f"{ended}; xMem needs {steps}{each}")
+    first, *others = session.optimizers
+    model, batch = recorder.model_of(first)
+    job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
+    extra_models = recorder.besides(model)
+    notes = list(session.notes)
+    if any(_AUTOCAST_OFF in str(warning.message) for warning in caught):
+        notes.append(_AUTOCAST_NOTE)
+    if compiled:
+        notes.append(_compile_note(compiled))
+    seconds = time.perf_counter() - started
+    return Capture(job, session.trace, steps, seconds, extra_models, tuple(others), tuple(notes))

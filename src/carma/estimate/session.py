@@ -1,0 +1,316 @@
+"""The capture session: the profiler and the hooks that mark a training job's module calls and optimizer
+steps in the trace and stop the job after its first iterations, for both ways in (`carma.estimate.job`,
+`carma.estimate.script`).
+
+Profiling starts at the first call of a module with parameters (or at the first step given a closure,
+which calls the model inside the step), so imports and setup stay out of the trace (their only lasting
+GPU memory, the weights, is read from the modules). The CPU runs CUDA's operators meanwhile
+(`carma.estimate.kernels`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from carma.estimate.kernels import cuda_like_operators, take_cuda_foreach, value_free_arithmetic
+
+DEFAULT_STEPS = 3
+WAIT_FACTOR = 10  # an optimizer that has not stepped is waited for up to this many times the iterations asked
+STEP_MARK = "carma: step of optimizer #"  # the trace window of each captured optimizer step
+CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer step calls
+MODULE_MARK = "carma: call of "  # the trace window of each module call, see `module_window`
+
+_TRACE_CATEGORIES = {"cpu_instant_event", "cpu_op", "user_annotation"}
+
+
+class StepLimitReached(BaseException):
+    """Raised by the optimizer hook once the captured steps are done; BaseException so that a script's
+    `except Exception` does not swallow it."""
+
+
+def module_window(module: Any) -> str:
+    """The name of the trace window of a call of `module`: its class and identity, so that two networks of
+    one class (a GAN's two `nn.Sequential`) are told apart."""
+    return f"{MODULE_MARK}{type(module).__name__} {id(module):#x}"
+
+
+class Session:
+    """Profiles from `start()` on, puts each module call in a trace window of its own (`module_window`)
+    and each optimizer step in one (`STEP_MARK` and the optimizer's index, in the order optimizers first
+    step), ends a profiler step with each step, and stops the job once it has run `steps` training
+    iterations (`split_iterations`). An optimizer the script holds whose parameters no optimizer has
+    updated by then (a WGAN's generator's, stepping once every five critic steps) is waited for, up to
+    `WAIT_FACTOR` times as many iterations, and then one iteration more is run, so that its state and
+    gradients are in the trace.
+
+    The module windows are the session's, not the profiler's Python tracer's (`with_stack`): that one
+    records every Python call, four times as many events as the operators make, and exporting them took
+    a fifth of a BERT-base estimate."""
+
+    def __init__(self, steps: int, exact: bool) -> None:
+        self.steps = steps
+        self.exact = exact
+        self.optimizers: list[Any] = []  # by first step while profiling
+        self.order: list[int] = []  # the optimizer (its index) of each step taken while profiling
+        self.stopped = False
+        self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
+        self._threads = threading.local()  # each thread's stack of module calls running
+        self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
+        # The optimizers the script holds whose parameters none has updated yet: the capture waits a while.
+        self.awaits: Callable[[], list[Any]] | None = None
+        self._until = 0  # iterations to run at least: one more after a late optimizer's first step
+        self.notes: list[str] = []  # for the user: where the capture differs from the GPU run
+        self.profiler: Any = None
+        self.trace: list[dict[str, Any]] = []
+        self._running = ExitStack()
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.profiler is not None:
+            return
+        self.profiler = profile(
+            activities=[ProfilerActivity.CPU],
+            profile_memory=True,  # no shapes or stacks: the analysis reads neither, and they cost time
+            schedule=_record_every_step,
+        )
+        with _native_stderr_muted():
+            self._running.enter_context(self.profiler)
+        if not self.exact:
+            self._running.enter_context(value_free_arithmetic())
+
+    def stop(self, export: bool) -> None:
+        with _native_stderr_muted():
+            self._running.close()
+        if export and self.profiler is not None:
+            self.trace = _chrome_trace(self.profiler)
+
+    def finished(self, ended: bool = False) -> int:
+        """Training iterations run to their end; `ended`: the script ended, so its last iteration did too."""
+        sizes, complete = split_iterations(self.order)
+        return len(sizes) if complete or ended else len(sizes) - 1
+
+    def enough(self, finished: int) -> bool:
+        """Whether `finished` training iterations are all the capture needs; when it gives up waiting for an
+        optimizer, a note says so."""
+        if finished < max(self.steps, self._until):
+            return False
+        waiting = self.awaits() if self.awaits is not None else []
+        if waiting and finished >= WAIT_FACTOR * self.steps:
+            self.notes.append(
+                f"the script holds {_optimizer_names(waiting)} that never stepped in {finished} iterations: its "
+                "gradients and state are left out (a larger --steps waits longer)"
+            )
+            return True
+        return not waiting
+
+    @property
+    def _calls(self) -> list[Any]:
+        """This thread's trace windows of the module calls running (None: not profiled): a module called in
+        another thread (a prefetching thread's transform) is no part of the training loop's calls."""
+        calls = getattr(self._threads, "calls", None)
+        if calls is None:
+            calls = self._threads.calls = []
+        return calls
+
+    def enter_module(self, module: Any, args: Any) -> None:
+        """Global forward pre-hook: a call of a module with parameters outside any other call starts the
+        profiling (the training loop begins: imports and setup before it go unprofiled)."""
+        from torch.profiler import record_function
+
+        if not self._calls and next(module.parameters(), None) is not None:
+            self.start()
+        window = None
+        if self.profiler is not None:
+            window = record_function(module_window(module))
+            window.__enter__()
+        self._calls.append(window)
+
+    def leave_module(self, module: Any, args: Any, output: Any) -> None:
+        """Global forward hook, called even when the forward raises."""
+        window = self._calls.pop()
+        if window is not None:
+            window.__exit__(None, None, None)
+
+    @property
+    def in_module_call(self) -> bool:
+        """Whether a module's forward is running in this thread (after `leave_module` of the outermost
+        call: no longer)."""
+        return bool(self._calls)
+
+    def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        from torch.profiler import record_function
+
+        if self.stopped:  # the script caught our stop and went on
+            raise StepLimitReached
+        closure = _closure(args, kwargs)
+        if closure is not None:  # it runs the forward and backward inside the step: training has begun
+            self.start()
+        if self.profiler is not None:
+            index = self._index(optimizer)
+            # A step that begins a new iteration may end the capture before it runs: with one step asked
+            # for, the first iteration is known to be over only here.
+            sizes, _ = split_iterations([*self.order, index])
+            if self.enough(len(sizes) - 1):
+                self._stop()
+            window = record_function(f"{STEP_MARK}{index}")
+            window.__enter__()
+            self._open.append(window)
+        for group in optimizer.param_groups:
+            take_cuda_foreach(group)
+        return None if closure is None else _with_closure(args, kwargs, closure)
+
+    def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._open:  # began before the model was ever called: not a training step
+            return
+        self._open.pop().__exit__(None, None, None)
+        index = self._index(optimizer)
+        self.order.append(index)
+        finished = self.finished()
+        if index == len(self.optimizers):
+            self.optimizers.append(optimizer)
+            if finished >= self.steps:  # it stepped late: run its iteration and one more
+                self._until = finished + 2
+        if self.enough(finished):
+            self._stop()
+        self.profiler.step()
+
+    def _index(self, optimizer: Any) -> int:
+        return next((i for i, known in enumerate(self.optimizers) if known is optimizer), len(self.optimizers))
+
+    def _stop(self) -> None:
+        self.stopped = True
+        if self.on_stop is not None:
+            self.on_stop()
+        raise StepLimitReached
+
+
+def _closure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The closure an optimizer step was given (`optimizer.step(closure)`, as PyTorch Lightning and L-BFGS
+    call it), if any; `args` starts with the optimizer."""
+    return args[1] if len(args) > 1 else kwargs.get("closure")
+
+
+def _with_closure(args: tuple[Any, ...], kwargs: dict[str, Any], closure: Any) -> tuple[Any, dict[str, Any]]:
+    """The step's arguments with `closure` run inside a `CLOSURE_MARK` window, so that the forward and
+    backward it runs inside the step are told apart from the update."""
+    from torch.profiler import record_function
+
+    def marked() -> Any:
+        with record_function(CLOSURE_MARK):
+            return closure()
+
+    if len(args) > 1:
+        return (args[0], marked, *args[2:]), kwargs
+    return args, {**kwargs, "closure": marked}
+
+
+def split_iterations(order: Sequence[int]) -> tuple[list[int], bool]:
+    """The training iterations in a run of optimizer steps: how many steps each holds, and whether the
+    last is known to be complete.
+
+    `order` gives each step's optimizer (0 for the first to step, 1 for the next new one, ...). An
+    iteration ends before a step of an optimizer that already stepped in it, and as soon as it holds a
+    step of every optimizer the first iteration had: one optimizer's [0, 0, 0] is three iterations of one
+    step, a GAN's [0, 1, 0, 1] two of two (discriminator, then generator). The first iteration is known
+    complete only when one of its optimizers steps again.
+    """
+    sizes: list[int] = []
+    first: set[int] | None = None
+    current: set[int] = set()
+    for index in order:
+        if index in current:
+            first = current if first is None else first
+            sizes.append(len(current))
+            current = set()
+        current.add(index)
+        if first is not None and current >= first:
+            sizes.append(len(current))
+            current = set()
+    if current:
+        return [*sizes, len(current)], False
+    return sizes, True
+
+
+@contextmanager
+def _native_stderr_muted() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: the profiler's native library prints `USDT ...
+    profiler_start` and `profiler_stop` lines there, whatever its log level."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _record_every_step(step: int) -> Any:
+    from torch.profiler import ProfilerAction
+
+    return ProfilerAction.RECORD  # a schedule makes the profiler mark each step as ProfilerStep#k
+
+
+@contextmanager
+def capturing(steps: int, exact: bool) -> Iterator[Session]:
+    """Step and module hooks and CUDA-like operators around the body; the session's profiler (and, unless
+    `exact`, the value-free arithmetic) starts where the training begins: at the first call of a module
+    with parameters, or earlier if the caller starts it. The trace is exported when the body ends without
+    an exception. Hooks the body registers later run after the session's, inside its module windows."""
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    session = Session(steps, exact)
+    handles = [
+        register_optimizer_step_pre_hook(session.before_step),
+        register_optimizer_step_post_hook(session.after_step),
+        register_module_forward_pre_hook(session.enter_module),
+        register_module_forward_hook(session.leave_module, always_call=True),
+    ]
+    try:
+        with cuda_like_operators():
+            yield session
+    except BaseException:
+        session.stop(export=False)
+        raise
+    else:
+        session.stop(export=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _chrome_trace(prof: Any) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return [e for e in events if e.get("cat") in _TRACE_CATEGORIES]
+
+
+def _optimizer_names(optimizers: Sequence[Any]) -> str:
+    """`an optimizer (SGD)`, `2 optimizers (SGD, Adam)`."""
+    what = "an optimizer" if len(optimizers) == 1 else f"{len(optimizers)} optimizers"
+    return f"{what} ({', '.join(type(o).__name__ for o in optimizers)})"
+
+
+def hide_cuda() -> None:
+    """Hide CUDA from this process, unless PyTorch already initialised it."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def last_line(exc: BaseException) -> str:
+    return traceback.format_exception_only(exc)[-1].strip()
