@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from typer.core import TyperGroup
 
-from carma.cli.common import UsageError, app, choice, fail, out, size_text
+from carma.cli.common import UsageError, app, choice, err, fail, out, size_text
 from carma.estimate.registry import CPU_METHODS
 
 if TYPE_CHECKING:
@@ -82,10 +83,12 @@ def estimate_cmd(
         get_device(device)
         from carma.estimate.runner import estimate_job, estimate_script
 
-        if script:
-            estimate = estimate_script(script, method, device, steps, timeline=timeline)
-        else:
-            estimate = estimate_job(job, method, device, steps, timeline=timeline)
+        what = " ".join(script) if script else job
+        with _status(f"capturing {what} on the CPU ({steps} optimizer steps)"):
+            if script:
+                estimate = estimate_script(script, method, device, steps, timeline=timeline)
+            else:
+                estimate = estimate_job(job, method, device, steps, timeline=timeline)
     except EstimateError as e:
         raise fail(str(e)) from None
     if as_json:
@@ -96,6 +99,11 @@ def estimate_cmd(
             out.print(f"note: {note}", markup=False)
         if timeline:
             out.print(f"wrote {timeline}")
+
+
+def _status(message: str) -> AbstractContextManager[object]:
+    """A spinner on a terminal's stderr while the capture runs (seconds to minutes); nothing elsewhere."""
+    return err.status(message, spinner="dots") if err.is_terminal else nullcontext()
 
 
 def _print_table(estimate: Estimate) -> None:
