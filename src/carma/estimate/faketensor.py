@@ -16,8 +16,8 @@ peak; a snapshot of the live storages at that moment gives the breakdown. There 
 no rounding, caching or fragmentation (the `allocator` part stays 0), and the device context is added.
 
 The fake tensors stay on the CPU (a CPU-only PyTorch cannot make fake CUDA tensors), so operators pick
-their CPU kernels; optimizers left to choose get `foreach=True`, their default on CUDA (the runner's
-`take_cuda_foreach`, as in the capture), so the step's temporaries are those of a GPU run.
+their CPU kernels; optimizers left to choose get `foreach=True`, their default on CUDA
+(`kernels.take_cuda_foreach`, as in the capture), so the step's temporaries are those of a GPU run.
 
 Script mode has no loss function (the script computed its own): the surrogate loss is the output's `.loss`
 (a transformers model given labels), else the sum of its floating-point tensors, so backward reaches every

@@ -1,12 +1,12 @@
 """xMem's analyzer: from a CPU profiler trace to memory blocks attributed to the training loop.
 
-The trace (chrome-trace events of `torch.profiler` with `profile_memory=True`, and the runner's windows
+The trace (chrome-trace events of `torch.profiler` with `profile_memory=True`, and the capture session's windows
 around module calls and optimizer steps) has `[memory]` instants (address, signed byte count) but no
 link between them and the code that caused them. The analyzer pairs each allocation with the next free
 of the same address (an address freed and allocated again starts a new block), attributes each block to
 the innermost operator window around its allocation, and places it in a phase of a training iteration.
-The runner puts every optimizer step in a window naming the optimizer that made it and ends a
-`ProfilerStep#k` window there; an iteration is the windows of its steps, grouped as the runner counted
+The session puts every optimizer step in a window naming the optimizer that made it and ends a
+`ProfilerStep#k` window there; an iteration is the windows of its steps, grouped as the session counted
 them (`split_iterations`: one step each for one optimizer, a step of each for a GAN's two). The first
 one starts at its batch or at the model's first training forward (the first call a backward pass
 follows), so what the script did before (building the dataset, initialising the model, a summary's
@@ -147,7 +147,7 @@ def pair_blocks(events: list[dict[str, Any]]) -> list[Block]:
 
 def _outside_meta_kernels(blocks: list[Block], windows: list[dict[str, Any]]) -> list[Block]:
     """The blocks less those allocated in a `META_MARK` window of their thread: host scalars of the shape
-    computations the runner runs instead of skipped operators, which no GPU run makes."""
+    computations the capture runs instead of skipped operators, which no GPU run makes."""
     spans: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     for w in windows:
         if w["cat"] == "user_annotation" and w["name"] == META_MARK:
@@ -200,7 +200,7 @@ def _spans(windows: list[dict[str, Any]], category: str, prefix: str) -> list[tu
 
 
 def _marked_steps(windows: list[dict[str, Any]]) -> tuple[list[tuple[float, float]], list[int]]:
-    """The optimizer steps the runner put in windows of their own (the steps that ran to their end), and
+    """The optimizer steps the session put in windows of their own (the steps that ran to their end), and
     the optimizer of each (its index in the order optimizers first stepped)."""
     marked = sorted(
         (w["ts"], w["ts"] + w.get("dur", 0.0), int(w["name"][len(STEP_MARK) :]))
@@ -217,7 +217,7 @@ def _iterations(
     blocks: list[Block],
     job: JobTensors,
 ) -> list[Iteration]:
-    # The runner calls profiler.step() from the optimizer's post-hook, so ProfilerStep#k closes right
+    # The session calls profiler.step() from the optimizer's post-hook, so ProfilerStep#k closes right
     # after the k-th step's window: an iteration runs from the ProfilerStep window of its first step to
     # the end of that of its last.
     profiler_steps = _spans(windows, "user_annotation", ITERATION_PREFIX)
@@ -237,7 +237,7 @@ def _iterations(
     backward_starts = [s for s, _ in backward_ops]
     iterations = []
     for k, (start, end) in enumerate(bounds):
-        # The first forward may open before ProfilerStep#0 does: the runner starts profiling from it.
+        # The first forward may open before ProfilerStep#0 does: the session starts profiling from it.
         earliest = -math.inf if k == 0 else start
         calls = [t for t in forwards if earliest <= t <= end]
         forward = _training_forward(calls, backward_starts) if k == 0 else next(iter(calls), None)
