@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -289,6 +290,15 @@ def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"carma {carma.__version__}\n"
+
+
+def test_the_command_starts_without_the_heavy_libraries_only_some_commands_need():
+    """Every command pays for what `carma.cli` imports: `carma queue` must answer in well under a second
+    (the heavy ones load in the commands that use them)."""
+    heavy = ["torch", "numpy", "matplotlib", "yaml", "pydantic", "fastapi", "uvicorn", "pynvml", "sqlite3"]
+    probe = f"import sys, carma.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize(
