@@ -103,16 +103,16 @@ def test_the_readable_output_is_a_table_of_the_breakdown(work):
 
 
 def test_notes_on_the_capture_come_with_the_estimate(work):
-    """A script's CUDA autocast is off on the CPU: the table and the JSON say so."""
+    """A script's CUDA autocast runs as CPU autocast: the table and the JSON say so."""
     amp = SCRIPT.replace("    loss = torch", '    with torch.autocast("cuda"):\n        loss = torch')
     (work / "amp.py").write_text(textwrap.dedent(amp))
     table = estimate(work, "--", "python", "amp.py")
     assert table.returncode == 0, table.stderr
-    assert "note: the script's CUDA autocast (mixed precision) was off on the CPU" in table.stdout
+    assert "note: the job's CUDA autocast (mixed precision) ran as CPU autocast" in table.stdout
     as_json = estimate(work, "--json", "--", "python", "amp.py")
     assert as_json.returncode == 0, as_json.stderr
     notes = json.loads(as_json.stdout)["notes"]
-    assert len(notes) == 1 and notes[0].startswith("the script's CUDA autocast")
+    assert len(notes) == 1 and notes[0].startswith("the job's CUDA autocast")
 
 
 def test_timeline_writes_a_png_for_xmem(work):

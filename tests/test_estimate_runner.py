@@ -262,13 +262,45 @@ def test_mixed_precision_steps_are_captured_whatever_the_gradients_hold(workdir:
     assert estimate(["python", train, "--overflow"]).peak_bytes == estimate(["python", train]).peak_bytes
 
 
-def test_cuda_mixed_precision_run_in_float32_says_so(workdir: Path) -> None:
-    """Without CUDA, `torch.autocast("cuda")` turns itself off and the job runs in float32: the estimate
-    notes it. CPU autocast (as in AMP_SCRIPT) runs as written, without a note."""
+def test_cuda_mixed_precision_runs_as_cpu_autocast_and_says_so(workdir: Path) -> None:
+    """Without CUDA, `torch.autocast("cuda")` would turn itself off and leave the job in float32: the capture
+    runs it as CPU autocast (float16, CUDA's default) and notes it. Half precision is two bytes in either
+    dtype, so the estimate is that of the same job under CPU autocast in bfloat16 (AMP_SCRIPT), which
+    runs as written, without a note."""
     cuda_amp = AMP_SCRIPT.replace('torch.autocast("cpu", dtype=torch.bfloat16)', 'torch.autocast("cuda")')
-    notes = estimate(["python", script(workdir, "cuda_amp.py", cuda_amp)]).notes
-    assert len(notes) == 1 and "CUDA autocast (mixed precision) was off on the CPU" in notes[0]
-    assert estimate(["python", script(workdir, "amp.py", AMP_SCRIPT)]).notes == ()
+    emulated = estimate(["python", script(workdir, "cuda_amp.py", cuda_amp)])
+    assert len(emulated.notes) == 1 and "CUDA autocast (mixed precision) ran as CPU autocast" in emulated.notes[0]
+    as_written = estimate(["python", script(workdir, "amp.py", AMP_SCRIPT)])
+    assert as_written.notes == () and as_written.peak_bytes == emulated.peak_bytes
+
+
+# Writes the dtypes autocast gives a matrix product, a softmax, a layer norm and a sum, as `torch.autocast`
+# is spelled in scripts: for the device they run on, or for CUDA.
+AUTOCAST_DTYPES = """
+import torch
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(64, 64).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(5):
+    x = torch.randn(8, 64, device=device)
+    with torch.autocast(device_type=DEVICE, dtype=torch.float16):
+        h = model(x)
+        seen = [h, torch.softmax(h, -1), torch.nn.functional.layer_norm(h, (64,)), h.sum(), h.sum(dtype=torch.float16)]
+    open("dtypes", "w").write(" ".join(str(t.dtype) for t in seen))
+    optimizer.zero_grad()
+    seen[1].sum().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("device", ["device", '"cuda"'])
+def test_autocast_casts_on_the_cpu_as_cuda_autocast_does(workdir: Path, device: str) -> None:
+    """CPU autocast alone would keep the softmax, the norm and the sum in float16; CUDA's computes them in
+    float32 (unless the call names a dtype), and their outputs take twice the bytes."""
+    estimate(["python", script(workdir, "dtypes.py", AUTOCAST_DTYPES.replace("DEVICE", device))])
+    assert (workdir / "dtypes").read_text().split() == [
+        "torch.float16", "torch.float32", "torch.float32", "torch.float32", "torch.float16"
+    ]  # fmt: skip
 
 
 def test_a_compiled_model_is_captured_as_it_runs_eagerly(workdir: Path) -> None:

@@ -17,7 +17,7 @@ optimizer = torch.optim.Adam(model.parameters())
 x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
 for _ in range(5):
     optimizer.zero_grad()
-    with torch.autocast("cuda"):  # mixed precision on the GPU; the CPU capture runs it in float32
+    with torch.autocast("cuda"):  # mixed precision on the GPU; the capture runs it as CPU autocast
         loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()

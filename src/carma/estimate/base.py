@@ -78,7 +78,7 @@ class Capture:
     optimizer to step and the model it trains, `extra_models` the other modules the script called or
     holds that have parameters outside that model (a generator, a frozen teacher, an average of the
     model: their weights are on the GPU too) and `extra_optimizers` the other optimizers that stepped.
-    `notes` say where the capture differs from the GPU run (mixed precision run in float32, torch.compile
+    `notes` say where the capture differs from the GPU run (CUDA mixed precision emulated, torch.compile
     left eager, an optimizer that never stepped), for the estimate to pass on.
     """
 

@@ -43,7 +43,7 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
             pass
         except Exception as exc:
             raise EstimateError(f"the training step of {target} failed: {last_line(exc)}") from None
-    return Capture(job, session.trace, steps, time.perf_counter() - started)
+    return Capture(job, session.trace, steps, time.perf_counter() - started, notes=tuple(session.notes))
 
 
 def job_parts(target: str) -> tuple[str, str]:

@@ -59,6 +59,98 @@ def cuda_like_operators() -> Iterator[None]:
         F.dropout, F.scaled_dot_product_attention = dropout, attention
 
 
+# The operators CUDA autocast runs in float32 (PyTorch's `fp32` and `fp32_set_opt_dtype` cast policies for
+# CUDA; the second keeps a dtype the call gives), where CPU autocast runs most of them in half precision:
+# pointwise math, softmax, normalisations, reductions, distances, losses and upsampling.
+CUDA_FLOAT32_OPERATORS = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "group_norm", "rms_norm",
+    "frobenius_norm", "nuclear_norm", "norm", "linalg_vector_norm", "linalg_matrix_norm", "cosine_similarity",
+    "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss",
+    "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist",
+    "pdist", "cdist", "renorm", "logsumexp", "softmax", "log_softmax", "cumprod", "cumsum", "prod", "sum",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_linear1d",
+    "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d",
+)  # fmt: skip
+
+
+@contextmanager
+def cuda_autocast() -> Iterator[list[str]]:
+    """Mixed precision as CUDA runs it, on the CPU; yields the CUDA autocast regions the job entered.
+
+    With CUDA hidden, `torch.autocast("cuda")` (and `torch.cuda.amp.autocast`) would turn itself off and
+    leave the job in float32; it becomes CPU autocast in CUDA's default dtype (float16) instead. And every
+    CPU autocast region, whichever device the script named, casts as CUDA's does: matrix products and
+    convolutions in half precision (both agree there), `CUDA_FLOAT32_OPERATORS` in float32, where CPU
+    autocast would keep half precision (a float32 softmax of the attention scores takes twice the bytes)."""
+    import torch
+    from torch.amp.autocast_mode import autocast
+
+    regions: list[str] = []
+    original_init = autocast.__init__
+
+    def init(self: Any, device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None) -> None:
+        if device_type == "cuda":
+            regions.append(device_type)
+            device_type, dtype = "cpu", dtype or torch.get_autocast_dtype("cuda")
+        original_init(self, device_type, dtype, enabled, cache_enabled)
+
+    library = torch.library.Library("aten", "IMPL")
+    autocast.__init__ = init  # type: ignore[method-assign]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel" is the point
+            for name in CUDA_FLOAT32_OPERATORS:
+                for overload in _overloads(name):
+                    library.impl(overload.name().removeprefix("aten::"), _in_float32(overload), "AutocastCPU")
+        yield regions
+    finally:
+        autocast.__init__ = original_init  # type: ignore[method-assign]
+        library._destroy()
+
+
+def _overloads(name: str) -> list[Any]:
+    """The functional overloads of `aten::name` in this PyTorch (none if it has no such operator)."""
+    import torch
+
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return []
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    return [op for op in overloads if not op._schema.is_mutable]
+
+
+def _in_float32(op: Any) -> Callable[..., Any]:
+    """An autocast kernel running `op` on float32 copies of its half-precision tensors, unless it is given a
+    dtype (as CUDA's `fp32_set_opt_dtype` policy does)."""
+    import torch
+
+    below_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    names = [a.name for a in op._schema.arguments]
+    at = names.index("dtype") if "dtype" in names else None
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        given = kwargs.get("dtype") if at is None or at >= len(args) else args[at]
+        if given is None:
+            args = tuple(_float32(a) for a in args)
+            kwargs = {k: _float32(v) for k, v in kwargs.items()}
+        with torch._C._ExcludeDispatchKeyGuard(below_autocast):
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _float32(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float32:
+        return value.float()
+    if isinstance(value, list | tuple):
+        return type(value)(_float32(v) for v in value)
+    return value
+
+
 @contextmanager
 def value_free_arithmetic() -> Iterator[None]:
     """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.

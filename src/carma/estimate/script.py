@@ -33,11 +33,6 @@ _CUDA_HINT = (
     "the capture runs the script on the CPU with CUDA hidden: let it fall back to the CPU, "
     'e.g. device = "cuda" if torch.cuda.is_available() else "cpu"'
 )
-_AUTOCAST_OFF = "Disabling autocast"  # what torch.autocast("cuda") warns without CUDA
-_AUTOCAST_NOTE = (
-    "the script's CUDA autocast (mixed precision) was off on the CPU: the estimate is for float32 "
-    "activations, usually above the mixed-precision peak"
-)
 _COMPILE_NOTE = (
     "the script's torch.compile was left eager (on the CPU it would build CPU kernels): the estimate is the "
     "eager peak, and compiled GPU kernels usually keep fewer activations"
@@ -256,9 +251,8 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     with capturing(steps, exact) as session:
         recorder = _ModelRecorder(session)
         try:
-            # The script's warnings go nowhere (the parent reads stderr only when the child dies): recorded
-            # instead, they tell when CUDA autocast was turned off.
-            with recorder.hooks(), _compile_calls() as compiled, warnings.catch_warnings(record=True) as caught:
+            # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
+            with recorder.hooks(), _compile_calls() as compiled, warnings.catch_warnings(record=True):
                 sys.argv = ["-c" if kind == "code" else target, *args]
                 if kind == "module":
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -291,8 +285,6 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
     extra_models = recorder.besides(model)
     notes = list(session.notes)
-    if any(_AUTOCAST_OFF in str(warning.message) for warning in caught):
-        notes.append(_AUTOCAST_NOTE)
     if compiled:
         notes.append(_compile_note(compiled))
     seconds = time.perf_counter() - started

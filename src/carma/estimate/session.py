@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from carma.estimate.kernels import cuda_like_operators, take_cuda_foreach, value_free_arithmetic
+from carma.estimate.kernels import cuda_autocast, cuda_like_operators, take_cuda_foreach, value_free_arithmetic
 
 DEFAULT_STEPS = 3
 WAIT_FACTOR = 10  # an optimizer that has not stepped is waited for up to this many times the iterations asked
@@ -29,6 +29,10 @@ CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer st
 MODULE_MARK = "carma: call of "  # the trace window of each module call, see `module_window`
 
 _TRACE_CATEGORIES = {"cpu_instant_event", "cpu_op", "user_annotation"}
+_CUDA_AUTOCAST_NOTE = (
+    "the job's CUDA autocast (mixed precision) ran as CPU autocast casting as CUDA does (half-precision "
+    "matrix products, float32 softmax, normalisations and losses); not yet checked against a GPU run"
+)
 
 
 class StepLimitReached(BaseException):
@@ -263,10 +267,11 @@ def _record_every_step(step: int) -> Any:
 
 @contextmanager
 def capturing(steps: int, exact: bool) -> Iterator[Session]:
-    """Step and module hooks and CUDA-like operators around the body; the session's profiler (and, unless
-    `exact`, the value-free arithmetic) starts where the training begins: at the first call of a module
-    with parameters, or earlier if the caller starts it. The trace is exported when the body ends without
-    an exception. Hooks the body registers later run after the session's, inside its module windows."""
+    """Step and module hooks, CUDA-like operators and CUDA's autocast around the body; the session's
+    profiler (and, unless `exact`, the value-free arithmetic) starts where the training begins: at the
+    first call of a module with parameters, or earlier if the caller starts it. The trace is exported when
+    the body ends without an exception. Hooks the body registers later run after the session's, inside
+    its module windows."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -278,8 +283,10 @@ def capturing(steps: int, exact: bool) -> Iterator[Session]:
         register_module_forward_hook(session.leave_module, always_call=True),
     ]
     try:
-        with cuda_like_operators():
+        with cuda_like_operators(), cuda_autocast() as cuda_regions:
             yield session
+            if cuda_regions:
+                session.notes.append(_CUDA_AUTOCAST_NOTE)
     except BaseException:
         session.stop(export=False)
         raise
