@@ -303,6 +303,28 @@ def test_autocast_casts_on_the_cpu_as_cuda_autocast_does(workdir: Path, device: 
     ]  # fmt: skip
 
 
+def test_the_operators_cast_to_float32_are_all_those_cuda_autocast_is_tested_for() -> None:
+    """PyTorch's own autocast tests list the operators CUDA autocast must run in float32; read from their
+    source (importing it needs test-only packages), each must be in the capture's list."""
+    import ast
+    import importlib.util
+
+    from carma.estimate.kernels import CUDA_FLOAT32_OPERATORS
+
+    spec = importlib.util.find_spec("torch.testing._internal.autocast_test_lists")
+    if spec is None or spec.origin is None:
+        pytest.skip("this PyTorch ships no autocast test lists")
+    tree = ast.parse(Path(spec.origin).read_text())
+    (cuda_lists,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AutocastTestLists"]
+    tested = {
+        entry.elts[0].value
+        for node in ast.walk(cuda_lists)
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) in ("self.torch_fp32", "self.nn_fp32")
+        for entry in node.value.elts
+    }
+    assert len(tested) > 40 and tested <= set(CUDA_FLOAT32_OPERATORS)
+
+
 def test_a_compiled_model_is_captured_as_it_runs_eagerly(workdir: Path) -> None:
     """torch.compile on the CPU would build CPU kernels, not the GPU ones the job runs, and take minutes:
     the capture runs the model eagerly (the compiler's backend is never called) and estimates it as such."""
