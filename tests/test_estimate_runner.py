@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from carma.estimate import libraries  # noqa: E402
 from carma.estimate.base import Capture, EstimateError  # noqa: E402
 from carma.estimate.job import capture_job  # noqa: E402
 from carma.estimate.runner import estimate_job, estimate_script  # noqa: E402
@@ -430,6 +431,27 @@ def test_a_hugging_face_trainer_script_is_estimated_as_its_plain_loop(workdir: P
     assert trainer.peak_bytes == loop.peak_bytes
     assert trainer.breakdown.parameters == loop.breakdown.parameters
     assert trainer.breakdown.optimizer_state == loop.breakdown.optimizer_state >= 2 * loop.breakdown.parameters
+
+
+@pytest.mark.parametrize(("precision", "library"), [("bf16", "Hugging Face Trainer"), ("fp16", "Accelerate")])
+def test_a_trainer_in_mixed_precision_is_estimated_in_it(workdir: Path, precision: str, library: str) -> None:
+    """Without a GPU, `TrainingArguments(bf16=True)` refuses to start and Accelerate trains `fp16=True` in
+    float32; the capture lets both run CPU autocast (cast as CUDA casts) and says so."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    mixed = TRAINER_SCRIPT.replace("disable_tqdm=True)", f"disable_tqdm=True, {precision}=True)")
+    estimated = estimate(["python", script(workdir, "mixed.py", mixed)])
+    assert estimated.notes == (libraries.NOTE.format(library),)
+    full = estimate(["python", script(workdir, "full.py", TRAINER_SCRIPT)])
+    assert estimated.breakdown.activations < full.breakdown.activations
+
+
+def test_the_library_checks_are_patched_only_while_capturing() -> None:
+    training_args = pytest.importorskip("transformers.training_args")
+    original = training_args.is_torch_bf16_gpu_available
+    with libraries.mixed_precision_without_gpu() as used:
+        assert training_args.is_torch_bf16_gpu_available() and used == ["Hugging Face Trainer"]
+    assert training_args.is_torch_bf16_gpu_available is original
 
 
 LOADER_SCRIPT = """

@@ -24,7 +24,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from carma.estimate import libraries
 from carma.estimate.base import Capture, EstimateError, TrainingJob, optimizer_parameters
+from carma.estimate.libraries import mixed_precision_without_gpu
 from carma.estimate.session import DEFAULT_STEPS, Session, StepLimitReached, capturing, hide_cuda, last_line
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
@@ -252,7 +254,12 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
         recorder = _ModelRecorder(session)
         try:
             # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
-            with recorder.hooks(), _compile_calls() as compiled, warnings.catch_warnings(record=True):
+            with (
+                recorder.hooks(),
+                _compile_calls() as compiled,
+                mixed_precision_without_gpu() as mixed_precision,
+                warnings.catch_warnings(record=True),
+            ):
                 sys.argv = ["-c" if kind == "code" else target, *args]
                 if kind == "module":
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -285,6 +292,7 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
     extra_models = recorder.besides(model)
     notes = list(session.notes)
+    notes += [libraries.NOTE.format(library) for library in dict.fromkeys(mixed_precision)]
     if compiled:
         notes.append(_compile_note(compiled))
     seconds = time.perf_counter() - started
