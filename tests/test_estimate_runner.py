@@ -433,17 +433,17 @@ def test_a_hugging_face_trainer_script_is_estimated_as_its_plain_loop(workdir: P
     assert trainer.breakdown.optimizer_state == loop.breakdown.optimizer_state >= 2 * loop.breakdown.parameters
 
 
-@pytest.mark.parametrize(("precision", "library"), [("bf16", "Hugging Face Trainer"), ("fp16", "Accelerate")])
-def test_a_trainer_in_mixed_precision_is_estimated_in_it(workdir: Path, precision: str, library: str) -> None:
+def test_a_trainer_in_mixed_precision_is_estimated_in_it(workdir: Path) -> None:
     """Without a GPU, `TrainingArguments(bf16=True)` refuses to start and Accelerate trains `fp16=True` in
     float32; the capture lets both run CPU autocast (cast as CUDA casts) and says so."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    mixed = TRAINER_SCRIPT.replace("disable_tqdm=True)", f"disable_tqdm=True, {precision}=True)")
-    estimated = estimate(["python", script(workdir, "mixed.py", mixed)])
-    assert estimated.notes == (libraries.NOTE.format(library),)
     full = estimate(["python", script(workdir, "full.py", TRAINER_SCRIPT)])
-    assert estimated.breakdown.activations < full.breakdown.activations
+    for precision, library in (("bf16", "Hugging Face Trainer"), ("fp16", "Accelerate")):
+        mixed = TRAINER_SCRIPT.replace("disable_tqdm=True)", f"disable_tqdm=True, {precision}=True)")
+        estimated = estimate(["python", script(workdir, f"{precision}.py", mixed)])
+        assert estimated.notes == (libraries.NOTE.format(library),), precision
+        assert estimated.breakdown.activations < full.breakdown.activations, precision
 
 
 def test_the_library_checks_are_patched_only_while_capturing() -> None:

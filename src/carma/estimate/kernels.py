@@ -125,6 +125,7 @@ def _in_float32(op: Any) -> Callable[..., Any]:
     """An autocast kernel running `op` on float32 copies of its half-precision tensors, unless it is given a
     dtype (as CUDA's `fp32_set_opt_dtype` policy does)."""
     import torch
+    from torch.utils._pytree import tree_map_only
 
     below_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
     names = [a.name for a in op._schema.arguments]
@@ -133,22 +134,15 @@ def _in_float32(op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         given = kwargs.get("dtype") if at is None or at >= len(args) else args[at]
         if given is None:
-            args = tuple(_float32(a) for a in args)
-            kwargs = {k: _float32(v) for k, v in kwargs.items()}
+            args, kwargs = tree_map_only(torch.Tensor, _float32, (args, kwargs))
         with torch._C._ExcludeDispatchKeyGuard(below_autocast):
             return op(*args, **kwargs)
 
     return kernel
 
 
-def _float32(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float32:
-        return value.float()
-    if isinstance(value, list | tuple):
-        return type(value)(_float32(v) for v in value)
-    return value
+def _float32(tensor: Any) -> Any:
+    return tensor.float() if tensor.is_floating_point() else tensor  # a float32 tensor is returned as it is
 
 
 @contextmanager
