@@ -26,7 +26,6 @@ from typing import Any
 
 from carma.estimate import libraries
 from carma.estimate.base import Capture, EstimateError, TrainingJob, optimizer_parameters
-from carma.estimate.libraries import mixed_precision_without_gpu
 from carma.estimate.session import DEFAULT_STEPS, Session, StepLimitReached, capturing, hide_cuda, last_line
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
@@ -257,7 +256,7 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
             with (
                 recorder.hooks(),
                 _compile_calls() as compiled,
-                mixed_precision_without_gpu() as mixed_precision,
+                libraries.mixed_precision_without_gpu() as mixed_precision,
                 warnings.catch_warnings(record=True),
             ):
                 sys.argv = ["-c" if kind == "code" else target, *args]
