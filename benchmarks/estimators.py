@@ -25,7 +25,7 @@ Then one BERT-base estimate (BertConfig() defaults, batch 32 x 128 tokens, AdamW
 for fine-tuning (sequence classification, GLUE's setting; target: at most 20 s for xMem, the capture
 included) and for the masked-LM head of pre-training (whose 500 MB of logits make it slower).
 
-    python benchmarks/estimators.py [--sample N | --all] [--seed 0] [--device a100-40gb]
+    python benchmarks/estimators.py [--sample N | --all] [--seed 0] [--device a100-40gb] [--jobs 1]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import random
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,18 +93,22 @@ class Outcome:
     capture_seconds: float
 
 
-def measure(rows: list[dict[str, str]], measured: list[int], device: str, steps: int) -> list[Outcome]:
-    """Estimate each run with every method (one capture per run, in a process of its own) beside its
-    measured peak (bytes, context included)."""
-    outcomes = []
-    for i, (row, truth) in enumerate(zip(rows, measured, strict=True), 1):
+def measure(rows: list[dict[str, str]], measured: list[int], device: str, steps: int, jobs: int) -> list[Outcome]:
+    """Estimate each run with every method (one capture per run, in a process of its own, `jobs` of them
+    at a time) beside its measured peak (bytes, context included); outcomes in the rows' order."""
+    for row in rows:
         run = parse_run_name(row["Filename"])
         counted = (m for m in build_mlp(run).modules() if isinstance(m, nn.Linear | nn.BatchNorm1d))  # as the CSV
         assert sum(p.numel() for m in counted for p in m.parameters()) == int(row["Total Parameters"]), row
-        outcomes.append(estimate_in_child(["--estimate-run", row["Filename"]], truth, device, steps))
-        print(f"\r{i}/{len(rows)} runs estimated", end="", file=sys.stderr, flush=True)
+    with ThreadPoolExecutor(jobs) as pool:  # threads only wait on the children
+        pending = [
+            pool.submit(estimate_in_child, ["--estimate-run", row["Filename"]], truth, device, steps)
+            for row, truth in zip(rows, measured, strict=True)
+        ]
+        for i, _ in enumerate(as_completed(pending), 1):
+            print(f"\r{i}/{len(rows)} runs estimated", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    return outcomes
+    return [future.result() for future in pending]
 
 
 def estimate_in_child(what: list[str], truth: int, device: str, steps: int) -> Outcome:
@@ -226,6 +231,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--skip-bert", action="store_true", help="Leave out the BERT-base timing.")
     parser.add_argument("--per-run", action="store_true", help="Also print each run's measured peak and estimates.")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="Captures run at once (faster for --all; seconds per estimate then include contention).",
+    )
     parser.add_argument("--bert-only", action="store_true", help=argparse.SUPPRESS)  # the timing's own process
     parser.add_argument("--estimate-run", help=argparse.SUPPRESS)  # one run's capture, in its own process
     parser.add_argument("--estimate-job", help=argparse.SUPPRESS)  # the same for a job function
@@ -250,9 +261,11 @@ def main() -> None:
     device = get_device(args.device)
     print(
         f"GPUMemNet MLP runs: {len(rows)} (seed {args.seed}{', all' if args.all else ''}); device {device.name}, "
-        f"baseline = its context constant, {device.context_bytes / MIB:.0f} MiB"
+        f"baseline = its context constant, {device.context_bytes / MIB:.0f} MiB; {args.jobs} capture(s) at a time"
     )
-    outcomes = measure(rows, [int(row["Max GPU Memory (MiB)"]) * MIB for row in rows], device.name, args.steps)
+    outcomes = measure(
+        rows, [int(row["Max GPU Memory (MiB)"]) * MIB for row in rows], device.name, args.steps, args.jobs
+    )
     if args.per_run:
         per_run([row["Filename"] for row in rows], outcomes)
     report({method: figures(outcomes, method, device.context_bytes) for method in CPU_METHODS})
