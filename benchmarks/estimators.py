@@ -40,7 +40,7 @@ import random
 import statistics
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,20 +95,22 @@ class Outcome:
 
 def measure(rows: list[dict[str, str]], measured: list[int], device: str, steps: int, jobs: int) -> list[Outcome]:
     """Estimate each run with every method (one capture per run, in a process of its own, `jobs` of them
-    at a time) beside its measured peak (bytes, context included); outcomes in the rows' order."""
-    for row in rows:
+    at a time) beside its measured peak (bytes, context included); outcomes in the rows' order. A failed
+    run stops the benchmark when its turn comes (`map` cancels the runs not started)."""
+
+    def estimate(row: dict[str, str], truth: int) -> Outcome:
         run = parse_run_name(row["Filename"])
         counted = (m for m in build_mlp(run).modules() if isinstance(m, nn.Linear | nn.BatchNorm1d))  # as the CSV
         assert sum(p.numel() for m in counted for p in m.parameters()) == int(row["Total Parameters"]), row
-    with ThreadPoolExecutor(jobs) as pool:  # threads only wait on the children
-        pending = [
-            pool.submit(estimate_in_child, ["--estimate-run", row["Filename"]], truth, device, steps)
-            for row, truth in zip(rows, measured, strict=True)
-        ]
-        for i, _ in enumerate(as_completed(pending), 1):
+        return estimate_in_child(["--estimate-run", row["Filename"]], truth, device, steps)
+
+    outcomes = []
+    with ThreadPoolExecutor(jobs) as pool:  # threads only build the model to check it and wait on the child
+        for i, outcome in enumerate(pool.map(estimate, rows, measured), 1):
+            outcomes.append(outcome)
             print(f"\r{i}/{len(rows)} runs estimated", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    return [future.result() for future in pending]
+    return outcomes
 
 
 def estimate_in_child(what: list[str], truth: int, device: str, steps: int) -> Outcome:
