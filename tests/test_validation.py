@@ -71,3 +71,69 @@ def test_the_estimator_validation_refuses_plainly_without_a_gpu(tmp_path):
         "error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_segment_comparison_names_what_the_replay_lacks_and_where_the_gpu_opened_it(tmp_path):
+    """validation/segments.py on estimates.py's files: a GPU snapshot holding one 20 MiB segment more than
+    the replay (opened in a Linear's forward) and one 2 MiB segment less."""
+    pytest.importorskip("torch")
+    import pickle
+    import zipfile
+
+    mib = 2**20
+    run_name = (
+        "input:155_output:20_depth:7_arch:uniform_batch:819_act:prelu_dropout:0.5_dropout:True_batchnorm:True.out"
+    )
+    replayed = run("segments.py", "--replay", run_name)
+    assert replayed.returncode == 0, replayed.stderr
+    replay = json.loads(replayed.stdout.splitlines()[-1])
+    assert 2 * mib in replay and sum(replay) > 0
+    on_gpu = sorted([*replay, 20 * mib])
+    on_gpu.remove(2 * mib)
+    frames = [
+        {"filename": "/v/lib/python3.12/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
+        {"filename": "/v/lib/python3.12/site-packages/torch/nn/modules/module.py", "line": 1751, "name": "_call_impl"},
+        {"filename": "/repo/benchmarks/gpumemnet_mlp.py", "line": 97, "name": "train"},
+    ]
+    trace = [{"action": "alloc", "addr": 1, "size": 512, "frames": []}]
+    trace.append({"action": "segment_alloc", "addr": 2, "size": 20 * mib, "frames": frames})
+    snapshot = {"segments": [{"total_size": size} for size in on_gpu], "device_traces": [trace]}
+    with zipfile.ZipFile(tmp_path / "estimates-snapshots.zip", "w") as archive:
+        archive.writestr("00-mlp.pickle", pickle.dumps(snapshot))
+    jobs = [{"job": run_name, "snapshot": "00-mlp.pickle"}, {"job": "BERT-base fine-tuning", "snapshot": "01.pickle"}]
+    (tmp_path / "estimates.json").write_text(json.dumps({"jobs": jobs}))
+
+    result = run("segments.py", tmp_path)
+    assert result.returncode == 0, result.stderr
+    total = sum(replay) // mib
+    small, large = replay.count(2 * mib), replay.count(20 * mib)
+    assert result.stdout.splitlines() == [
+        run_name,
+        f"  GPU {total + 18} MiB in {len(replay)} segments, replay {total} MiB in {len(replay)}",
+        f"  2 MiB segments: GPU {small - 1}, replay {small}",
+        f"  20 MiB segments: GPU {large + 1}, replay {large}",
+        "    opened at linear.py:125 forward (from gpumemnet_mlp.py:97 train)",
+    ]  # BERT-base is not a GPUMemNet run: left out
+
+
+def test_the_segment_comparison_refuses_a_folder_without_the_validation_results(tmp_path):
+    result = run("segments.py", tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: {tmp_path} does not hold validation/estimates.py's results: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_named_runs_are_measured_in_their_order_and_an_unknown_one_is_refused(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validation_estimates", VALIDATION / "estimates.py")
+    estimates = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(estimates)
+    rows = [{"Filename": f"run{i}"} for i in range(5)]
+    runs = tmp_path / "runs.txt"
+    runs.write_text("# worst first\nrun3\n\nrun1\n")
+    assert estimates.choose_runs(rows, runs, 2, 0) == [rows[3], rows[1]]
+    assert len(estimates.choose_runs(rows, None, 2, 0)) == 2  # without a file: a seeded sample
+    runs.write_text("run3\nrun9\n")
+    with pytest.raises(ValueError, match="not a GPUMemNet run: run9"):
+        estimates.choose_runs(rows, runs, 2, 0)

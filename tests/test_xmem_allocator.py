@@ -149,6 +149,7 @@ def test_cached_segments_are_released_only_under_device_pressure() -> None:
     alloc.malloc(16 * MIB)  # 42 MiB would exceed 32: the cached 12 MiB segment is released first
     assert alloc.reserved == 30 * MIB
     assert alloc.segments == 2
+    assert alloc.segment_log == [12 * MIB, 14 * MIB, -12 * MIB, 16 * MIB]  # what a GPU trace would show
 
 
 def test_out_of_memory_when_even_released_segments_do_not_suffice() -> None:

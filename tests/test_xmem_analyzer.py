@@ -11,7 +11,7 @@ from carma.estimate.kernels import META_MARK
 from carma.estimate.session import MODULE_MARK, STEP_MARK, split_iterations
 from carma.estimate.xmem.allocator import MIB
 from carma.estimate.xmem.analyzer import JobTensors, Phase, analyze, attribute, pair_blocks
-from carma.estimate.xmem.orchestrator import Category, orchestrate
+from carma.estimate.xmem.orchestrator import Category, GpuBlock, orchestrate
 from carma.estimate.xmem.timeline import replay
 
 TID = 1
@@ -279,6 +279,7 @@ def test_peak_is_read_in_the_second_iteration_on_top_of_persistent_state() -> No
     # 19 MiB (its backward); iteration 1's backward holds 21 MiB: its gradient, activation and batch on
     # top of the parameter and the optimizer state created in iteration 0.
     assert sim.peak_reserved == 22 * MIB
+    assert sim.segments_at_peak == [2 * MIB, 20 * MIB]
     assert sim.peak_allocated == 21 * MIB
     assert max(sim.requests_at_peak) == 8 * MIB  # the activation
     assert sim.at_peak == {
@@ -297,3 +298,14 @@ def test_replay_signals_oom_when_the_device_is_too_small() -> None:
     starts = [it.start for it in analysis.iterations]
     assert replay(orchestrate(analysis, JOB), starts[0], 22 * MIB, starts).oom is False
     assert replay(orchestrate(analysis, JOB), starts[0], 21 * MIB, starts).oom is True
+
+
+def test_segments_at_the_peak_leave_out_those_released_before_it() -> None:
+    blocks = [
+        GpuBlock(12 * MIB, Category.ACTIVATIONS, 0, 1, "a"),  # its segment stays cached, wholly free
+        GpuBlock(16 * MIB, Category.ACTIVATIONS, 2, None, "b"),  # the device cannot hold both segments
+        GpuBlock(1000, Category.ACTIVATIONS, 3, None, "c"),
+    ]
+    sim = replay(blocks, 0, 20 * MIB)
+    assert not sim.oom
+    assert sim.segments_at_peak == [2 * MIB, 16 * MIB]

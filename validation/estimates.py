@@ -2,6 +2,7 @@
 
     python validation/estimates.py --out DIR                    # 24 GPUMemNet MLP runs (seed 0) and BERT-base
     python validation/estimates.py --sample 40 --seed 2 --skip-bert --out DIR
+    python validation/estimates.py --runs validation/xmem-misses.txt --skip-bert --out DIR   # named runs
 
 benchmarks/estimators.py takes its truth from the GPUMemNet dataset, measured with an unknown PyTorch on an
 unnamed GPU. Here every figure comes from this machine, set up as a user would set carma up on it:
@@ -134,10 +135,25 @@ def measure_on_gpu(jobs: list[tuple[str, str, int]], gpu: int, archive: Path) ->
     return results
 
 
+def choose_runs(rows: list[dict[str, str]], runs: Path | None, sample: int, seed: int) -> list[dict[str, str]]:
+    """The dataset rows to measure: those `runs` names (one per line; blank lines and `#` comments
+    skipped), or `sample` of them drawn with `seed`. A name not in the dataset is a ValueError."""
+    if runs is None:
+        return random.Random(seed).sample(rows, sample)
+    by_name = {row["Filename"]: row for row in rows}
+    names = [line.strip() for line in runs.read_text().splitlines()]
+    names = [name for name in names if name and not name.startswith("#")]
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ValueError(f"{runs}: not a GPUMemNet run: {unknown[0]}")
+    return [by_name[name] for name in names]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=24, help="GPUMemNet MLP runs, drawn at random (seeded)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=Path, help="a file naming the GPUMemNet runs to measure, one per line")
     parser.add_argument("--skip-bert", action="store_true", help="leave out BERT-base fine-tuning")
     parser.add_argument("--gpu", type=int, default=0, help="the local GPU to measure on")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "validation")
@@ -157,8 +173,8 @@ def main() -> None:
 
     try:
         with (find_datasets() / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
-            rows = random.Random(args.seed).sample(list(csv.DictReader(f)), args.sample)
-    except DataNotFound as e:
+            rows = choose_runs(list(csv.DictReader(f)), args.runs, args.sample, args.seed)
+    except (DataNotFound, OSError, ValueError) as e:
         sys.exit(f"error: {e}")
 
     os.environ["CARMA_HOME"] = tempfile.mkdtemp(prefix="carma-validate-")  # the user's calibration is untouched

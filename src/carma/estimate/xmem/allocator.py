@@ -121,6 +121,7 @@ class CachingAllocator:
         self.allocated = 0
         self.reserved = 0
         self.segments = 0
+        self.segment_log: list[int] = []  # each segment's size when reserved, minus it when released, in order
         self._next_addr = ROUND_LARGE  # segments get disjoint, increasing addresses
         # Cached free blocks per pool, kept sorted by (size, address) for best fit.
         self._free_keys: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
@@ -174,6 +175,7 @@ class CachingAllocator:
             self.device.release(block.size)
             self.reserved -= block.size
             self.segments -= 1
+            self.segment_log.append(-block.size)
         return sum(b.size for b in whole)
 
     def block_size(self, addr: int) -> int:
@@ -197,6 +199,7 @@ class CachingAllocator:
                 raise OutOfMemory(size, self.reserved, self.device.capacity or 0)
         self.reserved += size
         self.segments += 1
+        self.segment_log.append(size)
         block = _Block(self._next_addr, size, small)
         self._next_addr += size
         return block

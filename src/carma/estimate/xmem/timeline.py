@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ class Simulation:
     peak_time: float  # milliseconds since the first iteration started
     oom: bool  # the device capacity could not hold the sequence even after releasing cached segments
     requests_at_peak: list[int]  # bytes asked for by each block alive at the peak
+    segments_at_peak: list[int] = field(default_factory=list)  # sizes of the segments reserved then, sorted
     times: array = field(default_factory=lambda: array("d"))  # milliseconds, one point per event
     allocated: array = field(default_factory=lambda: array("q"))
     reserved: array = field(default_factory=lambda: array("q"))
@@ -54,7 +56,7 @@ def replay(
     sim = Simulation(0, 0, dict(by_category), 0.0, False, [])
     sim.iteration_starts = [(t - origin) / 1000 for t in iteration_starts]
     best = (-1, -1)
-    peak_event = -1
+    peak_event = peak_log = -1
     for n, (t, kind, i) in enumerate(events):
         block = blocks[i]
         if kind == 1:
@@ -77,10 +79,18 @@ def replay(
             best = (allocator.reserved, allocator.allocated)
             sim.at_peak = dict(by_category)
             sim.peak_time = ms
-            peak_event = n
+            peak_event, peak_log = n, len(allocator.segment_log)
     sim.peak_reserved = max(best[0], 0)
     sim.requests_at_peak = _live_requests(blocks, events[: peak_event + 1])
+    sim.segments_at_peak = _held_segments(allocator.segment_log[: max(peak_log, 0)])
     return sim
+
+
+def _held_segments(log: list[int]) -> list[int]:
+    """The sizes of the segments a `segment_log` leaves reserved (released ones cancel their reservation)."""
+    held = Counter(size for size in log if size > 0)
+    held.subtract(-size for size in log if size < 0)
+    return sorted(held.elements())
 
 
 def _live_requests(blocks: list[GpuBlock], events: list[tuple[float, int, int]]) -> list[int]:
