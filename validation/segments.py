@@ -67,7 +67,7 @@ def replayed_segments(run: str) -> list[int]:
     child = [sys.executable, __file__, "--replay", run]
     done = subprocess.run(child, env=capture_environment(), capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"capturing {run} failed:\n{done.stderr}")
+        sys.exit(f"error: capturing {run} on the CPU failed:\n{done.stderr}")
     return json.loads(done.stdout.splitlines()[-1])
 
 
