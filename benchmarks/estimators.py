@@ -55,6 +55,7 @@ from carma.estimate.job import capture_job
 from carma.estimate.registry import CPU_METHODS, estimate_captured
 from carma.estimate.runner import capture_environment
 from carma.estimate.script import capture_script
+from carma.estimate.session import DEFAULT_STEPS
 from gpumemnet_mlp import build_mlp
 
 MIB = 2**20
@@ -129,6 +130,11 @@ def estimate_in_child(what: list[str], truth: int, device: str, steps: int) -> O
         else:
             outcome.seconds[method] = seconds
     return outcome
+
+
+def capture_run(name: str, steps: int) -> Capture:
+    """Capture a GPUMemNet run in this process as `carma estimate -- python gpumemnet_mlp.py NAME` does."""
+    return capture_script([sys.executable, str(TRAIN), name, "--seconds", "3600"], steps=steps)
 
 
 def print_estimates(capture: Capture, device: str) -> None:
@@ -230,7 +236,7 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="Every run (2,000; hours on a laptop).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="a100-40gb", help="The GPU the runs were measured on.")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--skip-bert", action="store_true", help="Leave out the BERT-base timing.")
     parser.add_argument("--per-run", action="store_true", help="Also print each run's measured peak and estimates.")
     parser.add_argument(
@@ -244,8 +250,7 @@ def main() -> None:
     parser.add_argument("--estimate-job", help=argparse.SUPPRESS)  # the same for a job function
     args = parser.parse_args()
     if args.estimate_run:
-        run = [sys.executable, str(TRAIN), args.estimate_run, "--seconds", "3600"]
-        print_estimates(capture_script(run, steps=args.steps), args.device)
+        print_estimates(capture_run(args.estimate_run, args.steps), args.device)
         return
     if args.estimate_job:
         print_estimates(capture_job(args.estimate_job, steps=args.steps), args.device)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -77,9 +79,6 @@ def test_the_segment_comparison_names_what_the_replay_lacks_and_where_the_gpu_op
     """validation/segments.py on estimates.py's files: a GPU snapshot holding one 20 MiB segment more than
     the replay (opened in a Linear's forward) and one 2 MiB segment less."""
     pytest.importorskip("torch")
-    import pickle
-    import zipfile
-
     mib = 2**20
     run_name = (
         "input:155_output:20_depth:7_arch:uniform_batch:819_act:prelu_dropout:0.5_dropout:True_batchnorm:True.out"

@@ -54,7 +54,7 @@ class _Enough(BaseException):
     """Raised from an optimizer step hook once the measured job has run its steps."""
 
 
-def _benchmarks() -> ModuleType:
+def load_benchmarks() -> ModuleType:
     """benchmarks/estimators.py, whose capture children and figures this reuses."""
     sys.path.insert(0, str(BENCHMARKS))
     import estimators
@@ -84,12 +84,12 @@ def hold(kind: str, target: str, steps: int, gpu: int, snapshot: Path) -> None:
         if kind == "mlp":
             from carma.estimate.gpumemnet import parse_run_name
 
-            _benchmarks()  # its folder on the path: gpumemnet_mlp
+            load_benchmarks()  # its folder on the path: gpumemnet_mlp
             from gpumemnet_mlp import train
 
             train(parse_run_name(target), seconds=math.inf)
         else:
-            train_job(_benchmarks(), target)
+            train_job(load_benchmarks(), target)
     handle.remove()
     torch.cuda.synchronize()
     torch.cuda.memory._dump_snapshot(str(snapshot))
@@ -185,7 +185,7 @@ def main() -> None:
     gpu_name = torch.cuda.get_device_name(args.gpu)
     print(f"{gpu_name}: context {device.context_bytes / MIB:.0f} MiB, calibrated as {device.name}")
 
-    estimators = _benchmarks()
+    estimators = load_benchmarks()
     from gpumemnet_mlp import SAMPLES
 
     jobs = [("mlp", row["Filename"], 2 * math.ceil(SAMPLES / int(row["Batch Size"]))) for row in rows]

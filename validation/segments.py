@@ -23,9 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from estimates import load_benchmarks
+
 MIB = 2**20
-TRAIN = Path(__file__).resolve().parent.parent / "benchmarks" / "gpumemnet_mlp.py"
-STEPS = 3  # as benchmarks/estimators.py captures the runs
 
 
 def gpu_segments(snapshot: dict[str, Any]) -> list[int]:
@@ -72,10 +72,11 @@ def replayed_segments(run: str) -> list[int]:
 
 
 def replay_in_this_process(run: str) -> None:
-    from carma.estimate.script import capture_script
+    """The capture child: the run captured as benchmarks/estimators.py captures it, and replayed."""
+    from carma.estimate.session import DEFAULT_STEPS
     from carma.estimate.xmem.estimator import run_xmem
 
-    capture = capture_script([sys.executable, str(TRAIN), run, "--seconds", "3600"], steps=STEPS)
+    capture = load_benchmarks().capture_run(run, DEFAULT_STEPS)
     print(json.dumps(run_xmem(capture).simulation.segments_at_peak))
 
 

@@ -120,7 +120,6 @@ class CachingAllocator:
         self.device = device or DeviceMemory()
         self.allocated = 0
         self.reserved = 0
-        self.segments = 0
         self.segment_log: list[int] = []  # each segment's size when reserved, minus it when released, in order
         self._next_addr = ROUND_LARGE  # segments get disjoint, increasing addresses
         # Cached free blocks per pool, kept sorted by (size, address) for best fit.
@@ -174,9 +173,13 @@ class CachingAllocator:
             self._uncache(block)
             self.device.release(block.size)
             self.reserved -= block.size
-            self.segments -= 1
             self.segment_log.append(-block.size)
         return sum(b.size for b in whole)
+
+    @property
+    def segments(self) -> int:
+        """How many segments are reserved."""
+        return sum(1 if size > 0 else -1 for size in self.segment_log)
 
     def block_size(self, addr: int) -> int:
         """The size of the allocated block at `addr` (rounded, and including an unsplit remainder)."""
@@ -198,7 +201,6 @@ class CachingAllocator:
             if not self.device.reserve(size):
                 raise OutOfMemory(size, self.reserved, self.device.capacity or 0)
         self.reserved += size
-        self.segments += 1
         self.segment_log.append(size)
         block = _Block(self._next_addr, size, small)
         self._next_addr += size

@@ -56,7 +56,7 @@ def replay(
     sim = Simulation(0, 0, dict(by_category), 0.0, False, [])
     sim.iteration_starts = [(t - origin) / 1000 for t in iteration_starts]
     best = (-1, -1)
-    peak_event = peak_log = -1
+    peak_event, peak_log = -1, 0
     for n, (t, kind, i) in enumerate(events):
         block = blocks[i]
         if kind == 1:
@@ -82,7 +82,7 @@ def replay(
             peak_event, peak_log = n, len(allocator.segment_log)
     sim.peak_reserved = max(best[0], 0)
     sim.requests_at_peak = _live_requests(blocks, events[: peak_event + 1])
-    sim.segments_at_peak = _held_segments(allocator.segment_log[: max(peak_log, 0)])
+    sim.segments_at_peak = _held_segments(allocator.segment_log[:peak_log])
     return sim
 
 
