@@ -481,6 +481,48 @@ def test_batches_from_data_loader_workers_are_estimated_as_from_the_loop_itself(
     assert by_workers.breakdown.optimizer_state >= 2 * by_workers.breakdown.parameters > 0
 
 
+@pytest.mark.parametrize(
+    ("samples", "batch", "drop_last", "sizes", "moved"),
+    [
+        (11, 3, False, [3, 2, 3, 3], [(2, 3)]),  # the short batch second
+        (10, 3, True, [3, 3, 3], []),  # no short batch
+        (9, 3, False, [3, 3, 3], []),  # none either
+        (5, 3, False, [3, 2], []),  # already second
+        (7, 3, False, [3, 3, 1], []),  # one sample: batch norm fails on it, as the GPU run would
+    ],
+)
+def test_an_epochs_short_last_batch_is_sampled_second_while_capturing(
+    samples: int, batch: int, drop_last: bool, sizes: list[int], moved: list[tuple[int, int]]
+) -> None:
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from carma.estimate.epochs import short_batch_second
+
+    sampler = BatchSampler(SequentialSampler(range(samples)), batch, drop_last)
+    calls: list[tuple[int, int]] = []
+    with short_batch_second(lambda short, full: calls.append((short, full))):
+        batches = list(sampler)
+    assert [len(b) for b in batches] == sizes and calls == moved
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(flat)))  # each sample once
+    assert [len(b) for b in sampler] == sorted(sizes, reverse=True)  # the script's own order again
+
+
+def test_a_short_last_batch_is_trained_second_and_one_more_step_captured(workdir: Path) -> None:
+    """The GPU run meets the epoch's short batch at every epoch's end; the capture trains it second and
+    runs one step more, so it holds a full batch after a full one and one after the short one."""
+    ragged = LOADER_SCRIPT.replace("LOADER", "num_workers=0").replace("torch.randn(2048", "torch.randn(2000")
+    ragged = ragged.replace("(2048,)", "(2000,)").replace(
+        "optimizer.step()", 'optimizer.step()\n        open("sizes.log", "a").write(f"{len(x)}\\n")'
+    )
+    result = estimate(["python", script(workdir, "ragged.py", ragged)])
+    assert (workdir / "sizes.log").read_text().split() == ["128", "80", "128"]  # stopped in the fourth step
+    assert result.notes == (
+        "each epoch's short last batch (80 samples, not 128) was trained second, so that the step after it, "
+        "which the GPU run takes at every epoch's end, is captured (one step more)",
+    )
+
+
 # Six blocks of 2048 x 512 float32 activations (4 MiB each), with and without activation checkpointing.
 CHECKPOINT_SCRIPT = """
 import sys, torch

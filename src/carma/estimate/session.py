@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from carma.estimate.epochs import short_batch_second
 from carma.estimate.kernels import cuda_autocast, cuda_like_operators, take_cuda_foreach, value_free_arithmetic
 
 DEFAULT_STEPS = 3
@@ -187,6 +188,17 @@ class Session:
             self._stop()
         self.profiler.step()
 
+    def short_batch_moved(self, short: int, full: int) -> None:
+        """An epoch's short last batch is trained second (`carma.estimate.epochs`): capture one iteration
+        more than asked, so that a full batch after a full one is captured as well as one after the short."""
+        note = (
+            f"each epoch's short last batch ({short} samples, not {full}) was trained second, so that the "
+            "step after it, which the GPU run takes at every epoch's end, is captured (one step more)"
+        )
+        if note not in self.notes:
+            self.notes.append(note)
+            self._until = max(self._until, self.steps + 1)
+
     def _index(self, optimizer: Any) -> int:
         return next((i for i, known in enumerate(self.optimizers) if known is optimizer), len(self.optimizers))
 
@@ -267,11 +279,11 @@ def _record_every_step(step: int) -> Any:
 
 @contextmanager
 def capturing(steps: int, exact: bool) -> Iterator[Session]:
-    """Step and module hooks, CUDA-like operators and CUDA's autocast around the body; the session's
-    profiler (and, unless `exact`, the value-free arithmetic) starts where the training begins: at the
-    first call of a module with parameters, or earlier if the caller starts it. The trace is exported when
-    the body ends without an exception. Hooks the body registers later run after the session's, inside
-    its module windows."""
+    """Step and module hooks, CUDA-like operators, CUDA's autocast and each epoch's short batch second
+    (`carma.estimate.epochs`) around the body; the session's profiler (and, unless `exact`, the
+    value-free arithmetic) starts where the training begins: at the first call of a module with
+    parameters, or earlier if the caller starts it. The trace is exported when the body ends without an
+    exception. Hooks the body registers later run after the session's, inside its module windows."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
@@ -283,7 +295,7 @@ def capturing(steps: int, exact: bool) -> Iterator[Session]:
         register_module_forward_hook(session.leave_module, always_call=True),
     ]
     try:
-        with cuda_like_operators(), cuda_autocast() as cuda_regions:
+        with cuda_like_operators(), cuda_autocast() as cuda_regions, short_batch_second(session.short_batch_moved):
             yield session
             if cuda_regions:
                 session.notes.append(_CUDA_AUTOCAST_NOTE)
