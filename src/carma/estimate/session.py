@@ -71,7 +71,8 @@ class Session:
         self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
         # The optimizers the script holds whose parameters none has updated yet: the capture waits a while.
         self.awaits: Callable[[], list[Any]] | None = None
-        self._until = 0  # iterations to run at least: one more after a late optimizer's first step
+        # Iterations to run at least: one more after a late optimizer's first step or a moved short batch.
+        self._until = 0
         self.notes: list[str] = []  # for the user: where the capture differs from the GPU run
         self.profiler: Any = None
         self.trace: list[dict[str, Any]] = []
