@@ -115,6 +115,24 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
     estimates.close()
 
 
+def test_a_job_whose_estimate_failed_is_estimated_again_when_submitted_again(tmp_path, workdir):
+    runner = Runner(error="ModuleNotFoundError: No module named 'torch'")
+    runner.release.set()
+    spec, store = job(workdir), Store(tmp_path / "carma.db")
+    jobs = queued(store, spec)
+    estimates = service(store, jobs, runner)
+    estimates.request(1, spec)
+    assert until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
+    runner.error = None  # its owner installed PyTorch, and submits it again
+    jobs.update(queued(store, spec, spec))
+    estimates.request(2, spec)
+    need = until(lambda: estimates.need(Task(2, TaskSpec("train"), 0.0)))
+    assert (need.kind, need.mib, len(runner.calls)) == (NeedKind.KNOWN, 3000, 2)
+    estimates.request(3, spec)  # a success is kept
+    assert estimates.settled(3) == need and len(runner.calls) == 2
+    estimates.close()
+
+
 def test_a_shell_line_cannot_be_captured(tmp_path, workdir):
     runner = Runner()
     spec = JobSpec("train", ("python train.py | tee log",), str(workdir), shell=True, estimator="horus")
@@ -158,3 +176,16 @@ def test_the_fingerprint_follows_the_script_and_the_method(workdir):
     assert before != fingerprint(spec, "horus", "a100-40gb") != fingerprint(spec, "xmem", "h100-80gb")
     (workdir / "train.py").write_text("print('training harder')\n")
     assert fingerprint(spec, "xmem", "a100-40gb") != before
+
+
+def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir):
+    """Another environment's interpreter has other packages (another PyTorch): another estimate."""
+    envs = []
+    for name in ("old", "new"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "python").write_text("#!/bin/sh\n")
+        (tmp_path / name / "python").chmod(0o755)
+        envs.append(job(workdir, env={"PATH": str(tmp_path / name)}))
+    old, new = (fingerprint(spec, "xmem", "a100-40gb") for spec in envs)
+    assert old != new
+    assert old == fingerprint(job(workdir, env={"PATH": f"{tmp_path / 'old'}:{tmp_path / 'new'}"}), "xmem", "a100-40gb")

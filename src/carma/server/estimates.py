@@ -3,12 +3,14 @@
 A task may ask for an estimator (`carma submit --estimate xmem`). A CPU method captures the task's own
 script (its interpreter, directory, environment and user) in a child process, one estimate at a time on a
 worker thread, never in the scheduling loop; until it is done the task waits at the head of the queue. The
-result is cached by the job's fingerprint (command, directory, script contents, method, device) in the
-store, so the same job is not estimated twice, across restarts too. `history` needs no capture: it is the
-largest peak an earlier successful run of the same command was observed at. An estimator that fails (the
-script never reaches an optimizer step, times out, is a shell line) leaves the task recovery only, and the
-reason is logged and shown as the attempt's memory source. A capture's estimate, with its breakdown and
-notes, is shown with the task (`carma show`), so its owner can see what the placement was based on.
+result is cached by the job's fingerprint (command, interpreter, directory, script contents, method,
+device) in the store, so the same job is not estimated twice, across restarts too. `history` needs no
+capture: it is the largest peak an earlier successful run of the same command was observed at. An
+estimator that fails (the script never reaches an optimizer step, times out, is a shell line) leaves the
+task recovery only, and the reason is logged and shown as the attempt's memory source. A failure is not
+kept: the same job submitted again is estimated again, as its owner may have fixed the cause (installed a
+package, freed host memory). A capture's estimate, with its breakdown and notes, is shown with the task
+(`carma show`), so its owner can see what the placement was based on.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ def device_for(gpus: list[GpuInfo]) -> str:
 
 
 def fingerprint(job: JobSpec, method: str, device: str) -> str:
-    """Same command, directory, script contents, method and device: the same estimate."""
-    digest = hashlib.sha256(json.dumps([list(job.argv), job.workdir, job.shell, method, device]).encode())
+    """Same command, interpreter, directory, script contents, method and device: the same estimate."""
+    identity = [list(job.argv), _interpreter(job), job.workdir, job.shell, method, device]
+    digest = hashlib.sha256(json.dumps(identity).encode())
     for word in job.argv[1:2] if len(job.argv) > 1 else job.argv:  # `python train.py`: train.py
         path = Path(job.workdir, word)
         with suppress(OSError):
@@ -88,14 +91,16 @@ class Estimates:
         self._children: set[int] = set()  # process groups of the captures under way
 
     def request(self, task_id: TaskId, job: JobSpec) -> None:
-        """Start estimating a newly queued task's job, unless it asked for none, is known, or is under way."""
+        """Start estimating a newly queued task's job, unless it asked for none, is known, or is under way. A
+        job whose last estimate failed is estimated again (tasks still queued with it wait for the new one)."""
         method = job.estimator
         if method is None or method == "history":
             return
         key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
         self._store.link_estimate(task_id, key)
-        if key in self._done or key in self._running:
+        if key in self._running or (key in self._done and self._done[key].kind is not NeedKind.UNKNOWN):
             return
+        self._done.pop(key, None)
         cached = self._store.estimate(key)
         if cached is not None:
             self._done[key] = _need(cached)
