@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
 from carma.core.memory import Estimator
@@ -16,6 +19,19 @@ TOTAL_MIB = 40960
 CARMA = str(Path(sys.executable).parent / "carma")  # the installed console script, run as a user runs it
 # Variables that would make rich's output depend on the terminal the tests run from.
 _TERMINAL_VARIABLES = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "CLICOLOR_FORCE"}
+
+
+T = TypeVar("T")
+
+
+def until(predicate: Callable[[], T], timeout: float = 10.0) -> T:
+    """The predicate's first truthy value, polled for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.02)
+    return value
 
 
 def cli_env(**extra: str) -> dict[str, str]:

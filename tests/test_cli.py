@@ -302,16 +302,17 @@ def test_the_command_starts_without_the_heavy_libraries_only_some_commands_need(
 
 
 @pytest.mark.parametrize(
-    ("need", "need_mib", "estimate", "shown"),
+    ("need", "need_mib", "estimate", "state", "shown"),
     [
-        ("known", 1453, "xmem", "1.42 GiB"),
-        ("whole_gpu", None, None, "whole GPU"),
-        ("unknown", None, None, "unknown"),  # recovery only
-        (None, None, "xmem", "xmem pending"),  # queued, its estimate still to come
-        (None, None, None, "-"),  # a run from before needs were stored
+        ("known", 1453, "xmem", "running", "1.42 GiB"),
+        ("whole_gpu", None, None, "queued", "whole GPU"),
+        ("unknown", None, None, "running", "unknown"),  # recovery only
+        (None, None, "xmem", "queued", "xmem pending"),  # its estimate still to come
+        (None, None, "xmem", "cancelled", "-"),  # cancelled before its estimate came: none is coming
+        (None, None, None, None, "-"),  # a run from before needs were stored
     ],
 )
-def test_the_memory_a_task_is_placed_with_as_the_lists_show_it(need, need_mib, estimate, shown):  # type: ignore[no-untyped-def]
+def test_the_memory_a_task_is_placed_with_as_the_lists_show_it(need, need_mib, estimate, state, shown):  # type: ignore[no-untyped-def]
     from carma.cli.tasks import _need_text
 
-    assert _need_text({"need": need, "need_mib": need_mib, "estimate": estimate}) == shown
+    assert _need_text({"need": need, "need_mib": need_mib, "estimate": estimate, "state": state}) == shown

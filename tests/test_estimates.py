@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from carma.estimate.base import Breakdown, Estimate, EstimateError
 from carma.server.estimates import Estimates, fingerprint
 from carma.server.spec import JobSpec
 from carma.server.store import Observation, Store
+from support import until
 
 MIB = 1 << 20
 
@@ -44,16 +46,6 @@ def workdir(tmp_path: Path) -> Path:
 
 def job(workdir: Path, estimator: str | None = "xmem", **fields: object) -> JobSpec:
     return JobSpec("train", ("python", "train.py"), str(workdir), estimator=estimator, **fields)  # type: ignore[arg-type]
-
-
-def until(predicate, timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value is not None:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("timed out")
 
 
 def queued(store: Store, *specs: JobSpec) -> dict[int, JobSpec]:
@@ -113,6 +105,53 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
     assert "runs recovery only" in caplog.text
     assert estimates.made(1) is None  # no estimate to show: the need's source says why
     estimates.close()
+
+
+class SleepingRunner:
+    """Stands in for estimate_script with a real child process that never reaches a step: the capture of a
+    script that first loads a large dataset."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen] = []
+
+    def __call__(self, argv, method, device, **options):  # type: ignore[no-untyped-def]
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        self.children.append(child)
+        options["on_start"](child.pid)
+        child.wait()
+        raise EstimateError(f"killed by signal {-child.returncode}")
+
+
+def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_path, workdir):
+    (workdir / "other.py").write_text("print('other')\n")
+    slow, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
+    store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
+    estimates = service(store, queued(store, slow, other), runner)
+    estimates.request(1, slow)
+    estimates.request(2, other)  # behind it on the worker
+    until(lambda: runner.children)
+    estimates.drop(1)
+    assert runner.children[0].wait(5) == -signal.SIGKILL  # not left to run until its timeout
+    until(lambda: len(runner.children) == 2)  # the worker took up the next estimate
+    estimates.drop(2)  # killed too, whether its child had started or was about to
+    assert runner.children[1].wait(5) == -signal.SIGKILL
+    estimates.close()
+
+
+def test_an_estimate_is_not_made_for_a_cancelled_task_unless_another_task_waits_for_it(tmp_path, workdir):
+    (workdir / "other.py").write_text("print('other')\n")
+    spec, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
+    store, runner = Store(tmp_path / "carma.db"), Runner()
+    estimates = service(store, queued(store, spec, other, spec), runner)
+    for task_id, job_spec in ((1, spec), (2, other), (3, spec)):
+        estimates.request(task_id, job_spec)
+    until(lambda: runner.calls)  # capturing train.py for tasks 1 and 3
+    estimates.drop(2)  # other.py's estimate, still to start, is not made
+    estimates.drop(1)  # task 3 still waits for train.py's
+    runner.release.set()
+    assert until(lambda: estimates.need(Task(3, TaskSpec("train"), 0.0))).mib == 3000
+    estimates.close()
+    assert [argv for argv, _, _ in runner.calls] == [["python", "train.py"]]
 
 
 def test_a_job_whose_estimate_failed_is_estimated_again_when_submitted_again(tmp_path, workdir):

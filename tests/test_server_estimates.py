@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from servers import fakejob
+from support import until
 
 TRAIN = """
 import torch
@@ -83,3 +85,30 @@ def test_an_estimator_is_checked_and_not_given_with_a_declared_need(start_server
     both = server.cli("submit", "--estimate", "xmem", "--mem", "4GiB", "--", "true")
     assert both.returncode == 2 and "give mem or estimate, not both" in both.stderr
     assert server.json("queue", "--all") == []
+
+
+def test_cancelling_a_task_that_waits_for_its_estimate_stops_the_capture(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(3600)  # loading a large dataset\n" + TRAIN)
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
+    slow = submit(server, sys.executable, "slow.py", estimate="xmem", workdir=tmp_path)
+    trained = submit(server, sys.executable, "train.py", estimate="xmem", workdir=tmp_path)
+    assert server.cli("cancel", slow).returncode == 0
+    attempt = first_attempt(server, trained)  # estimated without waiting for slow.py's capture to time out
+    assert (attempt["need"], attempt["need_source"]) == ("known", "xmem")
+    row = next(line for line in server.cli("queue", "--all").stdout.splitlines() if line.startswith(f"{slow} "))
+    assert "cancelled" in row and "pending" not in row  # no estimate is coming
+
+
+def test_stopping_the_daemon_kills_the_captures_under_way_and_exits_cleanly(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    (tmp_path / "slow.py").write_text("import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    submit(server, sys.executable, "slow.py", estimate="xmem", workdir=tmp_path)
+    pid_file = tmp_path / "pid"
+    until(lambda: pid_file.exists() and pid_file.read_text())
+    server.stop()  # SIGTERM
+    assert server.proc.returncode == 0
+    capture = int(pid_file.read_text())
+    until(lambda: not Path(f"/proc/{capture}").exists())  # killed (and reaped by init), not left running

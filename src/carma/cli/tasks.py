@@ -162,7 +162,7 @@ def _need_text(task: dict[str, Any]) -> str:
     """The memory a task is (or will be) placed with, as `carma queue`, `carma history` and the dashboard
     show it."""
     if task["need"] is None:
-        return f"{task['estimate']} pending" if task.get("estimate") else "-"
+        return f"{task['estimate']} pending" if task.get("estimate") and task.get("state") == "queued" else "-"
     if task["need"] == "known":
         return f"{task['need_mib'] / 1024:.2f} GiB"
     return "whole GPU" if task["need"] == "whole_gpu" else "unknown"

@@ -302,4 +302,7 @@ class Daemon:
 
     def cancel(self, task_id: TaskId) -> Task:
         self.loop.cancel(task_id)
-        return self.scheduler.task(task_id)
+        task = self.scheduler.task(task_id)
+        if task.state is TaskState.CANCELLED:  # it left the queue: its estimate, if under way, is not needed
+            self.estimates.drop(task_id)
+        return task

@@ -88,7 +88,8 @@ class Estimates:
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, Future[Estimate]] = {}
         self._done: dict[str, MemoryNeed] = {}
-        self._children: set[int] = set()  # process groups of the captures under way
+        self._children: dict[str, int] = {}  # the process group of each capture under way, by fingerprint
+        self._abandoned: set[str] = set()  # captures whose tasks all left the queue: stopped as they start
 
     def request(self, task_id: TaskId, job: JobSpec) -> None:
         """Start estimating a newly queued task's job, unless it asked for none, is known, or is under way. A
@@ -105,7 +106,7 @@ class Estimates:
         if cached is not None:
             self._done[key] = _need(cached)
             return
-        self._running[key] = self._pool.submit(self._estimate, job, method)
+        self._running[key] = self._pool.submit(self._estimate, key, job, method)
 
     def need(self, task: Task) -> MemoryNeed | None:
         job = self._jobs[task.id]
@@ -135,27 +136,36 @@ class Estimates:
         keeps which one each task uses, so tasks from before a restart have theirs too."""
         return self._store.task_estimate(task_id)
 
+    def drop(self, task_id: TaskId) -> None:
+        """Forget a task that left the queue unplaced (cancelled): unless another queued task waits for the
+        same job's estimate, it is not made, or its capture is killed, so the next estimate need not wait."""
+        key = self._fingerprints.pop(task_id, None)
+        if key not in self._running or key in self._fingerprints.values():
+            return
+        if not self._running.pop(key).cancel():  # capturing already (or about to)
+            self._abandoned.add(key)
+            _kill(self._children.get(key))
+
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for group in list(self._children):
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
+        for group in list(self._children.values()):
+            _kill(group)
 
     # ----------------------------------------------------------------- in the worker thread
 
-    def _estimate(self, job: JobSpec, method: str) -> Estimate:
+    def _estimate(self, key: str, job: JobSpec, method: str) -> Estimate:
         if job.shell:
             raise EstimateError("a shell command line cannot be captured; submit `python script.py ...` instead")
         runner = self._runner
         if runner is None:
             from carma.estimate.runner import estimate_script as runner
         owner = {"user": job.uid, "group": job.gid, "extra_groups": groups_of(job)} if self._run_as_owner else {}
-        group: list[int] = []
 
-        def started(pid: int) -> None:
-            group.append(pid)
-            self._children.add(pid)
+        def started(group: int) -> None:
+            self._children[key] = group
+            if key in self._abandoned:  # dropped between the worker taking it up and the child starting
+                _kill(group)
 
         try:
             return runner(
@@ -163,7 +173,8 @@ class Estimates:
                 cwd=job.workdir, env=dict(job.env), on_start=started, **owner,
             )  # fmt: skip
         finally:
-            self._children.difference_update(group)
+            self._children.pop(key, None)
+            self._abandoned.discard(key)
 
     # ----------------------------------------------------------------- back in the scheduling loop
 
@@ -199,6 +210,12 @@ class Estimates:
         if not peaks:
             return MemoryNeed(NeedKind.UNKNOWN, source="history: no earlier successful run of this command")
         return _need(history_estimate(max(peaks) * MIB, self.device))
+
+
+def _kill(group: int | None) -> None:
+    if group is not None:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def _need(estimate: Estimate) -> MemoryNeed:

@@ -10,6 +10,7 @@ import asyncio
 import grp
 import logging
 import os
+import signal
 import socket
 from pathlib import Path
 from types import FrameType
@@ -79,6 +80,10 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _stopped(sig: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)  # a stop asked for, as after Ctrl-C (and what a service manager counts as clean)
+
+
 async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) -> None:
     config = uvicorn.Config(
         create_app(daemon, tokens),
@@ -89,6 +94,9 @@ async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) ->
         timeout_graceful_shutdown=5,
     )
     server = _Server(config, daemon)
+    # uvicorn raises the SIGTERM it caught again once it has stopped; its default action would end the
+    # process there, before the daemon closes (leaving its estimates' captures running)
+    signal.signal(signal.SIGTERM, _stopped)
     stop = asyncio.Event()
     scheduling = asyncio.create_task(daemon.run(stop))
     try:

@@ -208,7 +208,7 @@ function renderGpus(s) {
 
 // The memory a task is (or will be) placed with, as `carma queue` shows it; its source in the tooltip.
 function needText(t) {
-  if (t.need === null) return `${esc(t.estimate)} pending`;
+  if (t.need === null) return t.estimate && t.state === "queued" ? `${esc(t.estimate)} pending` : "-";
   if (t.need === "known") return `${gib(t.need_mib)} GiB`;
   return t.need === "whole_gpu" ? "whole GPU" : "unknown";
 }
