@@ -34,6 +34,15 @@ def until(predicate: Callable[[], T], timeout: float = 10.0) -> T:
     return value
 
 
+def alive(pid: int) -> bool:
+    """Whether the process runs: not gone, nor a zombie that nobody reaped yet (in a container, the orphan
+    of a killed parent may not be)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_VARIABLES and k != "CARMA_URL"}
     return {**env, **extra}

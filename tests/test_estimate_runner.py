@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -16,6 +17,7 @@ from carma.estimate.job import capture_job  # noqa: E402
 from carma.estimate.runner import estimate_job, estimate_script  # noqa: E402
 from carma.estimate.session import module_window  # noqa: E402
 from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
+from support import alive, until  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -779,6 +781,18 @@ def test_the_capture_is_what_the_kernel_kills_first_when_host_memory_runs_out(wo
     estimate(["python", train])
     assert (workdir / "score").read_text().strip() == "1000"
     assert Path("/proc/self/oom_score_adj").read_text() == own  # the process asking is left as it was
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux's parent-death signal")
+def test_the_capture_ends_with_the_process_that_waits_for_it(workdir: Path) -> None:
+    """A daemon killed with -9 (or a killed `carma estimate`) leaves no capture behind holding host memory."""
+    script(workdir, "slow.py", "import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
+    code = "from carma.estimate.runner import estimate_script as e; e(['python', 'slow.py'], 'horus', 'a100-40gb')"
+    waiting = subprocess.Popen([sys.executable, "-c", code], cwd=workdir)
+    capture = int(until(lambda: (workdir / "pid").exists() and (workdir / "pid").read_text()))
+    waiting.kill()
+    waiting.wait()
+    until(lambda: not alive(capture))
 
 
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
 from servers import fakejob
-from support import until
+from support import alive, until
 
 TRAIN = """
 import torch
@@ -111,4 +110,4 @@ def test_stopping_the_daemon_kills_the_captures_under_way_and_exits_cleanly(star
     server.stop()  # SIGTERM
     assert server.proc.returncode == 0
     capture = int(pid_file.read_text())
-    until(lambda: not Path(f"/proc/{capture}").exists())  # killed (and reaped by init), not left running
+    until(lambda: not alive(capture))  # killed, not left running

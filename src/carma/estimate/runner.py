@@ -35,6 +35,7 @@ from carma.estimate.script import capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
 DEFAULT_TIMEOUT_S = 900.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 REGISTRY = "carma.estimate.registry:estimate_captured"
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
 # package from its folder, without putting the folder's neighbours (another environment's packages) on its path.
@@ -122,6 +123,7 @@ def _estimate_in_child(
             "estimator": estimator,
             "timeline": str(Path(timeline).resolve()) if timeline else None,
             "result": str(result),
+            "parent": os.getpid(),
         }
         if user is not None:
             os.chown(tmp, user, group if group is not None else -1)  # the child writes its result there
@@ -181,10 +183,24 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _end_with(parent: int) -> None:
+    """Have Linux kill this child when the thread that started it ends (a daemon killed with -9, a Ctrl-C'd
+    `carma estimate`): an orphaned capture would hold its host memory, about the job's GPU peak, until
+    the script's end, while a restarted daemon captures the same job again."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it had already ended
+        os._exit(1)
+
+
 def _child_main() -> None:
     """The child of `estimate_script`: capture, estimate, write the JSON, and exit at once (without
     waiting for threads the script may have left)."""
     spec = json.loads(sys.argv[1])
+    _end_with(spec["parent"])
     with suppress(OSError):  # the first the kernel kills if host memory runs out, not a training job or the daemon
         Path("/proc/self/oom_score_adj").write_text("1000")
     try:
