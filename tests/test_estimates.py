@@ -138,6 +138,24 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
     estimates.close()
 
 
+def test_a_resubmitted_jobs_capture_is_killed_when_it_is_cancelled_too(tmp_path, workdir):
+    runner = SleepingRunner()
+    spec, store = job(workdir), Store(tmp_path / "carma.db")
+    estimates = service(store, queued(store, spec, spec), runner)
+    estimates.request(1, spec)
+    until(lambda: runner.children)
+    runner.children[0].kill()  # the first capture fails: task 1 gets recovery only (and may have run since)
+    assert until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
+    estimates.request(2, spec)  # submitted again: captured again
+    until(lambda: len(runner.children) == 2)
+    estimates.drop(2)
+    assert runner.children[1].wait(5) == -signal.SIGKILL  # task 1's earlier interest does not keep it running
+    assert estimates.need(Task(1, TaskSpec("train"), 0.0)) is None  # had task 1 still waited, it gets a capture
+    until(lambda: len(runner.children) == 3)
+    estimates.close()
+    assert runner.children[2].wait(5) == -signal.SIGKILL
+
+
 def test_an_estimate_is_not_made_for_a_cancelled_task_unless_another_task_waits_for_it(tmp_path, workdir):
     (workdir / "other.py").write_text("print('other')\n")
     spec, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")

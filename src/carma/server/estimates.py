@@ -88,6 +88,7 @@ class Estimates:
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, Future[Estimate]] = {}
         self._done: dict[str, MemoryNeed] = {}
+        self._waiters: dict[str, set[TaskId]] = {}  # the tasks that asked for each estimate under way
         self._children: dict[str, int] = {}  # the process group of each capture under way, by fingerprint
         self._abandoned: set[str] = set()  # captures whose tasks all left the queue: stopped as they start
 
@@ -99,7 +100,10 @@ class Estimates:
             return
         key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
         self._store.link_estimate(task_id, key)
-        if key in self._running or (key in self._done and self._done[key].kind is not NeedKind.UNKNOWN):
+        if key in self._running:
+            self._waiters[key].add(task_id)
+            return
+        if key in self._done and self._done[key].kind is not NeedKind.UNKNOWN:
             return
         self._done.pop(key, None)
         cached = self._store.estimate(key)
@@ -107,6 +111,7 @@ class Estimates:
             self._done[key] = _need(cached)
             return
         self._running[key] = self._pool.submit(self._estimate, key, job, method)
+        self._waiters[key] = {task_id}
 
     def need(self, task: Task) -> MemoryNeed | None:
         job = self._jobs[task.id]
@@ -114,15 +119,18 @@ class Estimates:
             return RECOVERY_ONLY
         if job.estimator == "history":
             return self._history(job)
-        if task.id not in self._fingerprints:  # e.g. a placement dropped at a restart put it back in the queue
+        key = self._fingerprints.get(task.id)
+        # Asked again when a placement dropped at a restart put the task back in the queue, or the estimate
+        # it waited for was dropped with the cancelled tasks that asked for it first
+        if key is None or (key not in self._done and key not in self._running):
             self.request(task.id, job)
-        key = self._fingerprints[task.id]
+            key = self._fingerprints[task.id]
         if key not in self._done:
             future = self._running[key]
             if not future.done():
                 return None
             self._done[key] = self._settle(key, job, future)
-            del self._running[key]
+            del self._running[key], self._waiters[key]
         return self._done[key]
 
     def settled(self, task_id: TaskId) -> MemoryNeed | None:
@@ -140,8 +148,13 @@ class Estimates:
         """Forget a task that left the queue unplaced (cancelled): unless another queued task waits for the
         same job's estimate, it is not made, or its capture is killed, so the next estimate need not wait."""
         key = self._fingerprints.pop(task_id, None)
-        if key not in self._running or key in self._fingerprints.values():
+        waiters = self._waiters.get(key) if key is not None else None
+        if waiters is None:
             return
+        waiters.discard(task_id)
+        if waiters:
+            return
+        del self._waiters[key]
         if not self._running.pop(key).cancel():  # capturing already (or about to)
             self._abandoned.add(key)
             _kill(self._children.get(key))
