@@ -206,6 +206,12 @@ model = model.to(device)"""
     assert estimate(["python", threaded, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
 
 
+def test_an_executable_python_script_is_captured_as_run_by_python(workdir: Path) -> None:
+    train = tiny_script(workdir, "train.py", 5)
+    (workdir / train).write_text("#!/usr/bin/env python3\n" + (workdir / train).read_text())
+    assert estimate([f"./{train}"]).peak_bytes > 0
+
+
 def test_script_as_a_module(workdir: Path) -> None:
     script(workdir, "trainmod.py", MLP_SCRIPT)
     result = estimate(["python3", "-u", "-m", "trainmod", "--log", "steps.log"])
@@ -803,6 +809,9 @@ def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
         estimate(["python", "missing.py"])
     with pytest.raises(EstimateError, match="sh is a program, not a Python script"):
         estimate(["sh", "-c", "torchrun train.py"])  # a launcher, as torchrun or accelerate would be
+    script(workdir, "run.sh", "#!/usr/bin/env -S bash -e\npython train.py --epochs 3\n")
+    with pytest.raises(EstimateError, match=r"run\.sh is a bash script, not a Python one"):
+        estimate(["./run.sh"])  # a wrapper: the Python script it starts is what can be captured
 
 
 def test_script_timeout(workdir: Path) -> None:

@@ -199,14 +199,33 @@ def parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str
             return "module", args[1], args[2:]
     if not args:
         raise EstimateError("no training script given")
-    if not (Path(cwd or ".") / args[0]).is_file():
+    path = Path(cwd or ".") / args[0]
+    if not path.is_file():
         if not interpreted and shutil.which(args[0]):  # `torchrun train.py`, `accelerate launch ...`
             raise EstimateError(
                 f"{args[0]} is a program, not a Python script: give `python script.py ...` (for a launcher such "
                 "as torchrun, the script it starts, with its arguments)"
             )
         raise EstimateError(f"training script {args[0]} does not exist (give `python script.py ...`)")
+    if not interpreted and (program := _shebang_program(path)) and not _PYTHON.search(program):  # `./run.sh`
+        raise EstimateError(
+            f"{args[0]} is a {program} script, not a Python one: give `python script.py ...` (the training "
+            "script it starts, with its arguments)"
+        )
     return "path", args[0], args[1:]
+
+
+def _shebang_program(path: Path) -> str | None:
+    """The program an executable script's first line (`#!/usr/bin/env bash`) runs it with: `bash`."""
+    try:
+        with path.open("rb") as f:
+            line = f.readline(256)
+    except OSError:
+        return None
+    words = line[2:].decode(errors="replace").split() if line.startswith(b"#!") else []
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    return os.path.basename(words[0]) if words else None
 
 
 @contextmanager
