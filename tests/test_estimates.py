@@ -235,6 +235,25 @@ def test_the_fingerprint_follows_the_script_and_the_method(workdir):
     assert fingerprint(spec, "xmem", "a100-40gb") != before
 
 
+def test_an_executable_script_is_captured_with_the_python_its_first_line_names(tmp_path, workdir):
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python3").write_text("#!/bin/sh\n")
+    (venv / "python3").chmod(0o755)
+    runner, store = Runner(), Store(tmp_path / "carma.db")
+    direct = JobSpec("train", ("./train.py",), str(workdir), estimator="xmem", env={"PATH": str(venv)})
+    named = JobSpec("tool", ("./tool.py",), str(workdir), estimator="xmem")
+    (workdir / "train.py").write_text("#!/usr/bin/env python3\nprint('training')\n")
+    (workdir / "tool.py").write_text(f"#!{venv}/python3 -u\nprint('training')\n")
+    estimates = service(store, queued(store, direct, named), runner)
+    estimates.request(1, direct)
+    estimates.request(2, named)
+    runner.release.set()
+    until(lambda: len(runner.calls) == 2)
+    assert [options["python"] for _, _, options in runner.calls] == [f"{venv}/python3"] * 2
+    estimates.close()
+
+
 def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir):
     """Another environment's interpreter has other packages (another PyTorch): another estimate."""
     envs = []

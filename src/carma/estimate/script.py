@@ -184,7 +184,7 @@ def parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str
     """("path", script, args), ("module", name, args) or ("code", source, args) from a command line such as
     `python train.py` (a relative script path is looked up in `cwd`, by default the current directory)."""
     args = list(argv)
-    interpreted = bool(args) and bool(_PYTHON.search(os.path.basename(args[0])))
+    interpreted = bool(args) and is_python(args[0])
     if interpreted:
         args = args[1:]
         while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
@@ -207,16 +207,23 @@ def parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str
                 "as torchrun, the script it starts, with its arguments)"
             )
         raise EstimateError(f"training script {args[0]} does not exist (give `python script.py ...`)")
-    if not interpreted and (program := _shebang_program(path)) and not _PYTHON.search(program):  # `./run.sh`
+    program = shebang_program(path) if not interpreted else None
+    if program and not is_python(program):  # `./run.sh`
         raise EstimateError(
-            f"{args[0]} is a {program} script, not a Python one: give `python script.py ...` (the training "
-            "script it starts, with its arguments)"
+            f"{args[0]} is a {os.path.basename(program)} script, not a Python one: give `python script.py ...` "
+            "(the training script it starts, with its arguments)"
         )
     return "path", args[0], args[1:]
 
 
-def _shebang_program(path: Path) -> str | None:
-    """The program an executable script's first line (`#!/usr/bin/env bash`) runs it with: `bash`."""
+def is_python(program: str) -> bool:
+    """Whether a command's program is a Python interpreter (`python`, `/opt/venv/bin/python3.11`)."""
+    return bool(_PYTHON.search(os.path.basename(program)))
+
+
+def shebang_program(path: Path) -> str | None:
+    """The program an executable script's first line runs it with: `/usr/bin/python3` for
+    `#!/usr/bin/python3`, `bash` for `#!/usr/bin/env bash` (looked up on the PATH); None without one."""
     try:
         with path.open("rb") as f:
             line = f.readline(256)
@@ -225,7 +232,7 @@ def _shebang_program(path: Path) -> str | None:
     words = line[2:].decode(errors="replace").split() if line.startswith(b"#!") else []
     if words and os.path.basename(words[0]) == "env":
         words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
-    return os.path.basename(words[0]) if words else None
+    return words[0] if words else None
 
 
 @contextmanager

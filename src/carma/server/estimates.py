@@ -240,11 +240,16 @@ def _mib(estimate: Estimate) -> int:
 
 
 def _interpreter(job: JobSpec) -> str | None:
-    """The Python the task would run (`python` looked up on the task's PATH), so that its packages are
-    the ones captured; None (carma's own) when the command does not start with an interpreter."""
+    """The Python the task would run (`python` looked up on the task's PATH, or the one an executable
+    script's `#!` line names), so that its packages are the ones captured; None (carma's own) when the
+    command names no interpreter."""
+    from carma.estimate.script import is_python, shebang_program
+
     first = job.argv[0]
-    if "python" not in os.path.basename(first):
-        return None
+    if not is_python(first):
+        first = shebang_program(Path(job.workdir, first)) or ""
+        if not is_python(first):
+            return None
     if "/" in first:
         return str(Path(job.workdir, first))
     return shutil.which(first, path=job.env.get("PATH")) or None
