@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
+from pathlib import Path
+
 import pytest
 
 from carma.config import Config, ConfigError, load_config, parse_config
@@ -35,6 +39,14 @@ def test_defaults_are_the_papers(make_config):
     assert config.twin.gpus == parse_gpus("3xA100-40GB")
     assert config.twin.sharing == "mps"
     assert config.twin.scheduler == s
+    assert (config.estimate.timeout_s, config.estimate.captures) == (600, 1)  # carma's own: one capture at a time
+
+
+@pytest.mark.parametrize("doc", ["docs/configuration.md", "src/carma/config.py"])
+def test_the_documented_example_file_is_valid_and_shows_the_defaults(doc):
+    text = (Path(__file__).parent.parent / doc).read_text()
+    config = parse_config(tomllib.loads(re.search(r"```toml\n(.*?)```", text, re.S)[1]), doc)
+    assert (config.scheduler, config.estimate) == (Config().scheduler, Config().estimate)
 
 
 def test_an_empty_file_gives_the_defaults(toml_file):
@@ -64,6 +76,10 @@ def test_overrides_of_every_section(toml_file):
             sharing = "timeslice"
             fragmentation = 0.1
             power_exponent = 0.8
+
+            [estimate]
+            timeout_s = 1800
+            captures = 2
             """
         )
     )
@@ -77,6 +93,7 @@ def test_overrides_of_every_section(toml_file):
     assert [g.name for g in twin.gpus] == ["A100-80GB", "A100-80GB"]
     assert (twin.sharing, twin.fragmentation, twin.power.exponent) == ("timeslice", 0.1, 0.8)
     assert twin.scheduler == s  # runs start from the configured scheduler
+    assert (config.estimate.timeout_s, config.estimate.captures) == (1800, 2)
 
 
 def test_a_partial_override_keeps_the_other_defaults():
@@ -100,6 +117,7 @@ def test_a_partial_override_keeps_the_other_defaults():
             "carma.toml [scheduler.risk.weights]: unknown key(s) p50",
         ),
         ({"twin": {"gpu": "2xA100-80GB", "power": 1}}, "carma.toml [twin]: unknown key(s) gpu, power"),
+        ({"estimate": {"timeout": 60}}, "carma.toml [estimate]: unknown key(s) timeout"),
     ],
 )
 def test_unknown_keys_name_their_section(doc, message):
@@ -133,6 +151,9 @@ def test_weights_must_sum_to_one(weights):
         ({"twin": {"gpus": 3}}, "[twin]: gpus must be a string, not 3"),
         ({"scheduler": {"risk": {"smocc": 45}}}, "risk threshold smocc must be a fraction in [0, 1]"),
         ({"twin": {"power_exponent": 0}}, "power exponent must be positive"),
+        ({"estimate": {"timeout_s": 0}}, "timeout_s must be positive"),
+        ({"estimate": {"captures": 0}}, "captures must be at least 1"),
+        ({"estimate": {"captures": 1.5}}, "[estimate]: captures must be an integer, not 1.5"),
     ],
 )
 def test_invalid_values_are_config_errors(doc, message):

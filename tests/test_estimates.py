@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from carma.config import EstimateConfig
 from carma.core.types import NeedKind, Task, TaskSpec
 from carma.estimate.base import Breakdown, Estimate, EstimateError
 from carma.server.estimates import Estimates, fingerprint
@@ -113,8 +114,10 @@ class SleepingRunner:
 
     def __init__(self) -> None:
         self.children: list[subprocess.Popen] = []
+        self.options: list[dict] = []
 
     def __call__(self, argv, method, device, **options):  # type: ignore[no-untyped-def]
+        self.options.append(options)
         child = subprocess.Popen(["sleep", "60"], start_new_session=True)
         self.children.append(child)
         options["on_start"](child.pid)
@@ -135,6 +138,18 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
     until(lambda: len(runner.children) == 2)  # the worker took up the next estimate
     estimates.drop(2)  # killed too, whether its child had started or was about to
     assert runner.children[1].wait(5) == -signal.SIGKILL
+    estimates.close()
+
+
+def test_the_configuration_sets_how_many_captures_run_at_once_and_for_how_long(tmp_path, workdir):
+    (workdir / "other.py").write_text("print('other')\n")
+    spec, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
+    store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
+    estimates = service(store, queued(store, spec, other), runner, config=EstimateConfig(timeout_s=1800, captures=2))
+    estimates.request(1, spec)
+    estimates.request(2, other)
+    until(lambda: len(runner.children) == 2)  # both at once, not one behind the other
+    assert [options["timeout_s"] for options in runner.options] == [1800, 1800]
     estimates.close()
 
 

@@ -1,4 +1,5 @@
-"""carma's configuration file (TOML): scheduler settings and the twin, with the paper's defaults.
+"""carma's configuration file (TOML): scheduler settings (with the paper's defaults), the twin, and the
+daemon's memory estimates.
 
 ```toml
 [scheduler]
@@ -16,6 +17,10 @@ gpus = "3xA100-40GB"
 sharing = "mps"
 fragmentation = 0.05
 power_exponent = 0.81   # overrides the fitted exponent (see docs/fidelity.md)
+
+[estimate]
+timeout_s = 600
+captures = 1
 ```
 
 Every key is optional; unknown keys are an error, so a typo never passes silently.
@@ -39,9 +44,26 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class EstimateConfig:
+    """The daemon's memory estimates (`carma submit --estimate`): how long a capture may take to reach its
+    optimizer steps before the task runs recovery only, and how many captures run at once (each holds
+    about its job's GPU peak in host memory)."""
+
+    timeout_s: float = 600.0
+    captures: int = 1
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, not {self.timeout_s}")
+        if self.captures < 1:
+            raise ValueError(f"captures must be at least 1, not {self.captures}")
+
+
+@dataclass(frozen=True)
 class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     twin: TwinConfig = field(default_factory=TwinConfig)
+    estimate: EstimateConfig = field(default_factory=EstimateConfig)
 
 
 _TWIN_KEYS = {"gpus": "", "sharing": "", "fragmentation": 0.0, "power_exponent": 0.0}
@@ -79,11 +101,12 @@ def _defaults(obj: object) -> dict[str, object]:
 
 
 def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
-    top = _section(doc, {"scheduler": {}, "twin": {}}, source)
+    top = _section(doc, {"scheduler": {}, "twin": {}, "estimate": {}}, source)
     sched = _section(top.get("scheduler", {}), _defaults(SchedulerConfig()) | {"risk": {}}, f"{source} [scheduler]")
     risk_where = f"{source} [scheduler.risk]"
     risk = _section(sched.pop("risk", {}), _defaults(RiskConfig()) | {"weights": {}}, risk_where)
     twin = _section(top.get("twin", {}), _TWIN_KEYS, f"{source} [twin]")
+    estimate = _section(top.get("estimate", {}), _defaults(EstimateConfig()), f"{source} [estimate]")
     weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), f"{source} [scheduler.risk.weights]")
     try:
         if "policy" in sched:
@@ -97,7 +120,7 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
         for key in ("sharing", "fragmentation"):
             if key in twin:
                 twin_args[key] = twin[key]
-        return Config(scheduler, TwinConfig(**twin_args))
+        return Config(scheduler, TwinConfig(**twin_args), EstimateConfig(**estimate))
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
 

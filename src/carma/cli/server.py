@@ -20,7 +20,9 @@ def server_cmd(
     time_scale: Annotated[float, typer.Option(help="With fake GPUs: simulated seconds per wall second.")] = 1.0,
     sharing: Annotated[str, typer.Option(help="With fake GPUs: how they share, mps or timeslice.")] = "mps",
     policy: Annotated[str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm).")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML configuration file ([scheduler] section).")] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="TOML configuration file ([scheduler] and [estimate] sections).")
+    ] = None,
     tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (bearer tokens required).")] = None,
     home: Annotated[
         Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).")
@@ -45,7 +47,8 @@ def server_cmd(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     paths = Paths(home or carma_home())
     try:
-        scheduler = load_config(config).scheduler
+        settings = load_config(config)
+        scheduler = settings.scheduler
         if policy:
             scheduler = replace(scheduler, policy=Policy(choice(policy, [p.value for p in Policy], "--policy")))
         if time_scale != 1.0 and not fake_gpus:
@@ -55,7 +58,7 @@ def server_cmd(
         control = MpsControl(paths.home) if mps else None
         if control is not None:
             control.start()
-        daemon = Daemon(paths, backend, scheduler, time_scale, env, grace, control)
+        daemon = Daemon(paths, backend, scheduler, time_scale, env, grace, control, settings.estimate)
         daemon.tcp = tcp
         sockets = [bind_unix(paths.socket)]
         tokens = Tokens(paths.tokens)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from carma.config import EstimateConfig
 from carma.core.config import SchedulerConfig
 from carma.core.loop import SchedulingLoop
 from carma.core.ports import GpuProcesses, TelemetryReading
@@ -148,6 +149,7 @@ class Daemon:
         extra_env: Mapping[str, str] | None = None,
         grace_s: float = 10.0,
         mps: MpsControl | None = None,
+        estimate: EstimateConfig | None = None,
     ) -> None:
         self.paths = paths
         self.backend = backend
@@ -156,7 +158,9 @@ class Daemon:
         self.gpus = list(backend.gpus())
         self._check_gpus()
         self.jobs: dict[TaskId, JobSpec] = {}
-        self.estimates = Estimates(self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0)
+        self.estimates = Estimates(
+            self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
+        )
         self.scheduler = Scheduler(self.gpus, config, self.estimates)
         self.mps = mps
         self.executor = ProcessExecutor(

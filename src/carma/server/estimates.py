@@ -1,8 +1,9 @@
 """Memory estimates for the daemon's tasks: the core's Estimator port, answered in the background.
 
 A task may ask for an estimator (`carma submit --estimate xmem`). A CPU method captures the task's own
-script (its interpreter, directory, environment and user) in a child process, one estimate at a time on a
-worker thread, never in the scheduling loop; until it is done the task waits at the head of the queue. The
+script (its interpreter, directory, environment and user) in a child process, on worker threads (one
+capture at a time unless `[estimate] captures` says more), never in the scheduling loop; until it is done
+the task waits at the head of the queue. The
 result is cached by the job's fingerprint (command, interpreter, directory, script contents, method,
 device) in the store, so the same job is not estimated twice, across restarts too. `history` needs no
 capture: it is the largest peak an earlier successful run of the same command was observed at. An
@@ -28,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
+from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
 from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
@@ -36,7 +38,6 @@ from carma.server.spec import JobSpec
 from carma.server.store import Store
 
 MIB = 1 << 20
-TIMEOUT_S = 600.0  # a capture that has not reached its optimizer steps by then leaves the task recovery only
 SCRIPT_BYTES = 16 << 20  # how much of the script file goes into the fingerprint
 log = logging.getLogger("carma.estimate")
 
@@ -76,15 +77,16 @@ class Estimates:
         device: str,
         run_as_owner: bool,
         runner: Runner | None = None,
-        timeout_s: float = TIMEOUT_S,
+        config: EstimateConfig | None = None,
     ) -> None:
         self._store = store
         self._jobs = jobs
         self.device = device
         self._run_as_owner = run_as_owner
         self._runner = runner
-        self._timeout_s = timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-estimate")
+        config = config or EstimateConfig()
+        self._timeout_s = config.timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=config.captures, thread_name_prefix="carma-estimate")
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, Future[Estimate]] = {}
         self._done: dict[str, MemoryNeed] = {}
