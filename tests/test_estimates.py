@@ -129,11 +129,14 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
     (workdir / "other.py").write_text("print('other')\n")
     slow, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
     store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
-    estimates = service(store, queued(store, slow, other), runner)
+    estimates = service(store, queued(store, slow, other, slow), runner)
     estimates.request(1, slow)
     estimates.request(2, other)  # behind it on the worker
+    estimates.request(3, slow)  # the same job as task 1
     until(lambda: runner.children)
     estimates.drop(1)
+    assert runner.children[0].poll() is None  # task 3 waits for it
+    estimates.drop(3)
     assert runner.children[0].wait(5) == -signal.SIGKILL  # not left to run until its timeout
     until(lambda: len(runner.children) == 2)  # the worker took up the next estimate
     estimates.drop(2)  # killed too, whether its child had started or was about to
@@ -175,14 +178,15 @@ def test_an_estimate_is_not_made_for_a_cancelled_task_unless_another_task_waits_
     (workdir / "other.py").write_text("print('other')\n")
     spec, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
     store, runner = Store(tmp_path / "carma.db"), Runner()
-    estimates = service(store, queued(store, spec, other, spec), runner)
-    for task_id, job_spec in ((1, spec), (2, other), (3, spec)):
+    estimates = service(store, queued(store, spec, other, spec, spec), runner)
+    for task_id, job_spec in ((1, spec), (2, other), (3, spec), (4, spec)):
         estimates.request(task_id, job_spec)
-    until(lambda: runner.calls)  # capturing train.py for tasks 1 and 3
+    until(lambda: runner.calls)  # capturing train.py for tasks 1, 3 and 4
     estimates.drop(2)  # other.py's estimate, still to start, is not made
-    estimates.drop(1)  # task 3 still waits for train.py's
+    estimates.drop(1)  # tasks 3 and 4 still wait for train.py's
+    estimates.drop(3)  # task 4 still does
     runner.release.set()
-    assert until(lambda: estimates.need(Task(3, TaskSpec("train"), 0.0))).mib == 3000
+    assert until(lambda: estimates.need(Task(4, TaskSpec("train"), 0.0))).mib == 3000
     estimates.close()
     assert [argv for argv, _, _ in runner.calls] == [["python", "train.py"]]
 

@@ -88,11 +88,8 @@ class Estimates:
         self._timeout_s = config.timeout_s
         self._pool = ThreadPoolExecutor(max_workers=config.captures, thread_name_prefix="carma-estimate")
         self._fingerprints: dict[TaskId, str] = {}
-        self._running: dict[str, Future[Estimate]] = {}
+        self._running: dict[str, _Capture] = {}
         self._done: dict[str, MemoryNeed] = {}
-        self._waiters: dict[str, set[TaskId]] = {}  # the tasks that asked for each estimate under way
-        self._children: dict[str, int] = {}  # the process group of each capture under way, by fingerprint
-        self._abandoned: set[str] = set()  # captures whose tasks all left the queue: stopped as they start
 
     def request(self, task_id: TaskId, job: JobSpec) -> None:
         """Start estimating a newly queued task's job, unless it asked for none, is known, or is under way. A
@@ -103,7 +100,7 @@ class Estimates:
         key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
         self._store.link_estimate(task_id, key)
         if key in self._running:
-            self._waiters[key].add(task_id)
+            self._running[key].waiters.add(task_id)
             return
         if key in self._done and self._done[key].kind is not NeedKind.UNKNOWN:
             return
@@ -112,8 +109,8 @@ class Estimates:
         if cached is not None:
             self._done[key] = _need(cached)
             return
-        self._running[key] = self._pool.submit(self._estimate, key, job, method)
-        self._waiters[key] = {task_id}
+        capture = self._running[key] = _Capture(task_id)
+        capture.future = self._pool.submit(self._estimate, capture, job, method)
 
     def need(self, task: Task) -> MemoryNeed | None:
         job = self._jobs[task.id]
@@ -128,11 +125,11 @@ class Estimates:
             self.request(task.id, job)
             key = self._fingerprints[task.id]
         if key not in self._done:
-            future = self._running[key]
+            future = self._running[key].future
             if not future.done():
                 return None
             self._done[key] = self._settle(key, job, future)
-            del self._running[key], self._waiters[key]
+            del self._running[key]
         return self._done[key]
 
     def settled(self, task_id: TaskId) -> MemoryNeed | None:
@@ -150,46 +147,38 @@ class Estimates:
         """Forget a task that left the queue unplaced (cancelled): unless another queued task waits for the
         same job's estimate, it is not made, or its capture is killed, so the next estimate need not wait."""
         key = self._fingerprints.pop(task_id, None)
-        waiters = self._waiters.get(key) if key is not None else None
-        if waiters is None:
+        capture = self._running.get(key) if key is not None else None
+        if capture is None:
             return
-        waiters.discard(task_id)
-        if waiters:
+        capture.waiters.discard(task_id)
+        if capture.waiters:
             return
-        del self._waiters[key]
-        if not self._running.pop(key).cancel():  # capturing already (or about to)
-            self._abandoned.add(key)
-            _kill(self._children.get(key))
+        del self._running[key]
+        if not capture.future.cancel():  # capturing already (or about to)
+            capture.stop()
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for group in list(self._children.values()):
-            _kill(group)
+        for capture in list(self._running.values()):
+            capture.stop()
 
     # ----------------------------------------------------------------- in the worker thread
 
-    def _estimate(self, key: str, job: JobSpec, method: str) -> Estimate:
+    def _estimate(self, capture: _Capture, job: JobSpec, method: str) -> Estimate:
         if job.shell:
             raise EstimateError("a shell command line cannot be captured; submit `python script.py ...` instead")
         runner = self._runner
         if runner is None:
             from carma.estimate.runner import estimate_script as runner
         owner = {"user": job.uid, "group": job.gid, "extra_groups": groups_of(job)} if self._run_as_owner else {}
-
-        def started(group: int) -> None:
-            self._children[key] = group
-            if key in self._abandoned:  # dropped between the worker taking it up and the child starting
-                _kill(group)
-
         try:
             return runner(
                 list(job.argv), method, self.device, timeout_s=self._timeout_s, python=_interpreter(job),
-                cwd=job.workdir, env=dict(job.env), on_start=started, **owner,
+                cwd=job.workdir, env=dict(job.env), on_start=capture.started, **owner,
             )  # fmt: skip
         finally:
-            self._children.pop(key, None)
-            self._abandoned.discard(key)
+            capture.group = None  # ended: its number may be another process's from now on
 
     # ----------------------------------------------------------------- back in the scheduling loop
 
@@ -225,6 +214,26 @@ class Estimates:
         if not peaks:
             return MemoryNeed(NeedKind.UNKNOWN, source="history: no earlier successful run of this command")
         return _need(history_estimate(max(peaks) * MIB, self.device))
+
+
+class _Capture:
+    """One estimate under way: the tasks that asked for it and, once it has started, its child's process
+    group (its worker thread sets it, the scheduling loop may stop it: either may come first)."""
+
+    def __init__(self, task_id: TaskId) -> None:
+        self.waiters = {task_id}
+        self.future: Future[Estimate]
+        self.group: int | None = None
+        self.stopped = False
+
+    def started(self, group: int) -> None:
+        self.group = group
+        if self.stopped:  # stopped between the worker taking it up and the child starting
+            _kill(group)
+
+    def stop(self) -> None:
+        self.stopped = True
+        _kill(self.group)
 
 
 def _kill(group: int | None) -> None:
