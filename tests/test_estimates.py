@@ -273,6 +273,26 @@ def test_an_executable_script_is_captured_with_the_python_its_first_line_names(t
     estimates.close()
 
 
+def test_the_fingerprint_follows_the_modules_beside_the_script_but_not_its_data(workdir):
+    spec, module = job(workdir), JobSpec("train", ("python", "-m", "pkg.train"), str(workdir), estimator="xmem")
+    (workdir / "pkg").mkdir()
+    (workdir / "pkg" / "train.py").write_text("import models.mlp\n")
+    (workdir / "models").mkdir()
+    (workdir / "models" / "mlp.py").write_text("WIDTH = 256\n")
+    before = [fingerprint(s, "xmem", "a100-40gb") for s in (spec, module)]
+    for name in (".venv/lib/site.py", "data/points.csv", "checkpoints/__pycache__/mlp.py"):
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).write_text("changed\n")
+    images = workdir / "data" / "images"  # a folder this large holds data: not looked through
+    images.mkdir()
+    for i in range(1001):
+        (images / f"{i}.py").touch()
+    assert [fingerprint(s, "xmem", "a100-40gb") for s in (spec, module)] == before
+    (workdir / "models" / "mlp.py").write_text("WIDTH = 4096\n")  # the model made wider
+    after = [fingerprint(s, "xmem", "a100-40gb") for s in (spec, module)]
+    assert after[0] != before[0] and after[1] != before[1]
+
+
 def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir):
     """Another environment's interpreter has other packages (another PyTorch): another estimate."""
     envs = []

@@ -3,20 +3,21 @@
 A task may ask for an estimator (`carma submit --estimate xmem`). A CPU method captures the task's own
 script (its interpreter, directory, environment and user) in a child process, on worker threads (one
 capture at a time unless `[estimate] captures` says more), never in the scheduling loop; until it is done
-the task waits at the head of the queue. The
-result is cached by the job's fingerprint (command, interpreter, directory, script contents, method,
-device) in the store, so the same job is not estimated twice, across restarts too. `history` needs no
-capture: it is the largest peak an earlier successful run of the same command was observed at. An
-estimator that fails (the script never reaches an optimizer step, times out, is a shell line) leaves the
-task recovery only, and the reason is logged and shown as the attempt's memory source. A failure is not
-kept: the same job submitted again is estimated again, as its owner may have fixed the cause (installed a
-package, freed host memory). A capture's estimate, with its breakdown and notes, is shown with the task
-(`carma show`), so its owner can see what the placement was based on.
+the task waits at the head of the queue. The result is cached by the job's fingerprint (command,
+interpreter, directory, the script and the Python files around it, method, device) in the store, so the
+same job is not estimated twice, across restarts too. `history` needs no capture: it is the largest peak
+an earlier successful run of the same command was observed at. An estimator that fails (the script never
+reaches an optimizer step, times out, is a shell line) leaves the task recovery only, and the reason is
+logged and shown as the attempt's memory source. A failure is not kept: the same job submitted again is
+estimated again, as its owner may have fixed the cause (installed a package, freed host memory). A
+capture's estimate, with its breakdown and notes, is shown with the task (`carma show`), so its owner can
+see what the placement was based on; cancelling the tasks waiting for a capture kills it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -39,6 +40,10 @@ from carma.server.store import Store
 
 MIB = 1 << 20
 SCRIPT_BYTES = 16 << 20  # how much of the script file goes into the fingerprint
+SOURCE_DEPTH = 3  # how many folders below the script's its modules are looked for in
+FOLDER_ENTRIES = 1000  # a folder with more entries holds data, not code
+SCANNED = 20_000  # the most folder entries looked at for one fingerprint
+SKIPPED = {"__pycache__", "node_modules", "site-packages", "build", "dist"}  # folders of no training code
 log = logging.getLogger("carma.estimate")
 
 Runner = Callable[..., Estimate]  # carma.estimate.runner.estimate_script's signature
@@ -53,16 +58,72 @@ def device_for(gpus: list[GpuInfo]) -> str:
 
 
 def fingerprint(job: JobSpec, method: str, device: str) -> str:
-    """Same command, interpreter, directory, script contents, method and device: the same estimate."""
+    """Same command, interpreter, directory, script, method and device: the same estimate. The script is
+    its contents and the size and time of each Python file around it (its folder and below, or the
+    working directory's for `python -m`): a model edited in `model.py` beside `train.py` is estimated
+    again."""
     identity = [list(job.argv), _interpreter(job), job.workdir, job.shell, method, device]
     digest = hashlib.sha256(json.dumps(identity).encode())
-    for word in job.argv[1:2] if len(job.argv) > 1 else job.argv:  # `python train.py`: train.py
-        path = Path(job.workdir, word)
-        with suppress(OSError):
-            if path.is_file():
-                with path.open("rb") as f:
-                    digest.update(f.read(SCRIPT_BYTES))
+    found = None if job.shell else _script(job)
+    if found is not None:
+        script, root = found
+        with suppress(OSError), script.open("rb") as f:
+            digest.update(f.read(SCRIPT_BYTES))
+        for path in _sources(root):
+            with suppress(OSError):
+                stat = path.stat()
+                digest.update(f"{path.relative_to(root)} {stat.st_size} {stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:32]
+
+
+def _script(job: JobSpec) -> tuple[Path, Path] | None:
+    """The file the command runs and the folder its own modules are in: (`train.py`, its folder) for
+    `python train.py`, (`pkg/train.py`, the working directory) for `python -m pkg.train` when the package
+    is there; None for code given inline or a module installed elsewhere."""
+    from carma.estimate.script import parse_argv
+
+    try:
+        kind, what, _ = parse_argv(list(job.argv), job.workdir)
+    except EstimateError:
+        return None
+    if kind == "path":
+        script = Path(job.workdir, what)
+        return script, script.parent
+    if kind == "module":
+        module = Path(job.workdir, *what.split("."))
+        found = next((p for p in (module.with_suffix(".py"), module / "__main__.py") if p.is_file()), None)
+        return None if found is None else (found, Path(job.workdir))
+    return None
+
+
+def _sources(root: Path) -> list[Path]:
+    """The Python files in `root` and the folders below it (`SOURCE_DEPTH` deep), in a fixed order. Hidden
+    folders, caches, virtual environments and folders of more than `FOLDER_ENTRIES` entries (data, not
+    code) are left out, and the walk stops after `SCANNED` entries: it runs when a task is submitted."""
+    found: list[Path] = []
+    level, budget = [root], SCANNED
+    for depth in range(SOURCE_DEPTH + 1):
+        below: list[Path] = []
+        for folder in level:
+            try:
+                with os.scandir(folder) as scan:
+                    entries = sorted(itertools.islice(scan, FOLDER_ENTRIES + 1), key=lambda e: e.name)
+            except OSError:
+                continue
+            if len(entries) > FOLDER_ENTRIES or any(e.name == "pyvenv.cfg" for e in entries):
+                continue
+            budget -= len(entries)
+            if budget < 0:
+                return found
+            found += (Path(e.path) for e in entries if e.name.endswith(".py") and e.is_file())
+            if depth < SOURCE_DEPTH:
+                below += (Path(e.path) for e in entries if _code_folder(e))
+        level = below
+    return found
+
+
+def _code_folder(entry: os.DirEntry[str]) -> bool:
+    return entry.is_dir(follow_symlinks=False) and entry.name[0] != "." and entry.name not in SKIPPED
 
 
 class Estimates:
