@@ -209,6 +209,14 @@ def test_gpumemnet_predicts_the_upper_edge_of_a_bin_from_the_shipped_weights(run
     assert estimate.breakdown.total == estimate.peak_bytes
 
 
+def test_gpumemnet_says_when_a_model_has_layers_its_classifier_never_saw():
+    assert estimate_captured("gpumemnet", captured(bottleneck_job()), "a100-40gb").notes == ()  # an MLP
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 30 * 30, 10))
+    job = TrainingJob(model, torch.randn(4, 3, 32, 32), None, torch.optim.SGD(model.parameters(), lr=0.1))
+    (note,) = estimate_captured("gpumemnet", captured(job), "a100-40gb").notes
+    assert "MLPs only" in note and "this model also has Conv2d, Flatten" in note and "at most 5000 MiB" in note
+
+
 def test_gpumemnet_layer_kinds_read_class_names_and_dataset_names():
     kinds = {name: gpumemnet.layer_kind(name) for name in ("Linear", "batch_normalization", "BatchNorm2d")}
     assert kinds == {"Linear": "linear", "batch_normalization": "batch_norm", "BatchNorm2d": "batch_norm"}

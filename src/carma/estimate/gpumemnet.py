@@ -55,6 +55,8 @@ _ACTIVATIONS = frozenset(
     | {"tanh", "hardswish", "hardtanh", "identity"}
 )
 
+_OUTPUT_LAYERS = frozenset({"softmax", "sigmoid"})  # the MLP runs' last layers: in the data, but no feature
+
 
 def layer_kind(name: str) -> str | None:
     """A layer's feature kind from its class name (`BatchNorm1d`) or the dataset's name (`batch_normalization`)."""
@@ -195,8 +197,23 @@ def estimate_gpumemnet(capture: Any, context_bytes: int, device: str) -> Estimat
 
     start = time.perf_counter()
     classifier = shipped_classifier()
-    upper_edge = (classifier.predict_bin(features_from_summary(summarize(capture.job))) + 1) * classifier.bin_mib
+    summary = summarize(capture.job)
+    upper_edge = (classifier.predict_bin(features_from_summary(summary)) + 1) * classifier.bin_mib
     peak = upper_edge * MIB
     context = min(context_bytes, peak)
     breakdown = Breakdown(activations=peak - context, context=context)
-    return Estimate("gpumemnet", peak, breakdown, device, time.perf_counter() - start)
+    notes = _extrapolating(summary.layers, classifier)
+    return Estimate("gpumemnet", peak, breakdown, device, time.perf_counter() - start, notes)
+
+
+def _extrapolating(layers: Iterable[str], classifier: Classifier) -> tuple[str, ...]:
+    """A note when the model has layers of kinds the classifier never saw (it learnt from MLPs only)."""
+    unseen = sorted({name for name in layers if layer_kind(name) is None and name.lower() not in _OUTPUT_LAYERS})
+    if not unseen:
+        return ()
+    largest = (int(classifier.classes.max()) + 1) * classifier.bin_mib
+    return (
+        f"GPUMemNet's classifier learnt from MLPs only (linear, batch-norm, dropout and activation layers); "
+        f"this model also has {', '.join(unseen)}, so its answer, one of the bins it knows (at most "
+        f"{largest} MiB), is an extrapolation",
+    )
