@@ -49,11 +49,12 @@ for step in range(20):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    """A folder with the job module, the training script and one that never trains."""
+    """A folder with the job module, the training script, one that never trains and one that takes long."""
     folder = tmp_path_factory.mktemp("estimate")
     (folder / "tinyjob.py").write_text(textwrap.dedent(JOB))
     (folder / "train.py").write_text(textwrap.dedent(SCRIPT))
     (folder / "notrain.py").write_text("import torch\nprint(torch.ones(2).sum())\n")
+    (folder / "slow.py").write_text("import time\ntime.sleep(60)\n")
     return folder
 
 
@@ -132,6 +133,8 @@ def test_timeline_writes_a_png_for_xmem(work):
         (("--job", "tinyjob:job", "--", "python", "train.py"), "one, not both"),
         (("--job", "nosuchmodule:job"), "nosuchmodule"),
         (("--", "python", "notrain.py"), "optimizer"),
+        (("--timeout", "0", "--", "python", "train.py"), "--timeout must be positive, not 0"),
+        (("--timeout", "1", "--", "python", "slow.py"), "did not reach 3 optimizer steps within 1 s"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(work, args, message):

@@ -11,12 +11,11 @@ import typer
 from typer.core import TyperGroup
 
 from carma.cli.common import UsageError, app, choice, err, fail, out, size_text
+from carma.estimate.base import CAPTURE_TIMEOUT_S, Estimate, EstimateError
 from carma.estimate.registry import CPU_METHODS
 
 if TYPE_CHECKING:
     import click
-
-    from carma.estimate.base import Estimate
 
 NEEDS_TORCH = "estimating needs PyTorch: pip install 'carma[estimate]'"
 _SCRIPT = "carma.estimate.script"  # where the group keeps the command given after `--`
@@ -51,6 +50,9 @@ def estimate_cmd(
     method: Annotated[str, typer.Option(help=f"{', '.join(CPU_METHODS)}.")] = "xmem",
     device: Annotated[str, typer.Option(help="The GPU to estimate for (its context constant).")] = "a100-40gb",
     steps: Annotated[int, typer.Option(help="Training iterations (optimizer steps) to run on the CPU.", min=1)] = 3,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds the capture may take to reach its steps (a large model's may need more).")
+    ] = CAPTURE_TIMEOUT_S,
     timeline: Annotated[
         Path | None, typer.Option(help="xmem only: write the tensors-vs-segments plot to this PNG.")
     ] = None,
@@ -70,13 +72,14 @@ def estimate_cmd(
             )
         if timeline and method != "xmem":
             raise UsageError("--timeline needs --method xmem")
+        if timeout <= 0:
+            raise UsageError(f"--timeout must be positive, not {timeout:g}")
     except UsageError as e:
         raise fail(str(e)) from None
     try:
         import torch  # noqa: F401  (every method needs it: fail early with the install hint)
     except ImportError:
         raise fail(NEEDS_TORCH) from None
-    from carma.estimate.base import EstimateError
     from carma.estimate.devices import get_device
 
     try:
@@ -86,9 +89,9 @@ def estimate_cmd(
         what = " ".join(script) if script else job
         with _status(f"capturing {what} on the CPU ({steps} optimizer steps)"):
             if script:
-                estimate = estimate_script(script, method, device, steps, timeline=timeline)
+                estimate = estimate_script(script, method, device, steps, timeline=timeline, timeout_s=timeout)
             else:
-                estimate = estimate_job(job, method, device, steps, timeline=timeline)
+                estimate = estimate_job(job, method, device, steps, timeline=timeline, timeout_s=timeout)
     except EstimateError as e:
         raise fail(str(e)) from None
     if as_json:
@@ -135,7 +138,6 @@ def calibrate_cmd(
 ) -> None:
     """Measure the CUDA context and library workspaces of an empty PyTorch process on a local GPU, and store
     it (in $CARMA_HOME or the XDG config dir) so that estimates for that device use it."""
-    from carma.estimate.base import EstimateError
     from carma.estimate.devices import calibrate
 
     try:

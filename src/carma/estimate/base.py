@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+CAPTURE_TIMEOUT_S = 900.0  # how long `carma estimate`'s capture may take to reach its steps, by default
+
 
 class EstimateError(Exception):
     """An estimate that could not be made, as one line for the user."""

@@ -29,12 +29,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from carma.estimate.base import Breakdown, Estimate, EstimateError
+from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Estimate, EstimateError
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.script import capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
-DEFAULT_TIMEOUT_S = 900.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 REGISTRY = "carma.estimate.registry:estimate_captured"
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
@@ -90,7 +89,7 @@ def _estimate_in_child(
     device: str,
     steps: int,
     *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    timeout_s: float = CAPTURE_TIMEOUT_S,
     exact: bool = False,
     timeline: str | Path | None = None,
     estimator: str = REGISTRY,
