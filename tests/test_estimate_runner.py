@@ -212,6 +212,13 @@ def test_an_executable_python_script_is_captured_as_run_by_python(workdir: Path)
     assert estimate([f"./{train}"]).peak_bytes > 0
 
 
+def test_the_capture_hides_cuda_and_records_no_experiment_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "online")
+    seen = 'import os; open("env", "w").write(os.environ["WANDB_MODE"] + os.environ["CUDA_VISIBLE_DEVICES"])'
+    estimate(["python", tiny_script(workdir, "env.py", 5, seen)])
+    assert (workdir / "env").read_text() == "disabled"  # and CUDA_VISIBLE_DEVICES empty
+
+
 def test_script_as_a_module(workdir: Path) -> None:
     script(workdir, "trainmod.py", MLP_SCRIPT)
     result = estimate(["python3", "-u", "-m", "trainmod", "--log", "steps.log"])

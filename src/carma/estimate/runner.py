@@ -61,12 +61,14 @@ MALLOC_ENV = {
 
 def capture_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a capture child: `env` (by default this process's) with CUDA hidden, TorchDynamo
-    off and the `MALLOC_ENV` heap settings unless `env` sets its own.
+    off, Weights & Biases off and the `MALLOC_ENV` heap settings unless `env` sets its own.
 
     With TorchDynamo off `torch.compile` leaves the model eager: compiling on the CPU would build CPU
     kernels, not the GPU ones the job will run, and can take minutes. The eager peak is the estimate; a
-    compiled model's is usually lower (fused kernels save fewer activations)."""
-    hidden = {"CUDA_VISIBLE_DEVICES": "", "TORCHDYNAMO_DISABLE": "1"}
+    compiled model's is usually lower (fused kernels save fewer activations). A capture is not a training
+    run: with W&B disabled, `wandb.init` and `wandb.log` do nothing instead of recording a run of three
+    steps (or waiting on the network)."""
+    hidden = {"CUDA_VISIBLE_DEVICES": "", "TORCHDYNAMO_DISABLE": "1", "WANDB_MODE": "disabled"}
     return {**MALLOC_ENV, **(os.environ if env is None else env), **hidden}
 
 
