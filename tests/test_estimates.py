@@ -45,8 +45,10 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def job(workdir: Path, estimator: str | None = "xmem", **fields: object) -> JobSpec:
-    return JobSpec("train", ("python", "train.py"), str(workdir), estimator=estimator, **fields)  # type: ignore[arg-type]
+def job(workdir: Path, estimator: str | None = "xmem", script: str = "train.py", **fields: object) -> JobSpec:
+    """`python SCRIPT`, submitted from an environment whose PATH has this interpreter as `python`."""
+    fields.setdefault("env", {"PATH": str(Path(sys.executable).parent)})
+    return JobSpec(script, ("python", script), str(workdir), estimator=estimator, **fields)  # type: ignore[arg-type]
 
 
 def queued(store: Store, *specs: JobSpec) -> dict[int, JobSpec]:
@@ -127,7 +129,7 @@ class SleepingRunner:
 
 def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_path, workdir):
     (workdir / "other.py").write_text("print('other')\n")
-    slow, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
+    slow, other = job(workdir), job(workdir, script="other.py")
     store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
     estimates = service(store, queued(store, slow, other, slow), runner)
     estimates.request(1, slow)
@@ -146,7 +148,7 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
 
 def test_the_configuration_sets_how_many_captures_run_at_once_and_for_how_long(tmp_path, workdir):
     (workdir / "other.py").write_text("print('other')\n")
-    spec, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
+    spec, other = job(workdir), job(workdir, script="other.py")
     store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
     estimates = service(store, queued(store, spec, other), runner, config=EstimateConfig(timeout_s=1800, captures=2))
     estimates.request(1, spec)
@@ -176,7 +178,7 @@ def test_a_resubmitted_jobs_capture_is_killed_when_it_is_cancelled_too(tmp_path,
 
 def test_an_estimate_is_not_made_for_a_cancelled_task_unless_another_task_waits_for_it(tmp_path, workdir):
     (workdir / "other.py").write_text("print('other')\n")
-    spec, other = job(workdir), JobSpec("other", ("python", "other.py"), str(workdir), estimator="xmem")
+    spec, other = job(workdir), job(workdir, script="other.py")
     store, runner = Store(tmp_path / "carma.db"), Runner()
     estimates = service(store, queued(store, spec, other, spec, spec), runner)
     for task_id, job_spec in ((1, spec), (2, other), (3, spec), (4, spec)):
@@ -206,6 +208,17 @@ def test_a_job_whose_estimate_failed_is_estimated_again_when_submitted_again(tmp
     assert (need.kind, need.mib, len(runner.calls)) == (NeedKind.KNOWN, 3000, 2)
     estimates.request(3, spec)  # a success is kept
     assert estimates.settled(3) == need and len(runner.calls) == 2
+    estimates.close()
+
+
+def test_a_python_missing_from_the_tasks_path_is_a_clear_failure_not_carmas_own(tmp_path, workdir):
+    runner = Runner()
+    spec, store = job(workdir, env={"PATH": str(tmp_path / "nothing-here")}), Store(tmp_path / "carma.db")
+    estimates = service(store, queued(store, spec), runner)
+    estimates.request(1, spec)
+    need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    assert need.source == "xmem failed: python is not on the task's PATH: the task could not start either"
+    assert runner.calls == []
     estimates.close()
 
 

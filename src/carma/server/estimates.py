@@ -34,6 +34,7 @@ from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
 from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
+from carma.estimate.script import is_python, parse_argv, shebang_program
 from carma.server.executor import groups_of
 from carma.server.spec import JobSpec
 from carma.server.store import Store
@@ -80,8 +81,6 @@ def _script(job: JobSpec) -> tuple[Path, Path] | None:
     """The file the command runs and the folder its own modules are in: (`train.py`, its folder) for
     `python train.py`, (`pkg/train.py`, the working directory) for `python -m pkg.train` when the package
     is there; None for code given inline or a module installed elsewhere."""
-    from carma.estimate.script import parse_argv
-
     try:
         kind, what, _ = parse_argv(list(job.argv), job.workdir)
     except EstimateError:
@@ -232,10 +231,13 @@ class Estimates:
         runner = self._runner
         if runner is None:
             from carma.estimate.runner import estimate_script as runner
+        python = _interpreter(job)
+        if python is None and is_python(job.argv[0]):
+            raise EstimateError(f"{job.argv[0]} is not on the task's PATH: the task could not start either")
         owner = {"user": job.uid, "group": job.gid, "extra_groups": groups_of(job)} if self._run_as_owner else {}
         try:
             return runner(
-                list(job.argv), method, self.device, timeout_s=self._timeout_s, python=_interpreter(job),
+                list(job.argv), method, self.device, timeout_s=self._timeout_s, python=python,
                 cwd=job.workdir, env=dict(job.env), on_start=capture.started, **owner,
             )  # fmt: skip
         finally:
@@ -315,8 +317,6 @@ def _interpreter(job: JobSpec) -> str | None:
     """The Python the task would run (`python` looked up on the task's PATH, or the one an executable
     script's `#!` line names), so that its packages are the ones captured; None (carma's own) when the
     command names no interpreter."""
-    from carma.estimate.script import is_python, shebang_program
-
     first = job.argv[0]
     if not is_python(first):
         first = shebang_program(Path(job.workdir, first)) or ""
@@ -324,4 +324,4 @@ def _interpreter(job: JobSpec) -> str | None:
             return None
     if "/" in first:
         return str(Path(job.workdir, first))
-    return shutil.which(first, path=job.env.get("PATH")) or None
+    return shutil.which(first, path=job.env.get("PATH", os.defpath)) or None  # as the task's exec looks it up
