@@ -11,24 +11,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from carma.server.client import Client, ClientError
-from support import CARMA, cli_env, run_carma
+from support import CARMA, cli_env, run_carma, wait_until
 
 FAKEJOB = [sys.executable, "-m", "carma.fakejob"]
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Server:

@@ -24,23 +24,14 @@ _TERMINAL_VARIABLES = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY
 T = TypeVar("T")
 
 
-def until(predicate: Callable[[], T], timeout: float = 10.0) -> T:
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:
     """The predicate's first truthy value, polled for at most `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
         if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
+            raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
     return value
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs: not gone, nor a zombie that nobody reaped yet (in a container, the orphan
-    of a killed parent may not be)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def cli_env(**extra: str) -> dict[str, str]:

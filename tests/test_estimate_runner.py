@@ -17,7 +17,8 @@ from carma.estimate.job import capture_job  # noqa: E402
 from carma.estimate.runner import estimate_job, estimate_script  # noqa: E402
 from carma.estimate.session import module_window  # noqa: E402
 from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
-from support import alive, until  # noqa: E402
+from carma.server import proctree  # noqa: E402
+from support import wait_until  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -802,10 +803,11 @@ def test_the_capture_ends_with_the_process_that_waits_for_it(workdir: Path) -> N
     script(workdir, "slow.py", "import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
     code = "from carma.estimate.runner import estimate_script as e; e(['python', 'slow.py'], 'horus', 'a100-40gb')"
     waiting = subprocess.Popen([sys.executable, "-c", code], cwd=workdir)
-    capture = int(until(lambda: (workdir / "pid").exists() and (workdir / "pid").read_text()))
+    capture = int(wait_until(lambda: (workdir / "pid").exists() and (workdir / "pid").read_text()))
+    started = proctree.start_ticks(capture)
     waiting.kill()
     waiting.wait()
-    until(lambda: not alive(capture))
+    wait_until(lambda: not proctree.alive(capture, started))  # gone, or a zombie nobody reaped (in a container)
 
 
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:

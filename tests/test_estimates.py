@@ -16,7 +16,7 @@ from carma.estimate.base import Breakdown, Estimate, EstimateError
 from carma.server.estimates import Estimates, fingerprint
 from carma.server.spec import JobSpec
 from carma.server.store import Observation, Store
-from support import until
+from support import wait_until
 
 MIB = 1 << 20
 
@@ -73,7 +73,7 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     assert estimates.need(first) is None  # still computing: the task waits
     assert estimates.made(1) is None and estimates.settled(1) is None
     runner.release.set()
-    need = until(lambda: estimates.need(first))
+    need = wait_until(lambda: estimates.need(first))
     assert (need.kind, need.mib, need.source) == (NeedKind.KNOWN, 3000, "xmem")
     assert estimates.settled(1) == estimates.settled(2) == need  # what the task lists show
     made = estimates.made(1)  # what the task shows
@@ -102,7 +102,7 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
     spec, store = job(workdir), Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec), runner)
     estimates.request(1, spec)
-    need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.kind is NeedKind.UNKNOWN
     assert need.source == "xmem failed: the script never reached an optimizer step"
     assert "runs recovery only" in caplog.text
@@ -135,12 +135,12 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
     estimates.request(1, slow)
     estimates.request(2, other)  # behind it on the worker
     estimates.request(3, slow)  # the same job as task 1
-    until(lambda: runner.children)
+    wait_until(lambda: runner.children)
     estimates.drop(1)
     assert runner.children[0].poll() is None  # task 3 waits for it
     estimates.drop(3)
     assert runner.children[0].wait(5) == -signal.SIGKILL  # not left to run until its timeout
-    until(lambda: len(runner.children) == 2)  # the worker took up the next estimate
+    wait_until(lambda: len(runner.children) == 2)  # the worker took up the next estimate
     estimates.drop(2)  # killed too, whether its child had started or was about to
     assert runner.children[1].wait(5) == -signal.SIGKILL
     estimates.close()
@@ -153,7 +153,7 @@ def test_the_configuration_sets_how_many_captures_run_at_once_and_for_how_long(t
     estimates = service(store, queued(store, spec, other), runner, config=EstimateConfig(timeout_s=1800, captures=2))
     estimates.request(1, spec)
     estimates.request(2, other)
-    until(lambda: len(runner.children) == 2)  # both at once, not one behind the other
+    wait_until(lambda: len(runner.children) == 2)  # both at once, not one behind the other
     assert [options["timeout_s"] for options in runner.options] == [1800, 1800]
     estimates.close()
 
@@ -163,15 +163,15 @@ def test_a_resubmitted_jobs_capture_is_killed_when_it_is_cancelled_too(tmp_path,
     spec, store = job(workdir), Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec, spec), runner)
     estimates.request(1, spec)
-    until(lambda: runner.children)
+    wait_until(lambda: runner.children)
     runner.children[0].kill()  # the first capture fails: task 1 gets recovery only (and may have run since)
-    assert until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
+    assert wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
     estimates.request(2, spec)  # submitted again: captured again
-    until(lambda: len(runner.children) == 2)
+    wait_until(lambda: len(runner.children) == 2)
     estimates.drop(2)
     assert runner.children[1].wait(5) == -signal.SIGKILL  # task 1's earlier interest does not keep it running
     assert estimates.need(Task(1, TaskSpec("train"), 0.0)) is None  # had task 1 still waited, it gets a capture
-    until(lambda: len(runner.children) == 3)
+    wait_until(lambda: len(runner.children) == 3)
     estimates.close()
     assert runner.children[2].wait(5) == -signal.SIGKILL
 
@@ -183,12 +183,12 @@ def test_an_estimate_is_not_made_for_a_cancelled_task_unless_another_task_waits_
     estimates = service(store, queued(store, spec, other, spec, spec), runner)
     for task_id, job_spec in ((1, spec), (2, other), (3, spec), (4, spec)):
         estimates.request(task_id, job_spec)
-    until(lambda: runner.calls)  # capturing train.py for tasks 1, 3 and 4
+    wait_until(lambda: runner.calls)  # capturing train.py for tasks 1, 3 and 4
     estimates.drop(2)  # other.py's estimate, still to start, is not made
     estimates.drop(1)  # tasks 3 and 4 still wait for train.py's
     estimates.drop(3)  # task 4 still does
     runner.release.set()
-    assert until(lambda: estimates.need(Task(4, TaskSpec("train"), 0.0))).mib == 3000
+    assert wait_until(lambda: estimates.need(Task(4, TaskSpec("train"), 0.0))).mib == 3000
     estimates.close()
     assert [argv for argv, _, _ in runner.calls] == [["python", "train.py"]]
 
@@ -200,11 +200,11 @@ def test_a_job_whose_estimate_failed_is_estimated_again_when_submitted_again(tmp
     jobs = queued(store, spec)
     estimates = service(store, jobs, runner)
     estimates.request(1, spec)
-    assert until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
+    assert wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
     runner.error = None  # its owner installed PyTorch, and submits it again
     jobs.update(queued(store, spec, spec))
     estimates.request(2, spec)
-    need = until(lambda: estimates.need(Task(2, TaskSpec("train"), 0.0)))
+    need = wait_until(lambda: estimates.need(Task(2, TaskSpec("train"), 0.0)))
     assert (need.kind, need.mib, len(runner.calls)) == (NeedKind.KNOWN, 3000, 2)
     estimates.request(3, spec)  # a success is kept
     assert estimates.settled(3) == need and len(runner.calls) == 2
@@ -216,7 +216,7 @@ def test_a_python_missing_from_the_tasks_path_is_a_clear_failure_not_carmas_own(
     spec, store = job(workdir, env={"PATH": str(tmp_path / "nothing-here")}), Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec), runner)
     estimates.request(1, spec)
-    need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.source == "xmem failed: python is not on the task's PATH: the task could not start either"
     assert runner.calls == []
     estimates.close()
@@ -228,7 +228,7 @@ def test_a_shell_line_cannot_be_captured(tmp_path, workdir):
     store = Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec), runner)
     estimates.request(1, spec)
-    need = until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.kind is NeedKind.UNKNOWN and "shell command line" in need.source and runner.calls == []
     estimates.close()
 
@@ -281,7 +281,7 @@ def test_an_executable_script_is_captured_with_the_python_its_first_line_names(t
     estimates.request(1, direct)
     estimates.request(2, named)
     runner.release.set()
-    until(lambda: len(runner.calls) == 2)
+    wait_until(lambda: len(runner.calls) == 2)
     assert [options["python"] for _, _, options in runner.calls] == [f"{venv}/python3"] * 2
     estimates.close()
 

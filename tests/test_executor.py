@@ -23,6 +23,7 @@ from carma.core.recovery import classify_exit
 from carma.server import proctree
 from carma.server.executor import LOG_TAIL_BYTES, ProcessExecutor, SpawnRecord, Stream
 from carma.server.spec import JobSpec
+from support import wait_until
 
 PY = sys.executable
 UUIDS = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc"}
@@ -55,13 +56,6 @@ if sys.argv[1] == "stay":
 
 def py(code: str, *args: str) -> tuple[str, ...]:
     return (PY, "-c", code, *args)
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def wait_for_exits(executor: ProcessExecutor, n: int, timeout: float = 10.0) -> list[TaskExit]:

@@ -23,7 +23,7 @@ from carma.sim.gpus import parse_gpus
 from carma.sim.models import Load, calibrated_interference, calibrated_power
 from carma.telemetry import GpuProcess
 from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
-from support import until
+from support import wait_until
 
 A100 = parse_gpus("A100-40GB")[0]
 TOTAL = A100.total_mib  # 40960 MiB
@@ -149,7 +149,7 @@ def test_dead_processes_are_forgotten(device: FakeDevice) -> None:
     zombie.kill()
     reaped.kill()
     reaped.wait()
-    until(lambda: device.processes(g0) == [])
+    wait_until(lambda: device.processes(g0) == [])
     assert list((device.root / "procs").glob("*.json")) == []
     assert device.sample(g0, 0.0).used_mib == 0
     zombie.wait()
@@ -310,9 +310,9 @@ def test_job_shows_on_its_gpu_while_running_and_exits_0(fast: FakeDevice, start_
     g0, _ = uuids(fast)
     backend = FakeGpuBackend(fast.root)
     job = start_job([g0], "--mem", "4GiB", "--mem-first", "1GiB", "--warmup", "10", "--seconds", "20")
-    until(lambda: backend.read(0.0)[0].processes == (GpuProcess(job.pid, 1024),))
-    until(lambda: backend.read(0.0)[0].processes == (GpuProcess(job.pid, 4096),))
-    until(lambda: backend.read(0.0)[0].sample.smact > 0)
+    wait_until(lambda: backend.read(0.0)[0].processes == (GpuProcess(job.pid, 1024),))
+    wait_until(lambda: backend.read(0.0)[0].processes == (GpuProcess(job.pid, 4096),))
+    wait_until(lambda: backend.read(0.0)[0].sample.smact > 0)
     out, err = job.communicate(timeout=30)
     assert job.returncode == 0, err
     assert "step 10/10" in out
@@ -334,7 +334,7 @@ def test_job_that_does_not_fit_exits_1_out_of_memory(fast: FakeDevice, start_job
 def test_sigterm_releases_memory_and_exits_143(fast: FakeDevice, start_job: JobStarter) -> None:
     g0, g1 = uuids(fast)
     job = start_job([g0, g1], "--mem", "8GiB", "--seconds", "3600")
-    until(lambda: used(fast, g1) == 8192)
+    wait_until(lambda: used(fast, g1) == 8192)
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=30)
     assert job.returncode == 143
@@ -347,7 +347,7 @@ def test_collocated_jobs_slow_each_other_down(fast: FakeDevice, start_job: JobSt
     load = ["--gract", "0.9", "--smact", "0.6", "--smocc", "0.3", "--drama", "0.5"]
     second = start_job([g0], "--mem", "4GiB", "--seconds", "3600", *load)
     first = start_job([g0], "--mem", "4GiB", "--seconds", "20", *load)
-    until(lambda: sum(1 for _, _, computing in fast.processes(g0) if computing) == 2)
+    wait_until(lambda: sum(1 for _, _, computing in fast.processes(g0) if computing) == 2)
     slowdown = calibrated_interference().slowdowns([BUSY, BUSY], "mps")[0]
     assert slowdown > 1
     assert fast.speed(first.pid) == pytest.approx(1 / slowdown)

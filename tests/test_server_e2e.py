@@ -17,8 +17,8 @@ from carma.server.client import Client, ClientError
 from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import Trace, load_trace
-from servers import fakejob, free_port, wait_until
-from support import cli_env, run_carma
+from servers import fakejob, free_port
+from support import cli_env, run_carma, wait_until
 
 # ----------------------------------------------------------------------------- the basic workflow
 

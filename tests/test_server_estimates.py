@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from carma.server import proctree
 from servers import fakejob
-from support import alive, until
+from support import wait_until
 
 TRAIN = """
 import torch
@@ -106,8 +107,8 @@ def test_stopping_the_daemon_kills_the_captures_under_way_and_exits_cleanly(star
     server = start_server("--fake-gpus", "1xA100-40GB")
     submit(server, sys.executable, "slow.py", estimate="xmem", workdir=tmp_path)
     pid_file = tmp_path / "pid"
-    until(lambda: pid_file.exists() and pid_file.read_text())
+    capture = int(wait_until(lambda: pid_file.exists() and pid_file.read_text()))
+    started = proctree.start_ticks(capture)
     server.stop()  # SIGTERM
     assert server.proc.returncode == 0
-    capture = int(pid_file.read_text())
-    until(lambda: not alive(capture))  # killed, not left running
+    wait_until(lambda: not proctree.alive(capture, started))  # killed, not left running
