@@ -149,10 +149,10 @@ def _estimate_in_child(
         try:
             _, err = child.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(child.pid)
+            kill_group(child.pid)
             child.communicate()
             raise EstimateError(f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s") from None
-        _kill_group(child.pid)  # whatever the job left running
+        kill_group(child.pid)  # whatever the job left running
         if not result.exists():
             raise EstimateError(_death(child.returncode, err))
         payload = json.loads(result.read_text())
@@ -179,7 +179,8 @@ def _death(returncode: int, err: str) -> str:
     return f"the estimating process died (exit status {returncode}): {last}"
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
+    """End a capture child and whatever it started (its process group), if it is still there."""
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 

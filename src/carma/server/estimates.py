@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +33,7 @@ from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
 from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
+from carma.estimate.runner import estimate_script, kill_group
 from carma.estimate.script import is_python, parse_argv, shebang_program
 from carma.server.executor import groups_of
 from carma.server.spec import JobSpec
@@ -228,9 +228,7 @@ class Estimates:
     def _estimate(self, capture: _Capture, job: JobSpec, method: str) -> Estimate:
         if job.shell:
             raise EstimateError("a shell command line cannot be captured; submit `python script.py ...` instead")
-        runner = self._runner
-        if runner is None:
-            from carma.estimate.runner import estimate_script as runner
+        runner = self._runner or estimate_script
         python = _interpreter(job)
         if python is None and is_python(job.argv[0]):
             raise EstimateError(f"{job.argv[0]} is not on the task's PATH: the task could not start either")
@@ -292,17 +290,12 @@ class _Capture:
     def started(self, group: int) -> None:
         self.group = group
         if self.stopped:  # stopped between the worker taking it up and the child starting
-            _kill(group)
+            kill_group(group)
 
     def stop(self) -> None:
         self.stopped = True
-        _kill(self.group)
-
-
-def _kill(group: int | None) -> None:
-    if group is not None:
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
+        if self.group is not None:
+            kill_group(self.group)
 
 
 def _need(estimate: Estimate) -> MemoryNeed:
