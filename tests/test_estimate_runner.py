@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from carma.estimate import libraries  # noqa: E402
+from carma.estimate import cuda_on_cpu, libraries  # noqa: E402
 from carma.estimate.base import Capture, EstimateError  # noqa: E402
 from carma.estimate.job import capture_job  # noqa: E402
 from carma.estimate.runner import estimate_job, estimate_script  # noqa: E402
@@ -105,6 +105,11 @@ def layers():  # every operator whose arithmetic the capture skips, in one small
     batch = (torch.randn(64, 256), torch.randint(0, 10, (64,)))
     optimizer = torch.optim.AdamW(model.parameters())
     return TrainingJob(model, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), optimizer)
+
+def on_cuda():
+    job = mlp()
+    batch = tuple(t.cuda() for t in job.batch)
+    return TrainingJob(job.model.cuda(), batch, job.loss, job.optimizer)
 
 def as_tuple():
     job = mlp()
@@ -462,6 +467,70 @@ def test_a_trainer_in_mixed_precision_is_estimated_in_it(workdir: Path) -> None:
         assert estimated.breakdown.activations < full.breakdown.activations, precision
 
 
+# MLP_SCRIPT without its fall-back: CUDA named throughout, and the weights loaded from a checkpoint that
+# was saved on a GPU.
+CUDA_SCRIPT = (
+    MLP_SCRIPT.replace(
+        'device = "cuda" if torch.cuda.is_available() else "cpu"', 'torch.cuda.set_device(0)\ndevice = "cuda"'
+    )
+    .replace("model = model.to(device)", 'model = model.cuda()\nmodel.load_state_dict(torch.load("gpu.pt"))')
+    .replace("optimizer.step()", "optimizer.step()\n    torch.cuda.synchronize()")
+)
+
+
+def test_a_script_that_names_cuda_is_estimated_as_its_cpu_fallback(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`.cuda()`, `device="cuda"`, `torch.cuda.synchronize()` and a GPU checkpoint run on the CPU, where the
+    falling-back script puts the same tensors: same estimate, and a note saying what was asked of CUDA."""
+    from torch import serialization
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(512, 10)
+    )
+    with monkeypatch.context() as saving_on_a_gpu:
+        saving_on_a_gpu.setattr(serialization, "location_tag", lambda storage: "cuda:0")
+        torch.save(model.state_dict(), workdir / "gpu.pt")
+    with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):
+        torch.load(workdir / "gpu.pt")
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
+    named = estimate(["python", script(workdir, "named.py", CUDA_SCRIPT), *argv])
+    assert (named.peak_bytes, named.breakdown) == (fallback.peak_bytes, fallback.breakdown)
+    asked = ["torch.cuda.set_device()", ".cuda()", 'device="cuda"', "torch.cuda.synchronize()"]
+    assert named.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),) and fallback.notes == ()
+    assert "step 1 on cuda" in (workdir / "steps.log").read_text()
+
+
+def test_a_job_function_that_names_cuda_is_captured_on_the_cpu(workdir: Path) -> None:
+    capture = capture_job("jobs:on_cuda")
+    assert capture.notes == (cuda_on_cpu.NOTE.format(".cuda()"),)
+    on_cpu = estimate_xmem(capture_job("jobs:mlp"), 300 * MIB, "test-gpu")
+    assert estimate_xmem(capture, 300 * MIB, "test-gpu").peak_bytes == on_cpu.peak_bytes
+
+
+def test_cuda_is_kept_on_the_cpu_only_while_capturing(tmp_path: Path) -> None:
+    from torch.overrides import _get_current_function_mode_stack
+
+    load, synchronize = torch.load, torch.cuda.synchronize
+    torch.save(torch.ones(2), tmp_path / "t.pt")
+    with cuda_on_cpu.cuda_on_cpu() as asked:
+        x = torch.zeros(2, device="cuda:0")
+        assert x.to(0, torch.float16).device.type == "cpu" and x.cuda(non_blocking=True) is x
+        assert torch.load(tmp_path / "t.pt", "cuda").device.type == "cpu"
+        with torch.device("cuda"):
+            assert torch.randn(2).device.type == "cpu"
+        torch.set_default_device("cuda")
+        try:
+            assert torch.randn(2).device.type == "cpu"
+        finally:
+            torch.set_default_device(None)
+        torch.cuda.synchronize()
+    assert asked == ['device="cuda"', '.to("cuda")', ".cuda()", 'torch.load(map_location="cuda")',
+                     'torch.set_default_device("cuda")', "torch.cuda.synchronize()"]  # fmt: skip
+    assert (torch.load, torch.cuda.synchronize) == (load, synchronize) and not _get_current_function_mode_stack()
+
+
 def test_the_library_checks_are_patched_only_while_capturing() -> None:
     training_args = pytest.importorskip("transformers.training_args")
     original = training_args.is_torch_bf16_gpu_available
@@ -767,8 +836,10 @@ def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
     train = tiny_script(workdir, "crash.py", 5, 'if step == 1: raise ValueError("boom in the training loop")')
     with pytest.raises(EstimateError, match="crashed after 2 optimizer steps: ValueError: boom in the training loop"):
         estimate(["python", train])
-    on_gpu = script(workdir, "on_gpu.py", "import torch\ntorch.nn.Linear(4, 2).cuda()\n")
-    with pytest.raises(EstimateError, match=r"crashed after 0 optimizer steps: .*CUDA.* let it fall back to the CPU"):
+    on_gpu = script(workdir, "on_gpu.py", "import torch\ntorch.cuda.get_device_properties(0)\n")
+    with pytest.raises(
+        EstimateError, match=r"crashed after 0 optimizer steps: .*CUDA.* let the job fall back to the CPU"
+    ):
         estimate(["python", on_gpu])
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from carma.estimate import cuda_on_cpu
 from carma.estimate.base import Capture, EstimateError, TrainingJob
 from carma.estimate.session import DEFAULT_STEPS, StepLimitReached, capturing, hide_cuda, last_line
 
@@ -20,30 +21,34 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
     """Build the job from `target` ("module:function" or "path/file.py:function") and profile `steps`
     iterations of `zero_grad(); loss(model, batch).backward(); step()` in this process.
 
-    CUDA is hidden from this process first (unless PyTorch already initialised it); the job must be
-    built on the CPU. Building it is not profiled: its parameters are read from the model.
+    CUDA is hidden from this process first (unless PyTorch already initialised it); what the job puts on
+    CUDA stays on the CPU (`carma.estimate.cuda_on_cpu`). Building it is not profiled: its parameters are
+    read from the model.
     """
     started = time.perf_counter()
     hide_cuda()
     function = _load_job_function(target)
-    try:
-        job = _as_job(function(), target)
-    except EstimateError:
-        raise
-    except Exception as exc:
-        raise EstimateError(f"the job function {target} failed: {last_line(exc)}") from None
-    with capturing(steps, exact) as session:
-        session.start()
+    with cuda_on_cpu.cuda_on_cpu() as cuda_asked:
         try:
-            for _ in range(steps):
-                job.optimizer.zero_grad()
-                job.loss(job.model, job.batch).backward()
-                job.optimizer.step()
-        except StepLimitReached:
-            pass
+            job = _as_job(function(), target)
+        except EstimateError:
+            raise
         except Exception as exc:
-            raise EstimateError(f"the training step of {target} failed: {last_line(exc)}") from None
-    return Capture(job, session.trace, steps, time.perf_counter() - started, notes=tuple(session.notes))
+            raise EstimateError(cuda_on_cpu.explained(f"the job function {target} failed: {last_line(exc)}")) from None
+        with capturing(steps, exact) as session:
+            session.start()
+            try:
+                for _ in range(steps):
+                    job.optimizer.zero_grad()
+                    job.loss(job.model, job.batch).backward()
+                    job.optimizer.step()
+            except StepLimitReached:
+                pass
+            except Exception as exc:
+                failed = f"the training step of {target} failed: {last_line(exc)}"
+                raise EstimateError(cuda_on_cpu.explained(failed)) from None
+    notes = (*session.notes, *cuda_on_cpu.notes(cuda_asked))
+    return Capture(job, session.trace, steps, time.perf_counter() - started, notes=notes)
 
 
 def job_parts(target: str) -> tuple[str, str]:

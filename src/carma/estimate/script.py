@@ -24,16 +24,12 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from carma.estimate import libraries
+from carma.estimate import cuda_on_cpu, libraries
 from carma.estimate.base import Capture, EstimateError, TrainingJob, optimizer_parameters
 from carma.estimate.session import DEFAULT_STEPS, Session, StepLimitReached, capturing, hide_cuda, last_line
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
 HELD_ITEMS = 64  # containers larger than this are not looked into
-_CUDA_HINT = (
-    "the capture runs the script on the CPU with CUDA hidden: let it fall back to the CPU, "
-    'e.g. device = "cuda" if torch.cuda.is_available() else "cpu"'
-)
 _COMPILE_NOTE = (
     "the script's torch.compile was left eager (on the CPU it would build CPU kernels): the estimate is the "
     "eager peak, and compiled GPU kernels usually keep fewer activations"
@@ -283,6 +279,7 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
                 recorder.hooks(),
                 _compile_calls() as compiled,
                 libraries.mixed_precision_without_gpu() as mixed_precision,
+                cuda_on_cpu.cuda_on_cpu() as cuda_asked,
                 warnings.catch_warnings(record=True),
             ):
                 sys.argv = ["-c" if kind == "code" else target, *args]
@@ -303,9 +300,7 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
                 ) from None
         except Exception as exc:
             crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
-            if "CUDA" in crash:
-                crash += f" ({_CUDA_HINT})"
-            raise EstimateError(crash) from None
+            raise EstimateError(cuda_on_cpu.explained(crash)) from None
         if not session.order:
             raise EstimateError(f"the script never reached an optimizer step; xMem needs {steps} training steps")
         if not session.stopped and session.finished(ended=True) < steps:
@@ -317,6 +312,7 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
     extra_models = recorder.besides(model)
     notes = list(session.notes)
+    notes += cuda_on_cpu.notes(cuda_asked)
     notes += [libraries.NOTE.format(library) for library in dict.fromkeys(mixed_precision)]
     if compiled:
         notes.append(_compile_note(compiled))
