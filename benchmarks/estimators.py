@@ -278,7 +278,7 @@ def main() -> None:
     if args.per_run:
         per_run([row["Filename"] for row in rows], outcomes)
     report({method: figures(outcomes, method, device.context_bytes) for method in CPU_METHODS})
-    if not args.skip_bert:  # in a process of its own, as a `carma estimate` would be: the capture needs ~12 GB
+    if not args.skip_bert:  # in a process of its own, as a `carma estimate` would be: its captures peak at ~6 GB
         sys.stdout.flush()
         bert = [sys.executable, __file__, "--bert-only", "--device", device.name, "--steps", str(args.steps)]
         subprocess.run(bert, check=True, env=capture_environment())  # as `carma estimate` runs a capture
