@@ -46,7 +46,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EstimateConfig:
     """The daemon's memory estimates (`carma submit --estimate`): how long a capture may take to reach its
-    optimizer steps before the task runs recovery only, and how many captures run at once (each holds
+    optimizer steps before the task runs recovery only, and how many captures run at once (each holds up to
     about its job's GPU peak in host memory)."""
 
     timeout_s: float = 600.0
