@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -143,6 +144,27 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
     wait_until(lambda: len(runner.children) == 2)  # the worker took up the next estimate
     estimates.drop(2)  # killed too, whether its child had started or was about to
     assert runner.children[1].wait(5) == -signal.SIGKILL
+    estimates.close()
+
+
+def test_a_waiting_task_is_told_how_far_its_estimate_is(tmp_path, workdir):
+    (workdir / "other.py").write_text("print('other')\n")
+    slow, other = job(workdir), job(workdir, script="other.py")
+    store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
+    estimates = service(store, queued(store, slow, other, slow), runner)
+    estimates.request(1, slow)
+    estimates.request(2, other)
+    estimates.request(3, slow)
+    capturing = re.compile(r"capturing for \d+ s")
+    wait_until(lambda: capturing.fullmatch(estimates.progress(1) or ""))
+    assert capturing.fullmatch(estimates.progress(3) or "")  # the same capture
+    assert estimates.progress(2) == "1 capture(s) ahead of it"
+    estimates.drop(1)
+    estimates.drop(3)
+    wait_until(lambda: capturing.fullmatch(estimates.progress(2) or ""))
+    runner.children[1].kill()  # failed: no estimate under way any more
+    wait_until(lambda: estimates.progress(2) is None)
+    assert estimates.progress(4) is None  # a task that asked for none
     estimates.close()
 
 

@@ -4,6 +4,7 @@ in the background (xMem), or reads an earlier run's observed peak (history), and
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -94,6 +95,10 @@ def test_cancelling_a_task_that_waits_for_its_estimate_stops_the_capture(start_s
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
     slow = submit(server, sys.executable, "slow.py", estimate="xmem", workdir=tmp_path)
     trained = submit(server, sys.executable, "train.py", estimate="xmem", workdir=tmp_path)
+    waiting = wait_until(lambda: "capturing for" in (server.task(slow)["waiting_reason"] or "") and server.cli("queue"))
+    assert re.search(
+        rf"^{slow} .* waiting for its memory estimate \(xmem: capturing for \d+ s\)$", waiting.stdout, re.M
+    )
     assert server.cli("cancel", slow).returncode == 0
     attempt = first_attempt(server, trained)  # estimated without waiting for slow.py's capture to time out
     assert (attempt["need"], attempt["need_source"]) == ("known", "xmem")

@@ -198,6 +198,22 @@ class Estimates:
         key = self._fingerprints.get(task_id)
         return None if key is None else self._done.get(key)
 
+    def progress(self, task_id: TaskId) -> str | None:
+        """Where the estimate a task waits for stands, for its waiting reason: how long its capture has run,
+        or how many captures are ahead of it on the workers; None when none is under way for it."""
+        key = self._fingerprints.get(task_id)
+        capture = self._running.get(key) if key is not None else None
+        if capture is None or capture.future.done():
+            return None
+        if capture.started_s is not None:
+            return f"capturing for {time.monotonic() - capture.started_s:.0f} s"
+        ahead = 0
+        for other_key, other in self._running.items():  # in the order the workers take them up
+            if other_key == key:
+                break
+            ahead += not other.future.done()
+        return f"{ahead} capture(s) ahead of it" if ahead else "starting its capture"
+
     def made(self, task_id: TaskId) -> Estimate | None:
         """The estimate a capture made of the task's job, once there is one (never for `history`); the store
         keeps which one each task uses, so tasks from before a restart have theirs too."""
@@ -279,16 +295,18 @@ class Estimates:
 
 class _Capture:
     """One estimate under way: the tasks that asked for it and, once it has started, its child's process
-    group (its worker thread sets it, the scheduling loop may stop it: either may come first)."""
+    group and start time (its worker thread sets them, the scheduling loop may stop it: either may come
+    first)."""
 
     def __init__(self, task_id: TaskId) -> None:
         self.waiters = {task_id}
         self.future: Future[Estimate]
         self.group: int | None = None
+        self.started_s: float | None = None  # monotonic
         self.stopped = False
 
     def started(self, group: int) -> None:
-        self.group = group
+        self.group, self.started_s = group, time.monotonic()
         if self.stopped:  # stopped between the worker taking it up and the child starting
             kill_group(group)
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from carma import __version__
 from carma.core.memory import RECOVERY_NEED, given_need
-from carma.core.types import MemoryNeed, Task, TaskState
+from carma.core.scheduler import ESTIMATING
+from carma.core.types import MemoryNeed, Task, TaskId, TaskState
 from carma.server.daemon import Daemon
 
 
@@ -48,9 +49,16 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "start_s": task.attempts[0].dispatched_s if task.attempts else None,
         "ended_s": task.ended_s,
         "attempts": len(task.attempts),
-        "waiting_reason": daemon.scheduler.waiting_reason(task.id),
+        "waiting_reason": _waiting_reason(daemon, task.id),
         "reason": task.reason,
     }
+
+
+def _waiting_reason(daemon: Daemon, task_id: TaskId) -> str | None:
+    """The scheduler's reason, with how far the estimate is when the task waits for one."""
+    reason = daemon.scheduler.waiting_reason(task_id)
+    progress = daemon.estimates.progress(task_id) if reason == ESTIMATING else None
+    return f"{reason} ({daemon.jobs[task_id].estimator}: {progress})" if progress else reason
 
 
 def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
