@@ -128,14 +128,20 @@ class SleepingRunner:
         raise EstimateError(f"killed by signal {-child.returncode}")
 
 
-def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_path, workdir):
+def slow_other_slow(tmp_path: Path, workdir: Path) -> tuple[Estimates, SleepingRunner]:
+    """Tasks 1 and 3 ask for the same job's estimate, task 2 for another's, behind it on the one worker;
+    no capture ever finishes."""
     (workdir / "other.py").write_text("print('other')\n")
     slow, other = job(workdir), job(workdir, script="other.py")
     store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
     estimates = service(store, queued(store, slow, other, slow), runner)
-    estimates.request(1, slow)
-    estimates.request(2, other)  # behind it on the worker
-    estimates.request(3, slow)  # the same job as task 1
+    for task_id, spec in ((1, slow), (2, other), (3, slow)):
+        estimates.request(task_id, spec)
+    return estimates, runner
+
+
+def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_path, workdir):
+    estimates, runner = slow_other_slow(tmp_path, workdir)
     wait_until(lambda: runner.children)
     estimates.drop(1)
     assert runner.children[0].poll() is None  # task 3 waits for it
@@ -148,13 +154,7 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
 
 
 def test_a_waiting_task_is_told_how_far_its_estimate_is(tmp_path, workdir):
-    (workdir / "other.py").write_text("print('other')\n")
-    slow, other = job(workdir), job(workdir, script="other.py")
-    store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
-    estimates = service(store, queued(store, slow, other, slow), runner)
-    estimates.request(1, slow)
-    estimates.request(2, other)
-    estimates.request(3, slow)
+    estimates, runner = slow_other_slow(tmp_path, workdir)
     capturing = re.compile(r"capturing for \d+ s")
     wait_until(lambda: capturing.fullmatch(estimates.progress(1) or ""))
     assert capturing.fullmatch(estimates.progress(3) or "")  # the same capture
