@@ -127,6 +127,7 @@ def test_timeline_writes_a_png_for_xmem(work):
     ("args", "message"),
     [
         (("--job", "tinyjob:job", "--method", "guess"), "--method must be one of xmem, faketensor, horus, gpumemnet"),
+        (("--job", "tinyjob:job", "--method", "history"), "history is the server's estimate"),
         (("--job", "tinyjob:job", "--device", "tpu-v5"), "unknown device 'tpu-v5'; known devices: a100-40gb"),
         (("--job", "tinyjob:job", "--method", "horus", "--timeline", "t.png"), "--timeline needs --method xmem"),
         ((), "give a training command after -- or a job function with --job"),

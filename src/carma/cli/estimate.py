@@ -64,6 +64,11 @@ def estimate_cmd(
         return
     script = ctx.meta.get(_SCRIPT)
     try:
+        if method == "history":
+            raise UsageError(
+                "history is the server's estimate (the peak an earlier run of the same command was seen at): "
+                "carma submit --estimate history -- ..."
+            )
         choice(method, CPU_METHODS, "--method")
         if bool(job) == bool(script):
             raise UsageError(
