@@ -502,6 +502,38 @@ def test_a_script_that_names_cuda_is_estimated_as_its_cpu_fallback(
     assert "step 1 on cuda" in (workdir / "steps.log").read_text()
 
 
+# MLP_SCRIPT's batches copied on a side stream, as a data prefetcher does, and each step timed by CUDA events.
+PREFETCH_SCRIPT = MLP_SCRIPT.replace(
+    """    x = torch.randn(args.batch_size, 256, device=device)
+    y = torch.randint(0, 10, (args.batch_size,), device=device)
+""",
+    """    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    side = torch.cuda.Stream()
+    with torch.cuda.device(0), torch.cuda.stream(side):
+        x = torch.randn(args.batch_size, 256).cuda(non_blocking=True)
+        y = torch.randint(0, 10, (args.batch_size,)).cuda(non_blocking=True)
+    torch.cuda.current_stream().wait_stream(side)
+    x.record_stream(torch.cuda.current_stream())
+""",
+).replace(
+    "optimizer.step()",
+    "optimizer.step()\n    end.record()\n    end.synchronize()\n    assert start.elapsed_time(end) > 0",
+)
+
+
+def test_a_script_with_cuda_streams_and_events_is_estimated_as_its_cpu_fallback(workdir: Path) -> None:
+    """A prefetcher's side stream and CUDA-event timing run as the CPU's one stream: the same tensors, so
+    the same estimate as the falling-back script, and the note names them."""
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
+    streamed = estimate(["python", script(workdir, "streamed.py", PREFETCH_SCRIPT), *argv])
+    assert (streamed.peak_bytes, streamed.breakdown) == (fallback.peak_bytes, fallback.breakdown)
+    asked = ["torch.cuda.Event()", "torch.cuda.Stream()", "torch.cuda.device()", "torch.cuda.stream()", ".cuda()",
+             "torch.cuda.current_stream()", ".record_stream()"]  # fmt: skip
+    assert streamed.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),)
+
+
 def test_a_job_function_that_names_cuda_is_captured_on_the_cpu(workdir: Path) -> None:
     capture = capture_job("jobs:on_cuda")
     assert capture.notes == (cuda_on_cpu.NOTE.format(".cuda()"),)
@@ -512,7 +544,7 @@ def test_a_job_function_that_names_cuda_is_captured_on_the_cpu(workdir: Path) ->
 def test_cuda_is_kept_on_the_cpu_only_while_capturing(tmp_path: Path) -> None:
     from torch.overrides import _get_current_function_mode_stack
 
-    load, synchronize = torch.load, torch.cuda.synchronize
+    load, synchronize, stream = torch.load, torch.cuda.synchronize, torch.cuda.Stream
     torch.save(torch.ones(2), tmp_path / "t.pt")
     with cuda_on_cpu.cuda_on_cpu() as asked:
         x = torch.zeros(2, device="cuda:0")
@@ -526,9 +558,15 @@ def test_cuda_is_kept_on_the_cpu_only_while_capturing(tmp_path: Path) -> None:
         finally:
             torch.set_default_device(None)
         torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        x.record_stream(side)
+        with pytest.raises(RuntimeError, match="both events recorded"):
+            torch.cuda.Event().elapsed_time(side.record_event())
     assert asked == ['device="cuda"', '.to("cuda")', ".cuda()", 'torch.load(map_location="cuda")',
-                     'torch.set_default_device("cuda")', "torch.cuda.synchronize()"]  # fmt: skip
-    assert (torch.load, torch.cuda.synchronize) == (load, synchronize) and not _get_current_function_mode_stack()
+                     'torch.set_default_device("cuda")', "torch.cuda.synchronize()", "torch.cuda.Stream()",
+                     ".record_stream()", "torch.cuda.Event()"]  # fmt: skip
+    assert (torch.load, torch.cuda.synchronize, torch.cuda.Stream) == (load, synchronize, stream)
+    assert "record_stream" not in vars(torch.Tensor) and not _get_current_function_mode_stack()
 
 
 def test_the_library_checks_are_patched_only_while_capturing() -> None:

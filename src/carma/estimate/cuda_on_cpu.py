@@ -4,13 +4,16 @@ The capture hides CUDA, so a script that falls back to the CPU when CUDA is abse
 do not: they call `model.cuda()`, `batch.to("cuda")` or `torch.zeros(n, device="cuda")`, synchronise,
 or load a checkpoint saved on a GPU. While a job is captured those requests are kept on the CPU, where
 a falling-back script would have put the same tensors (`.cuda()` and `.to("cuda")` of a CPU tensor hand it
-back, as `.to("cpu")` does), so the trace and the estimate are those of the CPU fallback. What is not a
-tensor's placement (device properties, CUDA events and streams, free memory) is not imitated: it still
-fails, with the capture's hint to fall back to the CPU.
+back, as `.to("cpu")` does), so the trace and the estimate are those of the CPU fallback. Streams and
+events (a data prefetcher's side stream, CUDA-event timing) run as the CPU's one stream, whose operators
+have finished when they return: waiting is done at once, and an event's time is the CPU's. What the
+GPU itself would answer (device properties, free memory) is not imitated: it still fails, with the
+capture's hint to fall back to the CPU.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,9 +24,9 @@ NOTE = (
 )
 
 HINT = (
-    "the capture runs the job on the CPU with CUDA hidden; it keeps tensors sent to CUDA on the CPU, but not "
-    'other CUDA calls: let the job fall back to the CPU, e.g. device = "cuda" if torch.cuda.is_available() '
-    'else "cpu"'
+    "the capture runs the job on the CPU with CUDA hidden; it keeps tensors sent to CUDA on the CPU and runs "
+    "CUDA streams and events as the CPU's, but not other CUDA calls: let the job fall back to the CPU, e.g. "
+    'device = "cuda" if torch.cuda.is_available() else "cpu"'
 )
 
 
@@ -44,6 +47,74 @@ def _is_cuda(device: Any) -> bool:
     if isinstance(device, int):
         return not isinstance(device, bool)
     return getattr(device, "type", None) == "cuda"  # a torch.device
+
+
+class _Event:
+    """A CUDA event on the CPU: recorded when `record` is called, complete at once."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._recorded_s: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._recorded_s = time.perf_counter()
+
+    def elapsed_time(self, end: _Event) -> float:
+        """Milliseconds from this event to `end`, as the CPU ran them."""
+        if self._recorded_s is None or end._recorded_s is None:
+            raise RuntimeError("elapsed_time needs both events recorded")
+        return (end._recorded_s - self._recorded_s) * 1000.0
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+
+class _Stream:
+    """A CUDA stream on the CPU: the CPU's one stream, on which every operator has finished when it returns."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: _Event | None = None) -> _Event:
+        event = event or _Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Device:
+    """`with torch.cuda.device(i):` on the CPU, where there is one device."""
+
+    def __init__(self, device: Any) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 @contextmanager
@@ -88,9 +159,19 @@ def cuda_on_cpu() -> Iterator[list[str]]:
     def keep_on_cpu(name: str, result: Any = None) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             note(f"torch.cuda.{name}()")
-            return result
+            return result(*args, **kwargs) if callable(result) else result
 
         return call
+
+    def noted(name: str, cls: type) -> type:
+        """`cls` as torch.cuda's class `name`, noting each instance; a class still, for the annotations
+        (`torch.cuda.Stream | None`) some libraries evaluate when imported."""
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            note(f"torch.cuda.{name}()")
+            cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
+
+        return type(name, (cls,), {"__init__": init})
 
     load = torch.load
 
@@ -105,20 +186,34 @@ def cuda_on_cpu() -> Iterator[list[str]]:
             kwargs["map_location"] = "cpu"
         return load(*args, **kwargs)
 
-    housekeeping = {
+    imitated = {
         "synchronize": keep_on_cpu("synchronize"),  # the CPU's operators have finished when they return
         "set_device": keep_on_cpu("set_device"),
         "current_device": keep_on_cpu("current_device", 0),
         "reset_peak_memory_stats": keep_on_cpu("reset_peak_memory_stats"),
+        "device": noted("device", _Device),
+        "Stream": noted("Stream", _Stream),
+        "stream": keep_on_cpu("stream", _Stream),  # `with torch.cuda.stream(s):` enters the CPU's stream
+        "current_stream": keep_on_cpu("current_stream", _Stream),
+        "default_stream": keep_on_cpu("default_stream", _Stream),
+        "Event": noted("Event", _Event),
     }
-    originals = {name: getattr(torch.cuda, name) for name in housekeeping}
-    for name, replacement in housekeeping.items():
+    originals = {name: getattr(torch.cuda, name) for name in imitated}
+    for name, replacement in imitated.items():
         setattr(torch.cuda, name, replacement)
     torch.load = load_on_cpu
+
+    def record_stream(tensor: Any, stream: Any) -> None:
+        """The CPU's one stream needs no note of another using the tensor (a method PyTorch checks the
+        argument of before any mode sees the call, hence patched on the class)."""
+        note(".record_stream()")
+
+    torch.Tensor.record_stream = record_stream  # type: ignore[method-assign]
     try:
         with CudaOnCpu():
             yield used
     finally:
+        del torch.Tensor.record_stream  # the method of torch._C.TensorBase again
         torch.load = load
         for name, original in originals.items():
             setattr(torch.cuda, name, original)
