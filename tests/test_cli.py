@@ -12,7 +12,7 @@ import pytest
 
 import carma
 from carma.sim.experiment import PAPER_SWEEP
-from support import run_carma
+from support import cli_env, run_carma
 
 RUN_FIELDS = {
     "config", "policy", "memory", "risk_filter",
@@ -258,6 +258,16 @@ def test_bad_input_is_an_error_line_with_exit_code_2(in_dir_with_bad_files, args
     assert "Traceback" not in result.stderr
     assert unwrapped(result.stderr).count("error:") == 1
     assert message in unwrapped(result.stderr)
+
+
+def test_without_matplotlib_plots_are_refused_before_the_simulation(tmp_path):
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env = cli_env(PYTHONPATH=str(tmp_path))
+    result = run_carma("simulate", "--sweep", "--csv", "sweep.csv", "--plot", "plots", cwd=tmp_path, env=env)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "error: plots need matplotlib: pip install 'carma[plot]'\n"
+    assert not (tmp_path / "sweep.csv").exists()  # nothing simulated, nothing half-written
 
 
 def test_an_unknown_option_is_a_usage_error():

@@ -116,11 +116,19 @@ def test_notes_on_the_capture_come_with_the_estimate(work):
     assert len(notes) == 1 and notes[0].startswith("the job's CUDA autocast")
 
 
-def test_timeline_writes_a_png_for_xmem(work):
-    png = work / "timeline.png"
+def test_timeline_writes_a_png_for_xmem_making_its_folder(work):
+    png = work / "plots" / "estimates" / "timeline.png"
     result = estimate(work, "--job", "tinyjob:job", "--timeline", png)
     assert result.returncode == 0, result.stderr
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_path):
+    (tmp_path / "matplotlib").mkdir()
+    (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env = cli_env(CARMA_HOME=str(work / "home"), PYTHONPATH=str(tmp_path))
+    result = run_carma("estimate", "--timeline", tmp_path / "t.png", "--", "python", "slow.py", cwd=work, env=env)
+    assert one_error_line(result) == "error: --timeline: plots need matplotlib: pip install 'carma[plot]'"
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,8 @@ def estimate_cmd(
             raise UsageError("--timeline needs --method xmem")
         if timeout <= 0:
             raise UsageError(f"--timeout must be positive, not {timeout:g}")
+        if timeline:
+            _check_plots()
     except UsageError as e:
         raise fail(str(e)) from None
     try:
@@ -107,6 +109,16 @@ def estimate_cmd(
             out.print(f"note: {note}", markup=False)
         if timeline:
             out.print(f"wrote {timeline}")
+
+
+def _check_plots() -> None:
+    """The timeline is drawn after the capture: say before it that matplotlib is missing."""
+    from carma.metrics.plots import PlotsUnavailable, pyplot
+
+    try:
+        pyplot()
+    except PlotsUnavailable as e:
+        raise UsageError(f"--timeline: {e}") from None
 
 
 def _status(message: str) -> AbstractContextManager[object]:

@@ -62,7 +62,7 @@ def simulate_cmd(
     from carma.config import ConfigError
     from carma.core.config import Policy
     from carma.core.scheduler import SpecError
-    from carma.metrics.plots import PlotsUnavailable, plot_sweep
+    from carma.metrics.plots import PlotsUnavailable, plot_sweep, pyplot
     from carma.metrics.record import from_run_result, write_records
     from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
     from carma.sim.experiment import RunConfig, simulate
@@ -70,6 +70,8 @@ def simulate_cmd(
     from carma.traces.loaders import TraceError, load_trace
 
     try:
+        if plot:
+            pyplot()  # missing matplotlib is said before the simulation, not after it
         twin = _twin_config(config, gpus, sharing)
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         if loaded.skipped:

@@ -25,7 +25,8 @@ class PlotsUnavailable(RuntimeError):
     pass
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; without matplotlib, PlotsUnavailable saying how to install it."""
     try:
         import matplotlib
 
@@ -38,7 +39,7 @@ def _pyplot() -> Any:
 
 def _styles(n: int) -> list[dict[str, Any]]:
     """One line style per run: the first (the baseline) black and dashed when there is more than one."""
-    cmap = _pyplot().get_cmap("tab20")
+    cmap = pyplot().get_cmap("tab20")
     order = [*range(0, 20, 2), *range(1, 20, 2)]  # its dark colours first, then the light ones
     styles = [{"color": cmap(order[i % 20]), "linestyle": "-"} for i in range(n)]
     if n > 1:
@@ -63,13 +64,13 @@ def _values(values: Sequence[float | None]) -> np.ndarray:
 
 def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def plot_makespan_energy(records: Sequence[RunRecord], path: Path) -> Path:
     """Makespan and energy per configuration, the first configuration dashed as the baseline."""
-    plt = _pyplot()
+    plt = pyplot()
     makespans = [r.figures.get("makespan_s") for r in records]
     scale, unit = _unit(max((m for m in makespans if m is not None), default=0.0))
     panels = (
@@ -103,7 +104,7 @@ def _cdf(values: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
     """Distributions of job completion time and waiting time over completed tasks, one line per run."""
-    plt = _pyplot()
+    plt = pyplot()
     metrics = (("jct_s", "job completion time"), ("wait_s", "waiting time"))
     scale, unit = _unit(max((t.jct_s or 0.0 for r in records for t in r.tasks), default=0.0))
     styles = _styles(len(records))
@@ -125,7 +126,7 @@ def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
 def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
     """GPU memory used and SMACT over time, one row of panels per GPU, one line per run (CARMA figure 5);
     out-of-memory crashes as triangles on the memory panel and dotted lines on both."""
-    plt = _pyplot()
+    plt = pyplot()
     indices = sorted({g.index for r in records for g in r.gpus} | {g for r in records for g in r.series})
     capacity = {g.index: g.total_mib for r in reversed(records) for g in r.gpus if g.total_mib}
     scale, unit = _unit(max(r.end_s - r.start_s for r in records))

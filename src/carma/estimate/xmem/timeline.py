@@ -104,12 +104,11 @@ def _live_requests(blocks: list[GpuBlock], events: list[tuple[float, int, int]])
 
 
 def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
-    """Write a PNG of tensor memory (allocated) against segment memory (reserved) over the replay."""
-    import matplotlib
+    """Write a PNG of tensor memory (allocated) against segment memory (reserved) over the replay (its folder
+    made if need be, as for carma's other outputs)."""
+    from carma.metrics.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     ax.step(sim.times, [r / GIB for r in sim.reserved], where="post", label="reserved (segments)", color="tab:purple")
     ax.fill_between(sim.times, [a / GIB for a in sim.allocated], step="post", alpha=0.5, label="allocated (tensors)")
@@ -125,5 +124,6 @@ def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
     ax.set_title(title)
     ax.legend(loc="upper left")
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
