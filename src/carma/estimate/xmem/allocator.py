@@ -58,19 +58,23 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
-def fragmentation_allowance(live_requests: Iterable[int]) -> int:
+def fragmentation_allowance(requests: Iterable[int]) -> int:
     """Headroom for the allocation order a GPU run takes and the replay cannot see: one more segment in
-    each pool the peak uses, a small-pool one and, when large blocks are alive at the peak (`live_requests`:
-    the bytes each asked for), the largest segment one of them would open.
+    each pool, a small-pool one and, when the job makes large requests (`requests`: the bytes each block of
+    the replay asked for), the largest segment one of them would open.
 
     The replay follows the CPU run's order, but on the GPU library workspaces and kernel temporaries the
     CPU never makes (cuBLAS, cuDNN, reductions) shift where blocks land, so a pool can end up holding one
     segment more than the replay's. Which request opens it is not known, so the allowance takes the one
     whose segment is largest: not always the largest request, since a 1-10 MiB block opens a 20 MiB
-    segment and a 14 MiB one a 14 MiB segment. On the GPUMemNet runs the bare replay's shortfalls were
-    within that much but for a few MiB (docs/estimate.md).
+    segment and a 14 MiB one a 14 MiB segment. Any request of the run may: a segment stays reserved once
+    opened (released only under device pressure), so one opened before the peak is still there at it, and
+    the reserved peak lasts to the end, so one opened after it adds to a later moment as much. (Taking only
+    the blocks alive at the peak moment made the allowance hang on which of several equal moments that
+    was.) On the GPUMemNet runs the bare replay's shortfalls were within that much but for a few MiB
+    (docs/estimate.md).
     """
-    large = (segment_size(r) for r in map(round_size, live_requests) if r > SMALL_SIZE)
+    large = (segment_size(r) for r in map(round_size, requests) if r > SMALL_SIZE)
     return SMALL_BUFFER + max(large, default=0)
 
 

@@ -104,7 +104,7 @@ def estimate_xmem(
     capacity = None if device_memory_bytes is None else max(device_memory_bytes - device_context_bytes, 0)
     result = run_xmem(capture, capacity)
     sim = result.simulation
-    allowance = fragmentation_allowance(sim.requests_at_peak)
+    allowance = fragmentation_allowance(sim.requests)
     if timeline:
         plot_timeline(result, timeline, device)
     breakdown = Breakdown(

@@ -27,7 +27,7 @@ class Simulation:
     at_peak: dict[Category, int]  # tensor bytes by category at the peak moment
     peak_time: float  # milliseconds since the first iteration started
     oom: bool  # the device capacity could not hold the sequence even after releasing cached segments
-    requests_at_peak: list[int]  # bytes asked for by each block alive at the peak
+    requests: list[int]  # bytes asked for by each block replayed
     segments_at_peak: list[int] = field(default_factory=list)  # sizes of the segments reserved then, sorted
     times: array = field(default_factory=lambda: array("d"))  # milliseconds, one point per event
     allocated: array = field(default_factory=lambda: array("q"))
@@ -53,11 +53,11 @@ def replay(
     addrs = [0] * len(blocks)
     held = [0] * len(blocks)
     by_category = dict.fromkeys(Category, 0)
-    sim = Simulation(0, 0, dict(by_category), 0.0, False, [])
+    sim = Simulation(0, 0, dict(by_category), 0.0, False, [block.size for block in blocks])
     sim.iteration_starts = [(t - origin) / 1000 for t in iteration_starts]
     best = (-1, -1)
-    peak_event, peak_log = -1, 0
-    for n, (t, kind, i) in enumerate(events):
+    peak_log = 0
+    for t, kind, i in events:
         block = blocks[i]
         if kind == 1:
             try:
@@ -79,9 +79,8 @@ def replay(
             best = (allocator.reserved, allocator.allocated)
             sim.at_peak = dict(by_category)
             sim.peak_time = ms
-            peak_event, peak_log = n, len(allocator.segment_log)
+            peak_log = len(allocator.segment_log)
     sim.peak_reserved = max(best[0], 0)
-    sim.requests_at_peak = _live_requests(blocks, events[: peak_event + 1])
     sim.segments_at_peak = _held_segments(allocator.segment_log[:peak_log])
     return sim
 
@@ -91,16 +90,6 @@ def _held_segments(log: list[int]) -> list[int]:
     held = Counter(size for size in log if size > 0)
     held.subtract(-size for size in log if size < 0)
     return sorted(held.elements())
-
-
-def _live_requests(blocks: list[GpuBlock], events: list[tuple[float, int, int]]) -> list[int]:
-    live: set[int] = set()
-    for _, kind, i in events:
-        if kind == 1:
-            live.add(i)
-        else:
-            live.discard(i)
-    return [blocks[i].size for i in live]
 
 
 def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
