@@ -118,6 +118,12 @@ def as_tuple():
 def not_a_job():
     return 42
 
+def parts_only():  # the loss calls the container's parts, never the container
+    model = torch.nn.ModuleDict({"body": torch.nn.Linear(64, 128), "head": torch.nn.Linear(128, 10)})
+    batch = (torch.randn(16, 64), torch.randint(0, 10, (16,)))
+    loss = lambda m, b: torch.nn.functional.cross_entropy(m["head"](m["body"](b[0])), b[1])
+    return TrainingJob(model, batch, loss, torch.optim.SGD(model.parameters(), lr=0.1))
+
 def records_its_process():
     import os
     open("job.pid", "w").write(str(os.getpid()))
@@ -958,6 +964,8 @@ def test_job_function_errors(workdir: Path) -> None:
         capture_job("jobs:missing")
     with pytest.raises(EstimateError, match="is not 'module:function'"):
         capture_job("jobs")
+    with pytest.raises(EstimateError, match="a job function's loss must call the model itself"):
+        estimate_xmem(capture_job("jobs:parts_only"), 300 * MIB, "test-gpu")
 
 
 def test_a_job_function_is_estimated_in_a_child_process_as_in_this_one(workdir: Path) -> None:

@@ -242,7 +242,12 @@ def _iterations(
         calls = [t for t in forwards if earliest <= t <= end]
         forward = _training_forward(calls, backward_starts) if k == 0 else next(iter(calls), None)
         if forward is None:
-            raise EstimateError(f"iteration {k} never calls the model ({job.model_window.removeprefix(MODULE_MARK)})")
+            model = job.model_window.removeprefix(MODULE_MARK)
+            raise EstimateError(
+                f"iteration {k} never calls the model ({model}): xMem reads each iteration's forward pass from "
+                "the model's call, so a job function's loss must call the model itself, not only its parts "
+                "(wrap a container such as nn.ModuleDict in a module whose forward runs them)"
+            )
         if k == 0:
             start = _first_iteration_start(start, forward, blocks, job.batch)
         inside = [(s, e) for s, e in backward_ops if start <= s <= end]
