@@ -242,9 +242,9 @@ def _iterations(
         calls = [t for t in forwards if earliest <= t <= end]
         forward = _training_forward(calls, backward_starts) if k == 0 else next(iter(calls), None)
         if forward is None:
-            model = job.model_window.removeprefix(MODULE_MARK)
+            model = job.model_window.removeprefix(MODULE_MARK).split()[0]  # its class, not its identity
             raise EstimateError(
-                f"iteration {k} never calls the model ({model}): xMem reads each iteration's forward pass from "
+                f"iteration {k} never calls the model (a {model}): xMem reads each iteration's forward pass from "
                 "the model's call, so a job function's loss must call the model itself, not only its parts "
                 "(wrap a container such as nn.ModuleDict in a module whose forward runs them)"
             )
