@@ -99,7 +99,11 @@ def test_sweep_json_runs_the_papers_15_configurations_against_exclusive(sweep_js
 def test_sweep_table_csv_and_charts(sweep_outputs, sweep_json):
     result, csv_path, plots = sweep_outputs
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    # CARMA's table has no estimate for some of trace 1's tasks (an estimator failed on them): said, once
+    assert result.stderr == (
+        "note: tasks without a recorded estimate run on a whole GPU: horus 4 of 60, faketensor 7 of 60, "
+        "gpumemnet 2 of 60\n"
+    )
     for label in SWEEP_LABELS:
         assert f"│ {label} " in result.stdout
     assert "wrote results/sweep.csv" in result.stdout
@@ -193,7 +197,7 @@ def test_a_two_gpu_task_on_a_one_gpu_server_is_a_one_line_error():
     result = run_carma("simulate", "--trace", "carma-t1", "--gpus", "1xA100-40GB")
     assert result.returncode == 2
     assert result.stdout == ""
-    assert result.stderr == "error: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1\n"
+    assert result.stderr == "error: trace carma-t1: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1\n"
 
 
 BAD_FILES = {
@@ -217,6 +221,11 @@ def in_dir_with_bad_files(tmp_path):
 SWEEP_ONLY = "--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter"
 BAD_INPUTS = {
     "policy": (["--policy", "fastest"], "--policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fastest'"),
+    "policy-empty": (
+        ["--policy", ""],
+        "--policy must be one of exclusive, rr, magm, lug, ff, bf; got ''",
+    ),  # unset $VAR
+    "sweep-policy-empty": (["--sweep", "--policy", ""], "--sweep runs the paper's configuration list"),
     "memory": (
         ["--memory", "guess"],
         "--memory must be one of none, oracle, horus, faketensor, gpumemnet; got 'guess'",
@@ -244,7 +253,10 @@ BAD_INPUTS = {
     "config-missing": (["--config", "missing.toml"], "no config file 'missing.toml'"),
     "config-invalid": (["--config", "invalid.toml"], "invalid.toml: not valid TOML ("),
     "config-key": (["--config", "unknown-key.toml"], "unknown key(s) gpu"),
-    "config-value": (["--config", "bad-policy.toml"], "bad-policy.toml: 'fast' is not a valid Policy"),
+    "config-value": (
+        ["--config", "bad-policy.toml"],
+        "bad-policy.toml: policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'",
+    ),
     "config-weights": (["--config", "bad-weights.toml"], "risk weights must be non-negative and sum to 1"),
 }
 
@@ -294,6 +306,31 @@ def test_error_messages_are_printed_verbatim(in_dir_with_bad_files, args, messag
     result = in_dir_with_bad_files(*args)
     assert result.returncode == 2
     assert message in unwrapped(result.stderr)
+
+
+def test_a_sweep_with_the_risk_filter_switched_off_in_the_config_runs_every_configuration_without_it(tmp_path):
+    (tmp_path / "norisk.toml").write_text("[scheduler.risk]\nenabled = false\n")
+    result = run_carma("simulate", "--sweep", "--config", "norisk.toml", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(result.stdout)["runs"]
+    assert [r["risk_filter"] for r in runs] == [False] * 14  # MAGM oracle without it is no longer a row of its own
+    assert [r["config"] for r in runs][:3] == [
+        "Exclusive",
+        "RR recovery only, no risk filter",
+        "MAGM recovery only, no risk filter",
+    ]
+
+
+def test_names_print_as_written_and_estimator_runs_say_which_tasks_lack_an_estimate(tmp_path):
+    (tmp_path / "mine[b].csv").write_text("submit_s,task,solo_s,mem_mib,horus_mib\n0,a,600,4000,5000\n5,b,600,4000,\n")
+    result = run_carma(
+        "simulate", "--trace", "mine[b].csv", "--memory", "horus", "--save", "out[/x].json", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "note: tasks without a recorded estimate run on a whole GPU: horus 1 of 2\n"
+    assert "trace mine[b]: 2 tasks" in result.stdout
+    assert "wrote out[/x].json" in result.stdout
+    assert (tmp_path / "out[" / "x].json").is_file()
 
 
 def test_version():

@@ -154,6 +154,13 @@ def test_weights_must_sum_to_one(weights):
         ({"estimate": {"timeout_s": 0}}, "timeout_s must be positive"),
         ({"estimate": {"captures": 0}}, "captures must be at least 1"),
         ({"estimate": {"captures": 1.5}}, "[estimate]: captures must be an integer, not 1.5"),
+        ({"scheduler": {"sample_interval_s": float("inf")}}, "[scheduler]: sample_interval_s must be a finite number"),
+        ({"twin": {"power_exponent": float("nan")}}, "[twin]: power_exponent must be a finite number, not nan"),
+        (  # NaN would pass the sum check and switch the risk filter off unsaid
+            {"scheduler": {"risk": {"weights": {"mean": float("nan")}}}},
+            "[scheduler.risk.weights]: mean must be a finite number",
+        ),
+        ({"scheduler": {"policy": "fast"}}, "policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'"),
     ],
 )
 def test_invalid_values_are_config_errors(doc, message):
@@ -182,6 +189,12 @@ def test_invalid_toml_is_a_config_error_naming_the_file(toml_file):
     with pytest.raises(ConfigError, match=r"carma\.toml: not valid TOML \(") as excinfo:
         load_config(path)
     assert str(excinfo.value).startswith(str(path))
+
+
+def test_a_file_with_a_byte_order_mark_reads_as_without(tmp_path):
+    path = tmp_path / "carma.toml"
+    path.write_bytes(b'\xef\xbb\xbf[scheduler]\npolicy = "lug"\n')
+    assert load_config(path).scheduler.policy is Policy.LUG
 
 
 def test_errors_in_a_file_name_the_file(toml_file):

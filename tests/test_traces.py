@@ -206,6 +206,40 @@ BAD_TRACES = [
     pytest.param("t.sh", "sleep soon\n", "line 1: cannot read 'sleep soon'", id="bad-sleep"),
     pytest.param("t.sh", "sleep -5\npython submit.py --task vgg.rad\n", "must not be negative", id="negative-sleep"),
     pytest.param("t.sh", "# nothing\n", "the trace has no tasks", id="empty-script"),
+    pytest.param(
+        "t.sh", "sleep 100\nsleep -10\npython submit.py --task vgg.rad\n", "line 2: 'sleep -10'", id="sleep-back"
+    ),
+    *(
+        pytest.param(
+            "t.sh",
+            f"sleep {word}\npython submit.py --task vgg.rad\n",
+            "must not be negative or infinite",
+            id=f"sleep-{word}",
+        )
+        for word in ("inf", "nan")
+    ),
+    *(
+        pytest.param(
+            "t.csv", f"submit_s,task\n{word},vgg\n", "line 2: submit time must be a finite number", id=f"csv-{word}"
+        )
+        for word in ("inf", "nan")
+    ),
+    pytest.param("t.csv", "submit_s,task,ttfk_s\n0,vgg,nan\n", "ttfk_s must be a finite number", id="nan-field"),
+    pytest.param("t.csv", "submit_s,task,gpus\n0,vgg,1.5\n", "gpus must be a whole number", id="fractional-gpus"),
+    pytest.param("t.csv", "submit_s,task\n0,vgg\n5\n", "line 3: fewer values than the header", id="short-row"),
+    pytest.param(
+        "t.csv", "submit_s,task\n0,vgg\n\n\n5,nosuch\n", "line 5: unknown task 'nosuch'", id="line-after-blanks"
+    ),
+    pytest.param(
+        "t.csv", 'submit_s,task,mem_mib\n0,vgg,"8\nGiB"\n5,nosuch,\n', "line 4: unknown task", id="quoted-newline"
+    ),
+    pytest.param("t.yaml", "tasks:\n  - {at: .inf, task: vgg}\n", "task 1: submit time must be a finite", id="at-inf"),
+    pytest.param("t.yaml", "tasks:\n  - {at: true, task: vgg}\n", "task 1: 'at' must be a number", id="at-bool"),
+    pytest.param(
+        "t.yaml", "tasks:\n  - {at: 0, task: vgg, repeat: 2, every: .nan}\n", "'every' a finite", id="every-nan"
+    ),
+    pytest.param("t.yaml", "nmae: x\ntasks:\n  - {at: 0, task: vgg}\n", ": unknown key(s) nmae", id="top-key"),
+    pytest.param("t.yaml", "name: [a]\ntasks:\n  - {at: 0, task: vgg}\n", "'name' must be a string", id="name"),
     pytest.param("t.yaml", "tasks: [\n", "not valid YAML", id="invalid-yaml"),
     pytest.param("t.yaml", "", "a YAML trace needs a 'tasks' list", id="empty-yaml"),
     pytest.param("t.yaml", "tasks: []\n", "the trace has no tasks", id="no-yaml-tasks"),
@@ -247,6 +281,41 @@ def test_a_bad_trace_is_one_clear_trace_error(catalog, write, file, text, messag
     assert error.startswith(f"{file}")
     assert message in error
     assert "\n" not in error
+
+
+def test_a_trace_that_is_not_utf8_is_a_trace_error_naming_the_file(catalog, tmp_path):
+    path = tmp_path / "latin.csv"
+    path.write_bytes("submit_s,task\n0,caf\xe9\n".encode("latin-1"))
+    with pytest.raises(TraceError, match=r"^latin\.csv: not UTF-8 text \(byte 19"):
+        load_trace(str(path), catalog)
+
+
+def test_a_spreadsheets_csv_with_a_byte_order_mark_and_crlf_reads_as_plain_csv(catalog, tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbfsubmit_s,task\r\n0,vgg\r\n5,dlrm\r\n")
+    assert schedule(load_trace(str(path), catalog)) == [(0.0, "vgg"), (5.0, "dlrm")]
+
+
+def test_a_row_that_defines_a_task_too_thinly_is_an_error_even_when_skipping(catalog, write):
+    path = write("thin.csv", "submit_s,task,solo_s,mem_mib\n0,vgg,,\n10,my_job,,6000\n20,mnist_train,,\n")
+    with pytest.raises(TraceError, match=r"line 3: unknown task 'my_job': .*define it with solo_s"):
+        load_trace(path, catalog, skip_unknown=True)
+    trace = load_trace(write("named.csv", "submit_s,task\n0,vgg\n20,mnist_train\n"), catalog, skip_unknown=True)
+    assert trace.skipped == ("mnist_train",)  # a bare unknown name is still skipped
+
+
+def test_script_sleeps_take_coreutils_units_and_task_paths_may_be_quoted(catalog, write):
+    script = "sleep 2m\npython submit.py --task '/x/vgg.rad'\nsleep 1.5h\npython submit.py --task \"/x/dlrm.rad\"\n"
+    assert schedule(load_trace(write("u.sh", script), catalog)) == [(120.0, "vgg"), (5520.0, "dlrm")]
+
+
+def test_a_trace_may_give_its_tasks_estimates_for_the_estimator_runs(catalog, write):
+    path = write(
+        "est.csv", "submit_s,task,solo_s,mem_mib,horus_mib,gpumemnet_mib\n0,my_job,600,4000,5GiB,\n5,vgg,,,,9000\n"
+    )
+    mine, vgg = (e.workload for e in load_trace(path, catalog).entries)
+    assert mine.estimates == {"horus": 5 * 1024}
+    assert vgg.estimates == {**catalog["vgg"].estimates, "gpumemnet": 9000}  # the catalog's others kept
 
 
 def test_invalid_yaml_is_a_trace_error_naming_the_file(catalog, write):

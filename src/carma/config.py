@@ -28,6 +28,7 @@ Every key is optional; unknown keys are an error, so a typo never passes silentl
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -93,6 +94,8 @@ def _section(table: object, defaults: dict[str, object], where: str) -> dict[str
         expected, kind = _expected(defaults[key])
         if not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected):
             raise ConfigError(f"{where}: {key} must be {kind}, not {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # TOML has inf and nan
+            raise ConfigError(f"{where}: {key} must be a finite number, not {value!r}")
     return dict(table)
 
 
@@ -110,6 +113,9 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
     weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), f"{source} [scheduler.risk.weights]")
     try:
         if "policy" in sched:
+            policies = [p.value for p in Policy]
+            if sched["policy"] not in policies:
+                raise ValueError(f"policy must be one of {', '.join(policies)}; got {sched['policy']!r}")
             sched["policy"] = Policy(sched["policy"])
         scheduler = SchedulerConfig(**sched, risk=RiskConfig(**risk, weights=RiskWeights(**weights)))
         twin_args: dict[str, Any] = {"scheduler": scheduler}
@@ -129,9 +135,11 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"no config file {str(path)!r}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
     return parse_config(doc, str(path))

@@ -18,8 +18,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(width=None if sys.stdout.isatty() else 200)  # pipes and CI logs get whole rows
-err = Console(stderr=True, highlight=False)
+# No markup: what carma prints holds file, task and config names, and "[b]" or "[scheduler.risk]" in one
+# must print as written
+out = Console(width=None if sys.stdout.isatty() else 200, markup=False)  # pipes and CI logs get whole rows
+err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # whole lines, as logs need
 
 
 class UsageError(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -12,11 +13,12 @@ import typer
 
 from carma.cli.common import UsageError, app, choice, err, fail, out
 from carma.sim.models import SHARING_MODES
-from carma.traces.catalog import MEMORY_SOURCES
+from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES
 from carma.traces.loaders import BUILTIN_TRACES
 
 if TYPE_CHECKING:
     from carma.sim.experiment import RunResult, TwinConfig
+    from carma.traces.loaders import Trace
 
 
 def _twin_config(config_path: Path | None, gpus: str | None, sharing: str | None) -> TwinConfig:
@@ -77,13 +79,15 @@ def simulate_cmd(
         if loaded.skipped:
             err.print(f"skipped {len(loaded.skipped)} entries of unknown tasks: {loaded.skipped_summary()}")
         if sweep_all:
-            if policy or memory != "none" or no_risk_filter:
+            if policy is not None or memory != "none" or no_risk_filter:
                 raise UsageError("--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter")
+            _note_missing_estimates(loaded, ESTIMATOR_COLUMNS)
             results = _run_sweep(loaded, twin, jobs, quiet=as_json)
         else:
-            chosen = Policy(choice(policy, [p.value for p in Policy], "--policy")) if policy else None
+            chosen = Policy(choice(policy, [p.value for p in Policy], "--policy")) if policy is not None else None
             risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
             run = RunConfig(chosen or twin.scheduler.policy, choice(memory, MEMORY_SOURCES, "--memory"), risk_filter)
+            _note_missing_estimates(loaded, [run.memory])
             results = [simulate(loaded, run, twin)]
         rows = sweep_rows(results) if sweep_all else [r.row() for r in results]
         if csv_path:
@@ -92,7 +96,9 @@ def simulate_cmd(
         if save:
             source = f"carma simulate, trace {loaded.name} on {_server_name(results[0])}"
             write_records([from_run_result(r, source) for r in results], save)
-    except (UsageError, ConfigError, TraceError, SpecError, PlotsUnavailable, ValueError, OSError) as e:
+    except SpecError as e:  # a task the simulated server cannot run
+        raise fail(f"trace {loaded.name}: {e}") from None
+    except (UsageError, ConfigError, TraceError, PlotsUnavailable, ValueError, OSError) as e:
         raise fail(str(e)) from None
     if as_json:
         print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))
@@ -107,6 +113,19 @@ def simulate_cmd(
             out.print(f"wrote {path}")
 
 
+def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:
+    """Say how many tasks an estimator run places on a whole GPU for want of a recorded estimate (a trace's
+    own tasks have one only where it gives `<estimator>_mib`), so the run is not read as the estimator's."""
+    lacking = [
+        f"{source} {missing} of {len(trace.entries)}"
+        for source in sources
+        if source in ESTIMATOR_COLUMNS
+        and (missing := sum(e.workload.estimates.get(source) is None for e in trace.entries))
+    ]
+    if lacking:
+        err.print(f"note: tasks without a recorded estimate run on a whole GPU: {', '.join(lacking)}")
+
+
 def _server_name(result: RunResult) -> str:
     counts: dict[str, int] = {}
     for name in result.gpus:
@@ -117,9 +136,10 @@ def _server_name(result: RunResult) -> str:
 def _run_sweep(trace, twin: TwinConfig, jobs: int, quiet: bool) -> list[RunResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from carma.sim.experiment import PAPER_SWEEP, sweep
+    from carma.sim.experiment import paper_sweep, sweep
 
+    runs = paper_sweep(twin.scheduler.risk.enabled)
     columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True, disable=quiet or not sys.stderr.isatty()) as bar:
-        task = bar.add_task("sweep", total=len(PAPER_SWEEP))
-        return sweep(trace, PAPER_SWEEP, twin, jobs, progress=lambda _: bar.advance(task))
+        task = bar.add_task("sweep", total=len(runs))
+        return sweep(trace, runs, twin, jobs, progress=lambda _: bar.advance(task))

@@ -128,14 +128,18 @@ def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
     out-of-memory crashes as triangles on the memory panel and dotted lines on both."""
     plt = pyplot()
     indices = sorted({g.index for r in records for g in r.gpus} | {g for r in records for g in r.series})
-    capacity = {g.index: g.total_mib for r in reversed(records) for g in r.gpus if g.total_mib}
+    capacity = [{g.index: g.total_mib for g in r.gpus if g.total_mib} for r in records]  # runs may differ
     scale, unit = _unit(max(r.end_s - r.start_s for r in records))
     styles = _styles(len(records))
     height = 2.3 * len(indices) + 1.6
     fig, axes = plt.subplots(len(indices), 2, figsize=(14, height), sharex=True, squeeze=False, layout="constrained")
     for row, gpu in zip(axes, indices, strict=True):
         mem_ax, smact_ax = row
-        for record, style in zip(records, styles, strict=True):
+        lines = {caps[gpu] for caps in capacity if gpu in caps}
+        for record, style, caps in zip(records, styles, capacity, strict=True):
+            if gpu in caps:  # grey when every run's GPU has the same memory, else in the run's colour
+                color = "grey" if len(lines) == 1 else style["color"]
+                mem_ax.axhline(caps[gpu] / 1024, color=color, linestyle="--", linewidth=0.8)
             series = record.series.get(gpu)
             if not series or not series["t"]:
                 continue
@@ -146,9 +150,7 @@ def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
                 x = (oom.t - record.start_s) / scale
                 for ax in row:
                     ax.axvline(x, color=style["color"], linestyle=":", linewidth=1)
-                mem_ax.plot([x], [(capacity.get(gpu) or 0) / 1024], color=style["color"], **OOM_MARK)
-        if gpu in capacity:
-            mem_ax.axhline(capacity[gpu] / 1024, color="grey", linestyle="--", linewidth=0.8)
+                mem_ax.plot([x], [(caps.get(gpu) or 0) / 1024], color=style["color"], **OOM_MARK)
         mem_ax.set_ylabel(f"GPU {gpu} memory (GiB)")
         mem_ax.set_ylim(bottom=0)
         smact_ax.set_ylabel(f"GPU {gpu} SMACT")
@@ -168,8 +170,11 @@ def plot_sweep(results: Sequence[RunResult], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     records = [from_run_result(r) for r in results]
     written = [plot_makespan_energy(records, directory / "makespan_energy.png")]
-    by_label = {r.label: r for r in records}
-    pair = [by_label.get("Exclusive"), by_label.get("MAGM recovery only")]
+    # by policy, not label: with the risk filter off the recovery-only MAGM run is labelled so
+    first: dict[tuple[str, str], RunRecord] = {}
+    for result, record in zip(results, records, strict=True):
+        first.setdefault((result.config.policy.value, result.config.memory), record)
+    pair = [first.get(("exclusive", "none")), first.get(("magm", "none"))]
     if all(pair):
         written.append(plot_timelines(pair, directory / "timeline_magm_vs_exclusive.png"))
     return written

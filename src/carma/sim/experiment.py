@@ -60,6 +60,15 @@ PAPER_SWEEP: tuple[RunConfig, ...] = (
 )
 
 
+def paper_sweep(risk_filter: bool = True) -> tuple[RunConfig, ...]:
+    """The paper's configurations; with the risk filter switched off (the configuration file's
+    `[scheduler.risk] enabled = false`), every one runs without it, and the one that differed only there
+    is dropped."""
+    if risk_filter:
+        return PAPER_SWEEP
+    return tuple(dict.fromkeys(replace(run, risk_filter=False) for run in PAPER_SWEEP))
+
+
 @dataclass(frozen=True)
 class TwinConfig:
     """The simulated server and the scheduler settings every run starts from."""

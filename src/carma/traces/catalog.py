@@ -129,24 +129,33 @@ def _whole(value: object) -> int:
     return int(number)
 
 
+def _finite(value: object) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {value!r}")
+    return number
+
+
 FIELD_PARSERS: dict[str, Callable[[Any], Any]] = {
     "gpus": _whole,
-    "solo_s": float,
+    "solo_s": _finite,
     "mem_mib": parse_mib,
-    **dict.fromkeys(PROFILE_FIELDS, float),
+    **dict.fromkeys(PROFILE_FIELDS, _finite),
     "mem_first_mib": parse_mib,
+    **dict.fromkeys(ESTIMATOR_COLUMNS.values(), parse_mib),  # what an estimator said: `--memory horus` etc.
 }
 
 
 def _parse_field(key: str, value: object) -> object:
+    kind = "a whole number" if key == "gpus" else "a finite number"
     if isinstance(value, bool):
-        raise ValueError(f"{key} must be a number, not {value!r}")
+        raise ValueError(f"{key} must be {kind}, not {value!r}")
     try:
         return FIELD_PARSERS[key](value)
     except (TypeError, ValueError) as err:
-        if key == "mem_mib":
+        if key == "mem_mib" or key in ESTIMATOR_COLUMNS.values():
             raise
-        raise ValueError(f"{key} must be a number, not {value!r}") from err
+        raise ValueError(f"{key} must be {kind}, not {value!r}") from err
 
 
 def define_workload(name: str, fields: Mapping[str, object], catalog: Catalog) -> Workload:
@@ -171,7 +180,8 @@ def define_workload(name: str, fields: Mapping[str, object], catalog: Catalog) -
                     f"unknown task {name!r}: not in the workload catalog; define it with {' and '.join(missing)}"
                 )
             base = {"name": name, "gpus": 1, **catalog.typical_profile()}
-        merged = {**base, **parsed}
+        estimates = {est: parsed.pop(col) for est, col in ESTIMATOR_COLUMNS.items() if col in parsed}
+        merged = {**base, **parsed, "estimates": {**base.get("estimates", {}), **estimates}}
         if "mem_first_mib" not in parsed:  # what shows first cannot exceed the (given) need
             merged["mem_first_mib"] = min(int(merged["mem_first_mib"]), int(merged["mem_mib"]))
         return Workload(**merged)

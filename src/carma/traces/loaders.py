@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -24,7 +25,9 @@ from carma.traces.catalog import Catalog, UnknownTaskError, Workload, data_file,
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
 
 _SUBMIT_RE = re.compile(r"--task\s+(\S+)")
+_SLEEP_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # as coreutils' sleep reads them
 _TASK_KEYS = {"at", "task", "repeat", "every"}
+_YAML_KEYS = {"name", "workloads", "tasks"}
 
 
 class TraceError(ValueError):
@@ -60,15 +63,19 @@ class _Builder:
 
     def add(self, where: str, submit_s: object, name: str, fields: Mapping[str, object] | None = None) -> None:
         try:
+            if isinstance(submit_s, bool):  # YAML's `at: yes`
+                raise TypeError
             t = float(submit_s)
         except (TypeError, ValueError):
             raise TraceError(f"{self.source}, {where}: submit time {submit_s!r} is not a number") from None
+        if not math.isfinite(t):
+            raise TraceError(f"{self.source}, {where}: submit time must be a finite number of seconds, got {t}")
         if t < 0:
             raise TraceError(f"{self.source}, {where}: submit time must not be negative, got {t}")
         try:
             workload = define_workload(name, fields or {}, self.catalog)
         except UnknownTaskError as err:
-            if self.skip_unknown:
+            if self.skip_unknown and not fields:  # a row that defines the task too thinly is a mistake, not a skip
                 self.skipped.append(name)
                 return
             raise TraceError(f"{self.source}, {where}: {err} (use --skip-unknown to leave it out)") from None
@@ -87,9 +94,12 @@ def _read_csv(text: str, b: _Builder) -> None:
     reader = csv.DictReader(io.StringIO(text))
     if not reader.fieldnames or not {"submit_s", "task"} <= set(reader.fieldnames):
         raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task")
-    for lineno, row in enumerate(reader, start=2):
+    for row in reader:
+        lineno = reader.line_num  # the file's line, blank lines and quoted line breaks counted
         if None in row:
             raise TraceError(f"{b.source}, line {lineno}: more values than the header has columns")
+        if None in row.values():
+            raise TraceError(f"{b.source}, line {lineno}: fewer values than the header has columns")
         fields = {k: v for k, v in row.items() if k not in ("submit_s", "task") and v not in (None, "")}
         b.add(f"line {lineno}", row["submit_s"], (row["task"] or "").strip(), fields)
 
@@ -102,15 +112,26 @@ def _read_script(text: str, b: _Builder) -> None:
             continue
         words = line.split()
         if words[0] == "sleep" and len(words) == 2:
-            try:
-                t += float(words[1])
-            except ValueError:
-                raise TraceError(f"{b.source}, line {lineno}: cannot read {line!r}") from None
+            t += _sleep_s(words[1], f"{b.source}, line {lineno}")
         elif (match := _SUBMIT_RE.search(line)) and "submit" in line:
-            name = Path(match.group(1)).name.removesuffix(".rad")
+            name = Path(match.group(1).strip("'\"")).name.removesuffix(".rad")
             b.add(f"line {lineno}", t, name)
         else:
             raise TraceError(f"{b.source}, line {lineno}: expected 'sleep N' or a submit.py --task line")
+
+
+def _sleep_s(word: str, where: str) -> float:
+    """A `sleep` line's seconds: a number with coreutils' optional unit (s, m, h, d)."""
+    number, unit = word[:-1], word[-1]
+    if unit not in _SLEEP_UNITS:
+        number, unit = word, ""
+    try:
+        seconds = float(number) * _SLEEP_UNITS[unit]
+    except ValueError:
+        raise TraceError(f"{where}: cannot read 'sleep {word}'") from None
+    if not 0 <= seconds < math.inf:
+        raise TraceError(f"{where}: 'sleep {word}': the time must not be negative or infinite")
+    return seconds
 
 
 def _read_yaml(text: str, b: _Builder) -> str | None:
@@ -124,6 +145,14 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
         raise TraceError(f"{b.source}: not valid YAML ({detail})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), list):
         raise TraceError(f"{b.source}: a YAML trace needs a 'tasks' list")
+    unknown_keys = set(doc) - _YAML_KEYS
+    if unknown_keys:
+        raise TraceError(
+            f"{b.source}: unknown key(s) {', '.join(sorted(map(str, unknown_keys)))} (a YAML trace has "
+            "name, workloads and tasks)"
+        )
+    if not isinstance(doc.get("name", ""), str):
+        raise TraceError(f"{b.source}: 'name' must be a string, not {doc['name']!r}")
     definitions = doc.get("workloads") or {}
     if not isinstance(definitions, dict):
         raise TraceError(f"{b.source}: 'workloads' must map task names to their fields")
@@ -148,10 +177,12 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
             or repeat < 1
             or isinstance(every, bool)
             or not isinstance(every, int | float)
-            or every < 0
+            or not 0 <= every < math.inf
         ):
-            raise TraceError(f"{b.source}, {where}: 'repeat' must be a positive integer, 'every' >= 0")
+            raise TraceError(f"{b.source}, {where}: 'repeat' must be a positive integer, 'every' a finite number >= 0")
         try:
+            if isinstance(item["at"], bool):
+                raise TypeError
             start = float(item["at"])
         except (TypeError, ValueError):
             raise TraceError(f"{b.source}, {where}: 'at' must be a number of seconds") from None
@@ -169,7 +200,10 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
         if not path.is_file():
             known = ", ".join(BUILTIN_TRACES)
             raise TraceError(f"no trace file {ref!r} (built-in traces: {known})")
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # a spreadsheet's "CSV UTF-8" starts with a byte-order mark
+    except UnicodeDecodeError as err:
+        raise TraceError(f"{path.name}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     b = _Builder(path.name, catalog, skip_unknown)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
