@@ -287,6 +287,15 @@ def test_other_errors_fail_with_their_reason_and_success_completes():
     assert b.exit(good.id) is None  # a second report of the same exit changes nothing
 
 
+def test_a_task_that_never_started_fails_with_why_not_an_exit_code():
+    b = Bench(gpus=1)
+    task = b.submit()
+    b.decide()
+    why = "carma: could not start task 1 in '/gone': [Errno 2] No such file or directory: '/gone'"
+    b.exit(task.id, None, why)  # type: ignore[arg-type]
+    assert (task.state, task.reason) == (TaskState.FAILED, why)
+
+
 def test_cancel_a_queued_task_and_a_running_one():
     b = Bench(gpus=1)
     running, queued = b.submit(), b.submit()

@@ -45,7 +45,8 @@ def step_until(d: Daemon, predicate, timeout: float = 20.0):  # type: ignore[no-
     ("spec", "message"),
     [
         (job("true", gpus=3), "needs 3 GPUs but this server has 2"),
-        (job("true", workdir="relative/dir"), "does not exist"),
+        (job("true", workdir="relative/dir"), "is not an absolute path"),
+        (job("true", workdir="/proc/version"), "'/proc/version' is not a directory"),
         (job("true", workdir="/no/such/dir"), "does not exist"),
     ],
 )

@@ -368,6 +368,16 @@ def test_tasks_run_as_their_owner_when_the_daemon_is_root(make_world):
         shutil.rmtree(home)
 
 
+def test_a_launch_that_cannot_start_is_its_exit_never_an_exception(make_world, tmp_path):
+    """As root, a task of a token's uid without an account has no group to run with (Popen raises
+    ValueError); that once escaped `launch` and stopped the daemon's scheduling loop."""
+    w = make_world(tmp_path, run_as_owner=True)
+    task = w.start(("true",), uid=4242, gid=-1)
+    ended = one_exit(w)
+    assert (ended.task_id, ended.exit.exit_code, ended.exit.signal) == (task, None, None)
+    assert ended.exit.log_tail.startswith(f"carma: could not start task {task} in ")
+
+
 # --- the shim on its own ----------------------------------------------------------------------------
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import Trace, load_trace
 from servers import fakejob, free_port
-from support import cli_env, run_carma, wait_until
+from support import CARMA, cli_env, run_carma, wait_until
 
 # ----------------------------------------------------------------------------- the basic workflow
 
@@ -64,6 +66,12 @@ def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped
     task_id = json.loads(server.cli("submit", "-f", task_file, "--json").stdout)["id"]
     assert server.cli("wait", task_id).returncode == 0
     assert (tmp_path / "out.txt").read_text() == "hello world\n"
+    quoted = tmp_path / "quoted.yaml"  # a command line without shell: true is split as a shell would
+    quoted.write_text("""command: printf '[%s]' "a b" c\n""")
+    task_id = json.loads(server.cli("submit", "-f", quoted, "--json").stdout)["id"]
+    server.cli("wait", task_id)
+    assert server.cli("logs", task_id).stdout == "[a b][c]"
+    assert "command: printf '[%s]' 'a b' c\n" in server.cli("show", task_id).stdout  # shown as it was split
     literal = server.submit("/bin/echo", "$HOME", "a b", workdir=tmp_path)  # no shell: arguments as given
     server.cli("wait", literal)
     assert server.cli("logs", literal).stdout == "$HOME a b\n"
@@ -142,16 +150,46 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["cancel", "999"], "no task with id 999"),
         (["logs", "999"], "no task with id 999"),
         (["logs", kept, "--attempt", "5"], f"task {kept} has no attempt 5"),
+        (["submit", "--workdir", "/proc/version", "--", "true"], "'/proc/version' is not a directory"),
+        (["submit", "-f", tmp_path], "cannot read task file"),  # a directory
+        (["submit", "-f", _file(tmp_path, "latin.yaml", b"command: caf\xe9\n")], "latin.yaml: not UTF-8 text"),
+        (["submit", "-f", _file(tmp_path, "wd.yaml", b"command: true\nworkdir: 5\n")], "workdir must be a path"),
+        (["submit", "-f", _file(tmp_path, "q.yaml", b"command: echo 'a\n")], "cannot split command"),
+        (["queue", "--state", "queud"], "state must be one of queued, "),
     ]
     for args, message in cases:
         result = server.cli(*args)
         assert result.returncode == 2, args
         assert result.stderr.count("\n") == 1 and message in result.stderr, (args, result.stderr)
+    unusable = server.cli("queue", env={"CARMA_URL": "127.0.0.1:8765"})
+    assert (unusable.returncode, unusable.stderr) == (
+        2,
+        "error: cannot use CARMA_URL '127.0.0.1:8765': write http://HOST:PORT\n",
+    )
+    timed_out = server.cli("wait", kept, "--timeout", "0")
+    assert (timed_out.returncode, timed_out.stderr) == (3, f"error: timed out waiting for task(s) {kept}\n")
     bad_file = tmp_path / "bad.yaml"
     bad_file.write_text("command: [true]\ngpu: 2\n")
     result = server.cli("submit", "-f", bad_file)
     assert result.returncode == 2 and "unknown key(s) gpu" in result.stderr
     assert server.json("queue", "--all") == before
+
+
+def _file(folder: Path, name: str, content: bytes) -> Path:
+    (folder / name).write_bytes(content)
+    return folder / name
+
+
+def test_cancel_goes_on_past_an_id_it_cannot_cancel(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    server.cli("drain")
+    first, second = server.submit("true"), server.submit("true")
+    reasons = wait_until(lambda: [t["waiting_reason"] for t in server.json("queue") if t["waiting_reason"]], 10, "")
+    assert reasons[0] == "the server is draining: no placements until `carma resume`"  # not "behind the head"
+    result = server.cli("cancel", first, 999, second)
+    assert result.returncode == 2 and result.stderr == "error: no task with id 999\n"
+    assert result.stdout == f"task {first}: cancelled\ntask {second}: cancelled\n"
+    assert server.cli("queue", "--state", "queued").stdout.count("\n") == 1  # the header alone
 
 
 def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
@@ -176,7 +214,10 @@ def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
 
 def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # type: ignore[no-untyped-def]
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
-    (home / "tokens").write_text("alice-token alice 1001\nbob-token bob 1002\nadmin-token ops 0 admin\n")
+    # uids with accounts: a daemon run as root (as in CI containers) runs each task as its owner
+    alice_uid, bob_uid = sorted(p.pw_uid for p in pwd.getpwall() if p.pw_uid != 0)[:2]
+    tokens = f"alice-token alice {alice_uid}\nbob-token bob {bob_uid}\nadmin-token ops 0 admin\nghost-token x 4242\n"
+    (home / "tokens").write_text(tokens)
     port = free_port()
     server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", home=home)
     url = f"http://127.0.0.1:{port}"
@@ -192,7 +233,16 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
         bob.drain(False)
     with pytest.raises(ClientError, match="missing or unknown bearer token"):
         nobody.tasks()
+    with pytest.raises(ClientError, match=r"bearer token \(set CARMA_TOKEN to your token\)$"):
+        Client(url=url, token="").tasks()
     assert bob.task(task["id"])["state"] == "queued"  # reading the queue is open to all
+    assert bob.task(task["id"])["env"] is None  # but not what a task was given (tokens, keys)
+    assert alice.task(task["id"])["env"] == {} and admin.task(task["id"])["env"] == {}
+    with pytest.raises(ClientError, match=r"state must be one of queued, .*; got 'queud'"):
+        bob.tasks(state="queud")
+    if os.geteuid() == 0:
+        with pytest.raises(ClientError, match=r"uid 4242 \(x\) has no account on this machine"):
+            Client(url=url, token="ghost-token").submit({"command": ["true"], "workdir": "/tmp"})
     assert alice.cancel(task["id"])["state"] == "cancelled"
     other = bob.submit({"command": ["true"], "workdir": "/tmp"})
     assert admin.cancel(other["id"])["state"] == "cancelled"  # admins may cancel anyone's
@@ -234,6 +284,26 @@ def test_killing_the_daemon_loses_no_task_and_runs_none_twice(start_server):  # 
         run_dirs = list((server.home / "tasks" / str(task_id)).iterdir())
         assert len(run_dirs) == len(outcomes)  # every attempt the daemon knows of, and no other process
     assert len(server.cli("logs", long_one).stdout) > log_before  # the re-adopted task's log kept growing
+
+
+def test_a_failing_scheduling_loop_stops_the_server_saying_why(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """Once, a launch error ended the loop unseen: the API kept answering and nothing was placed again."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import carma.server.daemon as d\n"
+        "def step(self):\n"
+        "    raise RuntimeError('a bug in a step')\n"
+        "d.Daemon.step = step\n"
+    )
+    home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
+    try:
+        env = cli_env(CARMA_HOME=str(home), PYTHONPATH=str(tmp_path))
+        ended = subprocess.run([CARMA, "server", "--fake-gpus", "1xA100-40GB"], env=env, capture_output=True, text=True,
+                               timeout=60)  # fmt: skip
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert ended.returncode == 1
+    assert "the scheduling loop failed; the server stops" in ended.stderr
+    assert "RuntimeError: a bug in a step" in ended.stderr
 
 
 # ----------------------------------------------------------------------------- against the twin

@@ -28,10 +28,15 @@ class UsageError(Exception):
     """A user mistake, reported as one line."""
 
 
-def fail(message: str) -> typer.Exit:
-    """Report a user mistake as one plain line (never wrapped, never read as markup)."""
-    err.print(Text("error: ", style="bold red") + Text(" ".join(message.split())), soft_wrap=True)
-    return typer.Exit(2)
+def error_line(message: str) -> None:
+    """Print an error as one plain line (never wrapped, never read as markup)."""
+    err.print(Text("error: ", style="bold red") + Text(" ".join(message.split())))
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Report a user mistake as one line; the exit to raise (status 2 unless said otherwise)."""
+    error_line(message)
+    return typer.Exit(code)
 
 
 def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

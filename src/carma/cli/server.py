@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from carma.cli.common import app, choice, err, fail, out
+from carma.cli.common import UsageError, app, choice, err, fail, out
 from carma.sim.models import SHARING_MODES
 
 
@@ -21,13 +21,13 @@ def server_cmd(
     sharing: Annotated[str, typer.Option(help="With fake GPUs: how they share, mps or timeslice.")] = "mps",
     policy: Annotated[str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm).")] = None,
     config: Annotated[
-        Path | None, typer.Option(help="TOML configuration file ([scheduler] and [estimate] sections).")
+        Path | None, typer.Option(help="TOML configuration file (\\[scheduler] and \\[estimate] sections).")
     ] = None,
     tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (bearer tokens required).")] = None,
     home: Annotated[
         Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).")
     ] = None,
-    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when cancelling.")] = 10.0,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when cancelling.", min=0)] = 10.0,
     mps: Annotated[bool, typer.Option(help="Run tasks as clients of carma's MPS control daemon (started).")] = False,
 ) -> None:
     """Run the carma daemon: it queues, places and runs training tasks on this machine's GPUs."""
@@ -67,7 +67,7 @@ def server_cmd(
             if not tokens:
                 tokens.create(_me(), os.geteuid(), admin=True)
                 err.print(f"created an admin token for TCP clients in {paths.tokens}")
-    except (ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
+    except (UsageError, ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
         raise fail(str(e)) from None
     missing = scheduler.risk.missing
     for gpu, names in backend.missing().items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from carma.cli.common import app, columns, fail, out, size_text
+from carma.cli.common import app, columns, error_line, fail, out, size_text
 
 if TYPE_CHECKING:
     from carma.server.client import Client
@@ -21,9 +22,12 @@ TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "estimate", "env"
 
 
 def _client() -> Client:
-    from carma.server.client import Client
+    from carma.server.client import Client, ClientError
 
-    return Client()
+    try:
+        return Client()
+    except ClientError as e:  # a CARMA_URL it cannot use
+        raise fail(str(e)) from None
 
 
 def _call(fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
@@ -46,6 +50,10 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
         doc = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise fail(f"no task file {str(path)!r}") from None
+    except UnicodeDecodeError as e:
+        raise fail(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:  # a directory, say
+        raise fail(f"cannot read task file {str(path)!r}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise fail(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(doc, dict):
@@ -54,11 +62,20 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
     if unknown:
         raise fail(f"{path}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     spec = dict(doc)
-    if isinstance(spec.get("command"), str):
-        spec["command"] = [spec["command"]] if spec.get("shell") else spec["command"].split()
+    if isinstance(spec.get("command"), str):  # split as the shell would, quotes and all
+        spec["command"] = [spec["command"]] if spec.get("shell") is True else _split(spec["command"], path)
+    if not isinstance(spec.get("workdir") or "", str):
+        raise fail(f"{path}: workdir must be a path, not {spec['workdir']!r}")
     workdir = Path(spec.get("workdir") or path.parent).expanduser()
     spec["workdir"] = str((path.parent / workdir).resolve() if not workdir.is_absolute() else workdir)
     return spec
+
+
+def _split(command: str, path: Path) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError as e:  # an unclosed quote
+        raise fail(f"{path}: cannot split command {command!r}: {e}") from None
 
 
 @app.command("submit", context_settings={"allow_interspersed_args": False})
@@ -164,7 +181,7 @@ def _need_text(task: dict[str, Any]) -> str:
     if task["need"] is None:
         return f"{task['estimate']} pending" if task.get("estimate") and task.get("state") == "queued" else "-"
     if task["need"] == "known":
-        return f"{task['need_mib'] / 1024:.2f} GiB"
+        return size_text(task["need_mib"] * 2**20)
     return "whole GPU" if task["need"] == "whole_gpu" else "unknown"
 
 
@@ -178,7 +195,7 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
     shell = " (shell)" if task["shell"] else ""
     lines = [
         f"task {task['id']}: {task['name']} ({task['user']}) is {task['state']}",
-        f"command: {' '.join(task['command'])}{shell}",
+        f"command: {task['command'][0] if task['shell'] else shlex.join(task['command'])}{shell}",
         f"workdir: {task['workdir']}; GPUs: {task['gpus_requested']}; memory need: " + _declared_need(task),
     ]
     lines += _estimate_lines(task["memory_estimate"])
@@ -192,7 +209,7 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
         need = f"{a['need_mib']} MiB" if a["need_mib"] else a["need"]
         lines.append(
             f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need} from "
-            f"{a['need_source']}) {a['message']}"
+            f"{a['need_source']}) {a['message']}".rstrip()
         )
     out.print("\n".join(lines), highlight=False, markup=False)
 
@@ -219,7 +236,7 @@ def logs_cmd(
     task_id: int,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the log grows.")] = False,
     stderr: Annotated[bool, typer.Option("--stderr", help="The error stream instead of stdout.")] = False,
-    attempt: Annotated[int | None, typer.Option(help="An earlier attempt's log (default: the latest).")] = None,
+    attempt: Annotated[int | None, typer.Option(help="An earlier attempt's log (default: the latest).", min=1)] = None,
 ) -> None:
     """Print a task's output."""
     client = _client()
@@ -239,21 +256,38 @@ def logs_cmd(
 @app.command("cancel")
 def cancel_cmd(task_ids: list[int]) -> None:
     """Cancel tasks: waiting ones leave the queue; running ones get SIGTERM, then SIGKILL."""
+    from carma.server.client import ClientError
+
     client = _client()
-    for task_id in task_ids:
-        task = _call(client.cancel, task_id)
+    refused = 0
+    for task_id in task_ids:  # each on its own, as scancel does: one bad id does not keep the others running
+        try:
+            task = client.cancel(task_id)
+        except ClientError as e:
+            error_line(str(e))
+            refused += 1
+            continue
         live = task["state"] in ("dispatched", "running")
         out.print(f"task {task_id}: " + ("stopping (SIGTERM sent)" if live else "cancelled"))
+    if refused:
+        raise typer.Exit(2)
 
 
 @app.command("wait")
 def wait_cmd(
     task_ids: list[int],
-    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds (exit 3).")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds (exit 3).", min=0)] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Wait until the tasks end; exit 0 if all completed, 1 otherwise."""
-    tasks = _call(_client().wait, task_ids, timeout)
+    """Wait until the tasks end; exit 0 if all completed, 1 otherwise (3 if it gave up waiting)."""
+    from carma.server.client import ClientError, WaitTimeout
+
+    try:
+        tasks = _client().wait(task_ids, timeout)
+    except WaitTimeout as e:
+        raise fail(str(e), code=3) from None
+    except ClientError as e:
+        raise fail(str(e)) from None
     if as_json:
         _print_json([{"id": t["id"], "state": t["state"], "reason": t["reason"]} for t in tasks])
     else:

@@ -379,6 +379,11 @@ class Scheduler:
 
 
 def _error_reason(exit: ProcessExit) -> str:
-    status = f"killed by signal {exit.signal}" if exit.signal is not None else f"exit code {exit.exit_code}"
     last = next((line.strip() for line in reversed(exit.log_tail.splitlines()) if line.strip()), "")
+    if exit.signal is not None:
+        status = f"killed by signal {exit.signal}"
+    elif exit.exit_code is not None:
+        status = f"exit code {exit.exit_code}"
+    else:  # it never started (the last line says why), or vanished unobserved
+        return last or "ended without an exit status"
     return f"{status}: {last}" if last else status

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from carma import __version__
 from carma.core.scheduler import SpecError
-from carma.core.types import TERMINAL_STATES, Task, TaskId
+from carma.core.types import TERMINAL_STATES, Task, TaskId, TaskState
 from carma.estimate.registry import METHODS
 from carma.server.auth import Caller, Tokens, caller_from_peer
 from carma.server.daemon import Daemon
@@ -80,8 +80,11 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         except KeyError:
             raise HTTPException(404, f"no task with id {task_id}") from None
 
+    def is_theirs(task: Task, who: Caller) -> bool:
+        return who.admin or daemon.jobs[task.id].uid == who.uid
+
     def owned(task: Task, who: Caller) -> None:
-        if not who.admin and daemon.jobs[task.id].uid != who.uid:
+        if not is_theirs(task, who):
             raise HTTPException(403, f"task {task.id} belongs to {daemon.jobs[task.id].user}, not to {who.user}")
 
     @app.get("/v1/status")
@@ -107,6 +110,12 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(422, f"invalid request: estimate: choose one of {', '.join(METHODS)}")
         if request.estimate is not None and mem is not None:
             raise HTTPException(422, "invalid request: give mem or estimate, not both")
+        if daemon.executor.run_as_owner and who.gid < 0:
+            raise HTTPException(
+                422,
+                f"uid {who.uid} ({who.user}) has no account on this machine, and a daemon run as root runs each "
+                "task as its owner: give the token a uid that has one",
+            )
         job = JobSpec(
             name=request.name or request.command[0].split("/")[-1].split()[0],
             argv=tuple(request.command),
@@ -129,14 +138,21 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     @app.get("/v1/tasks")
     async def tasks(_: Who, state: str | None = None, all: bool = False) -> list[dict[str, Any]]:
+        states = [s.value for s in TaskState]
+        if state is not None and state not in states:
+            raise HTTPException(422, f"invalid request: state must be one of {', '.join(states)}; got {state!r}")
         selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
         if state:
             selected = [t for t in selected if t.state.value == state]
         return [task_summary(daemon, t) for t in selected]
 
     @app.get("/v1/tasks/{task_id}")
-    async def show(task_id: TaskId, _: Who) -> dict[str, Any]:
-        return task_view(daemon, task_or_404(task_id))
+    async def show(task_id: TaskId, who: Who) -> dict[str, Any]:
+        task = task_or_404(task_id)
+        view = task_view(daemon, task)
+        if not is_theirs(task, who):
+            view["env"] = None  # the queue is everyone's; a task's environment (tokens, keys) its owner's
+        return view
 
     @app.post("/v1/tasks/{task_id}/cancel")
     async def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
@@ -151,7 +167,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         task_id: TaskId,
         who: Who,
         stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
-        attempt: int | None = None,
+        attempt: Annotated[int | None, Query(ge=1)] = None,
         offset: Annotated[int, Query(ge=0)] = 0,
     ) -> dict[str, Any]:
         task = task_or_404(task_id)

@@ -24,7 +24,7 @@ class Caller:
     uid: int
     user: str
     admin: bool
-    gid: int = -1
+    gid: int = -1  # -1: a token's uid with no account here
 
 
 def user_name(uid: int) -> str:
@@ -32,6 +32,14 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def primary_gid(uid: int) -> int:
+    """The group of the uid's account, which a root daemon runs its tasks with; -1 for a uid without one."""
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return -1
 
 
 def caller_from_peer(uid: int, gid: int) -> Caller:
@@ -62,10 +70,14 @@ class Tokens:
         self.path = path
         self._by_token: dict[str, Caller] = {}
         if path.exists():
-            for line in path.read_text().splitlines():
+            for lineno, line in enumerate(path.read_text().splitlines(), start=1):
                 fields = line.split()
-                if len(fields) >= 3 and not line.startswith("#"):
-                    self._by_token[fields[0]] = Caller(int(fields[2]), fields[1], admin="admin" in fields[3:])
+                if not fields or line.startswith("#"):
+                    continue
+                if len(fields) < 3 or not fields[2].isdigit() or not set(fields[3:]) <= {"admin"}:
+                    raise ValueError(f"{path}, line {lineno}: write <token> <user> <uid> [admin]")
+                uid = int(fields[2])
+                self._by_token[fields[0]] = Caller(uid, fields[1], admin="admin" in fields[3:], gid=primary_gid(uid))
 
     def caller(self, token: str) -> Caller | None:
         for known, caller in self._by_token.items():
@@ -84,7 +96,7 @@ class Tokens:
         with os.fdopen(fd, "a") as f:
             f.write(f"{token} {user} {uid}{' admin' if admin else ''}\n")
         os.chmod(self.path, 0o600)
-        self._by_token[token] = Caller(uid, user, admin)
+        self._by_token[token] = Caller(uid, user, admin, gid=primary_gid(uid))
         return token
 
     def __bool__(self) -> bool:

@@ -83,7 +83,8 @@ class Client:
             data = None
         if response.status >= 400:
             detail = data.get("detail") if isinstance(data, dict) else payload.decode(errors="replace").strip()
-            raise ClientError(str(detail or f"HTTP {response.status}"))
+            hint = " (set CARMA_TOKEN to your token)" if response.status == 401 and not self._headers else ""
+            raise ClientError(f"{detail or f'HTTP {response.status}'}{hint}")
         return data
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +127,7 @@ class Client:
         return self.request("GET", "/v1/status")
 
     def history(self, hours: float | None = None) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/history", {"hours": hours} if hours else None)
+        return self.request("GET", "/v1/history", {"hours": hours} if hours is not None else None)
 
     def drain(self, on: bool) -> dict[str, Any]:
         return self.request("POST", "/v1/drain" if on else "/v1/resume")

@@ -297,8 +297,11 @@ class Daemon:
         if job.gpus > len(self.gpus):
             raise SpecError(f"task {job.name!r} needs {job.gpus} GPUs but this server has {len(self.gpus)}")
         workdir = Path(job.workdir)
-        if not workdir.is_absolute() or not workdir.is_dir():
-            raise SpecError(f"working directory {job.workdir!r} does not exist (give an absolute path)")
+        if not workdir.is_absolute():
+            raise SpecError(f"working directory {job.workdir!r} is not an absolute path")
+        if not workdir.is_dir():
+            what = "is not a directory" if workdir.exists() else "does not exist"
+            raise SpecError(f"working directory {job.workdir!r} {what}")
         task_id = self.store.add(job, self.clock.now())
         self.jobs[task_id] = job
         self.estimates.request(task_id, job)

@@ -103,7 +103,7 @@ class ProcessExecutor:
         try:
             self._prepare_run_dir(run_dir, job)
             child = self._spawn(run_dir, job, self._environment(job, task, launch))
-        except OSError as exc:
+        except Exception as exc:  # OSError mostly, or a ValueError from a bad uid/gid: one task, never the loop
             message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
             self._note(run_dir, message)
             self._failed.append(TaskExit(task.id, ProcessExit(None, message), self.to_clock(time.time())))

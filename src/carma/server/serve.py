@@ -7,6 +7,7 @@ own sessions, and the next daemon re-adopts them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import grp
 import logging
 import os
@@ -55,7 +56,7 @@ def bind_unix(path: Path) -> socket.socket:
 
 def bind_tcp(address: str) -> socket.socket:
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"cannot read TCP address {address!r}; write HOST:PORT, e.g. 127.0.0.1:8765")
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and without
     # it every keep-alive response waits 40 ms on Nagle's algorithm and the client's delayed ACK
@@ -99,10 +100,25 @@ async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) ->
     signal.signal(signal.SIGTERM, _stopped)
     stop = asyncio.Event()
     scheduling = asyncio.create_task(daemon.run(stop))
+    scheduling.add_done_callback(lambda task: _scheduling_ended(task, server, daemon))
     try:
         await server.serve(sockets=sockets)
     finally:
         stop.set()
-        await scheduling
+        with contextlib.suppress(Exception):  # a failure was logged when it happened
+            await scheduling
         daemon.close()
         logging.getLogger("carma").info("carma server stopped; running tasks continue and are re-adopted on restart")
+    if scheduling.exception() is not None:
+        raise SystemExit(1)
+
+
+def _scheduling_ended(task: asyncio.Task[None], server: uvicorn.Server, daemon: Daemon) -> None:
+    """A scheduling loop that failed stops the server, saying why at once: a daemon that answers the API
+    but never places a task again looks healthy while it is not, and a service manager restarts a stopped
+    one (which re-adopts the running tasks)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    logging.getLogger("carma").critical("the scheduling loop failed; the server stops", exc_info=task.exception())
+    daemon.end_streams()
+    server.should_exit = True  # not handle_exit: uvicorn would raise its signal again, and exit 0

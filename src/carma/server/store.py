@@ -125,6 +125,12 @@ class StoredTask:
 
 class Store:
     def __init__(self, path: Path) -> None:
+        # the daemon's alone: tasks' environments live here. SQLite gives its -wal and -shm files the
+        # database's mode; the chmods are for files made before this rule
+        path.touch(mode=0o600)
+        for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if file.exists():
+                file.chmod(0o600)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")

@@ -10,6 +10,8 @@ from carma.core.scheduler import ESTIMATING
 from carma.core.types import MemoryNeed, Task, TaskId, TaskState
 from carma.server.daemon import Daemon
 
+DRAINING = "the server is draining: no placements until `carma resume`"
+
 
 def status_view(daemon: Daemon) -> dict[str, Any]:
     counts: dict[str, int] = {}
@@ -57,6 +59,8 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
 def _waiting_reason(daemon: Daemon, task_id: TaskId) -> str | None:
     """The scheduler's reason, with how far the estimate is when the task waits for one."""
     reason = daemon.scheduler.waiting_reason(task_id)
+    if reason is not None and daemon.draining:
+        return DRAINING
     progress = daemon.estimates.progress(task_id) if reason == ESTIMATING else None
     return f"{reason} ({daemon.jobs[task_id].estimator}: {progress})" if progress else reason
 
