@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from carma import __version__
 from carma.core.scheduler import SpecError
@@ -34,11 +34,12 @@ class SubmitRequest(BaseModel):
     command: list[str] = Field(min_length=1, description="argv; with shell=true, a single shell command line")
     workdir: str = Field(description="absolute working directory")
     name: str | None = Field(None, max_length=200)
-    gpus: int = Field(1, ge=1)
-    mem: str | int | None = Field(None, description="GPU memory need, e.g. 8GiB or MiB as a number")
+    # strict: a task file's `gpus: true` or `shell: "yes"` is a mistake to report, not a value to coerce
+    gpus: StrictInt = Field(1, ge=1)
+    mem: StrictStr | StrictInt | None = Field(None, description="GPU memory need, e.g. 8GiB or MiB as a number")
     env: dict[str, str] = Field(default_factory=dict)
-    shell: bool = False
-    mps_threads: int | None = Field(None, ge=1, le=100, description="MPS active thread percentage")
+    shell: StrictBool = False
+    mps_threads: StrictInt | None = Field(None, ge=1, le=100, description="MPS active thread percentage")
     estimate: str | None = Field(None, description=f"memory estimator when mem is not given: {', '.join(METHODS)}")
 
 
