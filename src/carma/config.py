@@ -38,6 +38,7 @@ from carma.core.config import Policy, RiskConfig, RiskWeights, SchedulerConfig
 from carma.sim.experiment import TwinConfig
 from carma.sim.gpus import parse_gpus
 from carma.sim.models import PowerModel
+from carma.textfiles import NotText, read_text
 
 
 class ConfigError(ValueError):
@@ -135,11 +136,11 @@ def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+        doc = tomllib.loads(read_text(path))
     except FileNotFoundError:
         raise ConfigError(f"no config file {str(path)!r}") from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+    except NotText as err:
+        raise ConfigError(str(err)) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
     return parse_config(doc, str(path))

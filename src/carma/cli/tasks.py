@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from carma.cli.common import app, columns, error_line, fail, out, size_text
+from carma.textfiles import NotText, read_text
 
 if TYPE_CHECKING:
     from carma.server.client import Client
@@ -47,11 +48,11 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
     import yaml  # here: only `submit -f` reads YAML, and every command pays for a top-level import
 
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(read_text(path))
     except FileNotFoundError:
         raise fail(f"no task file {str(path)!r}") from None
-    except UnicodeDecodeError as e:
-        raise fail(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except NotText as e:
+        raise fail(str(e)) from None
     except OSError as e:  # a directory, say
         raise fail(f"cannot read task file {str(path)!r}: {e.strerror}") from None
     except yaml.YAMLError as e:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from carma.textfiles import NotText, read_text
 from carma.traces.catalog import Catalog, UnknownTaskError, Workload, data_file, define_workload
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
@@ -201,9 +202,9 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
             known = ", ".join(BUILTIN_TRACES)
             raise TraceError(f"no trace file {ref!r} (built-in traces: {known})")
     try:
-        text = path.read_bytes().decode("utf-8-sig")  # a spreadsheet's "CSV UTF-8" starts with a byte-order mark
-    except UnicodeDecodeError as err:
-        raise TraceError(f"{path.name}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+        text = read_text(path, path.name)
+    except NotText as err:
+        raise TraceError(str(err)) from None
     b = _Builder(path.name, catalog, skip_unknown)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
