@@ -190,6 +190,28 @@ def test_skip_unknown_runs_the_rest_and_reports_the_skipped_names():
     assert run["tasks_completed"] + run["tasks_failed"] == 53
 
 
+def test_tasks_larger_than_every_gpu_fail_and_the_run_says_which_and_why_with_no_figure_invented(tmp_path):
+    (tmp_path / "big.csv").write_text("submit_s,task,solo_s,mem_mib\n0,huge,600,60000\n10,huge2,600,70000\n")
+    result = run_carma("simulate", "--trace", "big.csv", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)["runs"][0]
+    assert (run["tasks_completed"], run["tasks_failed"], run["oom_crashes"]) == (0, 2, 2)
+    # no task completed: completion, waiting and execution times were not measured, they are not 0
+    assert [run[k] for k in ("wait_p95_s", "exec_p95_s", "jct_p95_s", "jct_mean_s")] == [None] * 4
+    notes = result.stderr.splitlines()
+    assert len(notes) == 2
+    assert notes[0].startswith("note: task 1 (huge) failed: out of memory alone on GPU 0: it needs more memory than")
+
+    table = run_carma("simulate", "--trace", "big.csv", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert "0.0 / 0.0 min" not in table.stdout
+    assert "JCT mean / p95 │ –" in unwrapped(table.stdout)
+
+    sweep = run_carma("simulate", "--trace", "big.csv", "--sweep", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr
+    assert "note: task 2 (huge2) failed in 15 of 15 runs, e.g. Exclusive: out of memory alone" in sweep.stderr
+
+
 # --- errors ------------------------------------------------------------------------------------------
 
 

@@ -51,3 +51,9 @@ def test_waiting_execution_and_completion_times():
 def test_no_tasks_is_an_error():
     with pytest.raises(ValueError):
         compute_metrics([], [])
+
+
+def test_a_run_where_no_task_completed_measures_no_completion_time():
+    m = compute_metrics([task(1, 0, [(0, 10, ExitKind.OOM)], TaskState.FAILED)], [[seg(0)]])
+    assert (m.wait_mean_s, m.wait_p95_s, m.exec_mean_s, m.exec_p95_s, m.jct_mean_s, m.jct_p95_s) == (None,) * 6
+    assert (m.makespan_s, m.oom_crashes, m.tasks_failed) == (10, 1, 1)

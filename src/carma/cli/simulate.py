@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -17,6 +17,7 @@ from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES
 from carma.traces.loaders import BUILTIN_TRACES
 
 if TYPE_CHECKING:
+    from carma.core.types import Task
     from carma.sim.experiment import RunResult, TwinConfig
     from carma.traces.loaders import Trace
 
@@ -102,6 +103,7 @@ def simulate_cmd(
         raise fail(str(e)) from None
     if as_json:
         print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))
+        _note_failures(results)
         return
     title = f"trace {loaded.name}: {len(loaded.entries)} tasks on {_server_name(results[0])}"
     if sweep_all:
@@ -111,6 +113,7 @@ def simulate_cmd(
     for path in [csv_path, *charts, save]:
         if path:
             out.print(f"wrote {path}")
+    _note_failures(results)
 
 
 def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:
@@ -124,6 +127,25 @@ def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:
     ]
     if lacking:
         err.print(f"note: tasks without a recorded estimate run on a whole GPU: {', '.join(lacking)}")
+
+
+def _note_failures(results: Sequence[RunResult], limit: int = 5) -> None:
+    """Name the failed tasks and why, which the figures only count (a task needing more memory than every
+    simulated GPU has fails even alone)."""
+    from carma.core.types import TaskState
+
+    failed: dict[int, list[tuple[RunResult, Task]]] = {}
+    for result in results:
+        for task in result.tasks:
+            if task.state is TaskState.FAILED:
+                failed.setdefault(task.id, []).append((result, task))
+    for shown, runs in enumerate(failed.values()):
+        if shown == limit:
+            err.print(f"note: {len(failed) - limit} more tasks failed")
+            break
+        result, task = runs[0]
+        where = "" if len(results) == 1 else f" in {len(runs)} of {len(results)} runs, e.g. {result.config.label}"
+        err.print(f"note: task {task.id} ({task.spec.name}) failed{where}: {task.reason}")
 
 
 def _server_name(result: RunResult) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from carma import __version__
 from carma.metrics.plots import plot_cdfs, plot_makespan_energy, plot_timelines
 from carma.metrics.record import RunRecord
+from carma.metrics.run import NOT_MEASURED
 
 TIMELINE_RUNS = 3  # runs per memory/SMACT chart: more lines than that hide each other
 OOM_ROWS = 50  # out-of-memory crashes listed per run
@@ -34,7 +35,7 @@ def _e(value: object) -> str:
 
 
 def _number(value: float | int | None, scale: float, fmt: str) -> str:
-    return "–" if value is None else fmt.format(value * scale)
+    return NOT_MEASURED if value is None else fmt.format(value * scale)
 
 
 def _minutes(record: RunRecord, name: str) -> str:
@@ -44,13 +45,13 @@ def _minutes(record: RunRecord, name: str) -> str:
 
 def _figures_row(record: RunRecord) -> str:
     f = record.figures
-    done = f"{f.get('tasks_completed', '–')} / {f.get('tasks_failed', '–')}"
+    done = f"{f.get('tasks_completed', NOT_MEASURED)} / {f.get('tasks_failed', NOT_MEASURED)}"
     if f.get("tasks_unfinished"):
         done += f" ({f['tasks_unfinished']} not ended)"
     cells = [
         _number(f.get("makespan_s"), 1 / 3600, "{:.2f}"),
         _number(f.get("energy_mj"), 1, "{:.2f}"),
-        f.get("oom_crashes", "–"),
+        f.get("oom_crashes", NOT_MEASURED),
         done,
         _minutes(record, "jct"),
         _minutes(record, "wait"),

@@ -97,8 +97,7 @@ def task_figures(tasks: Sequence[TaskRecord]) -> Figures:
     """Completion and waiting figures of completed tasks (None where no task completed), final states."""
     figures: Figures = {}
     for name, values in (("jct", [t.jct_s for t in tasks]), ("wait", [t.wait_s for t in tasks])):
-        done = [v for v in values if v is not None]
-        mean, p95 = mean_p95(done) if done else (None, None)
+        mean, p95 = mean_p95([v for v in values if v is not None])
         figures |= {f"{name}_mean_s": mean, f"{name}_p95_s": p95}
     for state in ("completed", "failed", "cancelled"):
         figures[f"tasks_{state}"] = sum(t.state == state for t in tasks)

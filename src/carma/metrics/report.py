@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from carma.metrics.run import NOT_MEASURED
 from carma.sim.experiment import RunResult
 
 # (row key, column header, scale, format) for the figures a sweep compares against the baseline
@@ -23,8 +24,10 @@ COMPARED = (
 )
 
 
-def change_pct(value: float, baseline: float) -> float | None:
-    return None if baseline == 0 else 100.0 * (value - baseline) / baseline
+def change_pct(value: float | None, baseline: float | None) -> float | None:
+    if value is None or baseline is None or baseline == 0:
+        return None
+    return 100.0 * (value - baseline) / baseline
 
 
 def baseline_of(results: Sequence[RunResult]) -> RunResult | None:
@@ -40,13 +43,15 @@ def sweep_rows(results: Sequence[RunResult]) -> list[dict[str, object]]:
         if base is not None:
             base_row = base.row()
             for key, *_ in COMPARED:
-                change = change_pct(float(row[key]), float(base_row[key]))
+                change = change_pct(row[key], base_row[key])
                 row[f"{key}_change_pct"] = None if change is None else round(change, 1)
         rows.append(row)
     return rows
 
 
 def _cell(row: dict[str, object], key: str, scale: float, fmt: str) -> str:
+    if row[key] is None:
+        return NOT_MEASURED
     text = fmt.format(float(row[key]) * scale)
     change = row.get(f"{key}_change_pct")
     return text if change is None else f"{text} {change:+.0f}%"
@@ -67,6 +72,12 @@ def sweep_table(results: Sequence[RunResult], title: str) -> Table:
     return table
 
 
+def _minutes(mean_s: float | None, p95_s: float | None) -> str:
+    if mean_s is None or p95_s is None:
+        return NOT_MEASURED
+    return f"{mean_s / 60:.1f} / {p95_s / 60:.1f} min"
+
+
 def run_table(result: RunResult, title: str) -> Table:
     m = result.metrics
     table = Table(title=title, title_justify="left", show_header=False)
@@ -77,9 +88,9 @@ def run_table(result: RunResult, title: str) -> Table:
         ("energy", f"{m.energy_mj:.2f} MJ"),
         ("OOM crashes", str(m.oom_crashes)),
         ("tasks completed / failed", f"{m.tasks_completed} / {m.tasks_failed}"),
-        ("waiting mean / p95", f"{m.wait_mean_s / 60:.1f} / {m.wait_p95_s / 60:.1f} min"),
-        ("execution mean / p95", f"{m.exec_mean_s / 60:.1f} / {m.exec_p95_s / 60:.1f} min"),
-        ("JCT mean / p95", f"{m.jct_mean_s / 60:.1f} / {m.jct_p95_s / 60:.1f} min"),
+        ("waiting mean / p95", _minutes(m.wait_mean_s, m.wait_p95_s)),
+        ("execution mean / p95", _minutes(m.exec_mean_s, m.exec_p95_s)),
+        ("JCT mean / p95", _minutes(m.jct_mean_s, m.jct_p95_s)),
         ("SMACT / SMOCC / DRAMA mean", f"{m.smact_mean:.2f} / {m.smocc_mean:.2f} / {m.drama_mean:.2f}"),
         ("GPU memory used, mean", f"{m.mem_used_mean_mib / 1024:.1f} GiB"),
         ("power, mean per GPU", f"{m.power_mean_w:.0f} W"),

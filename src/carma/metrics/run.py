@@ -3,7 +3,7 @@
 - makespan: first submission to the last task's end;
 - waiting time: time queued (first queueing and any recovery queueing); execution time: time from
   dispatch to exit, summed over attempts; JCT: submission to completion (= waiting + execution).
-  Means and p95 are over completed tasks;
+  Means and p95 are over completed tasks, and None (not measured, not zero) when no task completed;
 - energy: integral of board power over the makespan, summed over GPUs (the difference of the on-device
   energy counters at start and end, as the paper reads it), in MJ;
 - SMACT, SMOCC, DRAMA, memory used, power: time-weighted means over the makespan, averaged over GPUs;
@@ -26,12 +26,12 @@ class RunMetrics:
     makespan_s: float
     energy_mj: float
     oom_crashes: int
-    wait_mean_s: float
-    wait_p95_s: float
-    exec_mean_s: float
-    exec_p95_s: float
-    jct_mean_s: float
-    jct_p95_s: float
+    wait_mean_s: float | None
+    wait_p95_s: float | None
+    exec_mean_s: float | None
+    exec_p95_s: float | None
+    jct_mean_s: float | None
+    jct_p95_s: float | None
     smact_mean: float
     smocc_mean: float
     drama_mean: float
@@ -42,14 +42,17 @@ class RunMetrics:
     tasks_cancelled: int
 
 
+NOT_MEASURED = "–"  # how tables show a figure no task measured (none completed): never as 0
+
+
 def exec_s(task: Task) -> float:
     return sum(a.ended_s - a.dispatched_s for a in task.attempts if a.ended_s is not None)
 
 
-def mean_p95(values: list[float]) -> tuple[float, float]:
-    """Mean and p95 (linear interpolation, as docs/metrics.md defines them); zeros when there is nothing."""
+def mean_p95(values: list[float]) -> tuple[float, float] | tuple[None, None]:
+    """Mean and p95 (linear interpolation, as docs/metrics.md defines them); None when there is nothing."""
     if not values:
-        return 0.0, 0.0
+        return None, None
     return float(np.mean(values)), float(np.percentile(values, 95))
 
 

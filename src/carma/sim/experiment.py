@@ -87,6 +87,10 @@ class TwinConfig:
             raise ValueError("fragmentation allowance must be a fraction in [0, 1)")
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 @dataclass(frozen=True)
 class RunResult:
     config: RunConfig
@@ -106,10 +110,10 @@ class RunResult:
             "makespan_s": round(m.makespan_s, 1),
             "energy_mj": round(m.energy_mj, 4),
             "oom_crashes": m.oom_crashes,
-            "wait_p95_s": round(m.wait_p95_s, 1),
-            "exec_p95_s": round(m.exec_p95_s, 1),
-            "jct_p95_s": round(m.jct_p95_s, 1),
-            "jct_mean_s": round(m.jct_mean_s, 1),
+            "wait_p95_s": _round(m.wait_p95_s, 1),
+            "exec_p95_s": _round(m.exec_p95_s, 1),
+            "jct_p95_s": _round(m.jct_p95_s, 1),
+            "jct_mean_s": _round(m.jct_mean_s, 1),
             "smact_mean": round(m.smact_mean, 4),
             "smocc_mean": round(m.smocc_mean, 4),
             "drama_mean": round(m.drama_mean, 4),
