@@ -73,12 +73,12 @@ def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser,
     expect(page.locator("#summary")).to_contain_text("policy magm", timeout=WAIT_MS)
     assert "token" not in page.url  # the token left the address bar
 
-    task = server.submit(*fakejob(100_000, "4GiB", "--smact", "0.5"), name="resnet-demo", mem="4GiB")
+    task = server.submit(*fakejob(100_000, "512MiB", "--smact", "0.5"), name="resnet-demo", mem="512MiB")
     chip = page.locator(f"[data-gpu] [data-task='{task}']")
     expect(chip).to_contain_text("resnet-demo", timeout=WAIT_MS)
     row = page.locator(f"#queue tr[data-task='{task}']")
     expect(row).to_contain_text("running", timeout=WAIT_MS)
-    expect(row.locator("td[title='user']")).to_have_text("4.0 GiB")  # the memory it was placed with, and why
+    expect(row.locator("td[title='user']")).to_have_text("512.0 MiB")  # placed with, and why; as `carma queue`
     bar = page.locator(f"#timeline rect[data-task='{task}']")
     expect(bar).to_have_class(re.compile("running"), timeout=WAIT_MS)
     expect(page.locator("[data-chart='smact'] polyline").first).to_be_attached(timeout=WAIT_MS)

@@ -27,6 +27,8 @@ const state = {
 const $ = (sel) => document.querySelector(sel);
 const esc = (text) => String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const gib = (mib) => (mib / 1024).toFixed(1);
+// as the CLI's size_text: GiB from 1 GiB up, MiB below
+const size = (bytes) => (bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(2)} GiB` : `${(bytes / 2 ** 20).toFixed(1)} MiB`);
 const num = (v, digits = 2) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
 
 function duration(seconds) {
@@ -209,7 +211,7 @@ function renderGpus(s) {
 // The memory a task is (or will be) placed with, as `carma queue` shows it; its source in the tooltip.
 function needText(t) {
   if (t.need === null) return t.estimate && t.state === "queued" ? `${esc(t.estimate)} pending` : "-";
-  if (t.need === "known") return `${gib(t.need_mib)} GiB`;
+  if (t.need === "known") return size(t.need_mib * 2 ** 20);
   return t.need === "whole_gpu" ? "whole GPU" : "unknown";
 }
 
@@ -231,8 +233,6 @@ function renderQueue(s) {
 }
 
 // ---------------------------------------------------------------- one task's details, as `carma show`
-
-const size = (bytes) => (bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(2)} GiB` : `${(bytes / 2 ** 20).toFixed(1)} MiB`);
 
 async function showTask(id) {
   state.selected = id;
