@@ -179,6 +179,21 @@ def test_a_daemon_window_holds_what_ran_in_it_and_leaves_unmeasured_values_out()
     assert record.figures["makespan_s"] == 2700.0 - 450.0 and record.figures["energy_mj"] == 1.0
 
 
+def test_a_daemon_windows_energy_and_series_span_its_tasks_as_a_simulations_do_across_a_counter_reset():
+    api = _Api()
+    api.summaries[2]["submit_s"] = 1200.0  # the window's first submission
+    api.summaries[3].update(ended_s=2700.0, state="cancelled")  # its last end
+    t = [1000.0, 1500.0, 2000.0, 2600.0, 3000.0]
+    api.series = {"0": {"t": t, "used_mib": [1, 2, 3, 4, 5], "smact": [0.0] * 5, "power_w": [None] * 5,
+                        "energy_j": [5e6, 6e6, 0.5e6, 1.5e6, 9e6]}}  # fmt: skip
+    record = from_server(api, 1)  # type: ignore[arg-type]
+    assert (record.start_s, record.end_s) == (1200.0, 2700.0)
+    # 6 MJ at 1500 s, reset by a daemon restart before 2000 s: 0.5 MJ since it, and 1 MJ more by 2600 s
+    assert record.figures["energy_mj"] == pytest.approx(0.5 + 1.0)
+    assert record.series[0]["t"] == [1200.0, 1500.0, 2000.0, 2600.0]  # the step in force at 1200 s starts there
+    assert record.series[0]["used_mib"] == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

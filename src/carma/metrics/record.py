@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -196,17 +197,30 @@ def _window_tasks(client: Client, since_s: float, attempts: list[dict[str, Any]]
     return tuple(tasks)
 
 
-def _energy_mj(columns: Sequence[Series]) -> float | None:
-    """Energy over the window from each GPU's cumulative counter (last minus first), None if one has none."""
+def _energy_mj(columns: Sequence[Series], start_s: float, end_s: float) -> float | None:
+    """Energy from start to end, summed over the GPUs' cumulative counters; None if one has none. A counter
+    that went down was reset (a daemon restart for fake GPUs, a driver reload for real ones) and counts from
+    zero again, as Prometheus's increase() reads one."""
     if not columns:
         return None
     total = 0.0
     for series in columns:
-        readings = [e for e in series.get("energy_j", []) if e is not None]
+        readings = [
+            e for t, e in zip(series["t"], series["energy_j"], strict=True) if e is not None and start_s <= t <= end_s
+        ]
         if not readings:
             return None
-        total += readings[-1] - readings[0]
+        total += sum(b - a if b >= a else b for a, b in pairwise(readings))
     return total / 1e6
+
+
+def _clip(series: Series, start_s: float, end_s: float) -> Series:
+    """The series' steps from start to end: the step in force at the start begins there."""
+    t = series["t"]
+    keep = [i for i in range(len(t)) if t[i] <= end_s and (i + 1 == len(t) or t[i + 1] > start_s)]
+    clipped = {c: [series[c][i] for i in keep] for c in SERIES_COLUMNS}
+    clipped["t"] = [max(v, start_s) for v in clipped["t"]]
+    return clipped
 
 
 def from_server(client: Client, hours: float) -> RunRecord:
@@ -220,26 +234,27 @@ def from_server(client: Client, hours: float) -> RunRecord:
     if not tasks:
         raise RecordError(f"the carma server at {client.where} has no tasks in the last {hours:g} h")
     raw = {int(g): s for g, s in client.request("GET", "/v1/series", {"minutes": hours * 60})["gpus"].items()}
-    firsts = [s["t"][0] for s in raw.values() if s["t"]] + [t.submit_s for t in tasks]
     ended = [t.end_s for t in tasks if t.end_s is not None]
     unfinished = sum(t.end_s is None for t in tasks)
+    # the span a simulation's figures cover: first submission to last end (or now, while a task has not ended)
+    start, end = max(since, min(t.submit_s for t in tasks)), max(ended) if ended and not unfinished else now
     ooms = _ooms(tasks, since)
     scale = status["time_scale"]
     return RunRecord(
         label=f"server ({status['policy']}), last {hours:g} h",
         source=f"carma server at {client.where}" + (f" (clock sped up {scale:g}x)" if scale != 1 else ""),
-        start_s=max(since, min(firsts)),
-        end_s=now,
+        start_s=start,
+        end_s=end,
         gpus=tuple(GpuRef(g["index"], g["name"], g["total_mib"]) for g in client.gpus()),
         figures={
             "makespan_s": max(ended) - min(t.submit_s for t in tasks) if ended and not unfinished else None,
-            "energy_mj": _energy_mj(list(raw.values())),
+            "energy_mj": _energy_mj(list(raw.values()), start, end),
             "oom_crashes": len(ooms),
             **task_figures(tasks),
             "tasks_unfinished": unfinished,
         },
         tasks=tasks,
-        series={g: {c: s[c] for c in SERIES_COLUMNS} for g, s in sorted(raw.items())},
+        series={g: _clip(s, start, end) for g, s in sorted(raw.items())},
         ooms=ooms,
     )
 
