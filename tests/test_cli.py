@@ -355,6 +355,20 @@ def test_names_print_as_written_and_estimator_runs_say_which_tasks_lack_an_estim
     assert (tmp_path / "out[" / "x].json").is_file()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--memory", "horus"], "--memory must be one of none, oracle; got 'horus'"),
+        (["--time-scale", "0"], "--time-scale must be a positive number; got 0"),
+        (["--time-scale", "-60"], "--time-scale must be a positive number; got -60"),
+        (["--time-scale", "nan"], "--time-scale must be a positive number; got nan"),
+    ],
+)
+def test_replay_refuses_bad_options_in_one_line_before_it_asks_a_server(args, message, tmp_path):
+    result = run_carma("replay", "carma-t1", *args, env={"CARMA_HOME": str(tmp_path)})
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: {message}\n")
+
+
 def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr

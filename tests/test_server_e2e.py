@@ -330,6 +330,22 @@ def test_a_30_task_replay_matches_the_twin(start_server):  # type: ignore[no-unt
     assert abs(figures["oom_crashes"] - twin.oom_crashes) <= 2
 
 
+def test_a_replay_cut_short_says_which_tasks_it_had_submitted(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400")
+    trace = tmp_path / "two.yaml"
+    trace.write_text("name: two\ntasks:\n  - {at: 0, task: vgg}\n  - {at: 2000, task: nonesuch}\n"
+                     "  - {at: 2000, task: vgg}\n")  # fmt: skip
+    replay = subprocess.Popen([CARMA, "replay", trace, "--skip-unknown"], env=server.env, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    assert replay.stderr is not None
+    assert replay.stderr.readline() == "skipped 1 entries of unknown tasks: nonesuch\n"
+    submitted = re.fullmatch(r"t=0s submitted task (\d+) \(vgg\)\n", replay.stderr.readline())
+    assert submitted
+    server.stop()  # the second submission, 5 s of wall time later, finds no server
+    assert replay.wait(timeout=60) == 2
+    assert replay.stderr.read().endswith(f"(submitted 1 of 2 tasks: {submitted[1]})\n")
+
+
 # ----------------------------------------------------------------------------- MPS and history
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from carma.cli.common import app, choice, err, fail, out
+from carma.cli.common import UsageError, app, choice, err, fail, out
 from carma.traces.catalog import Workload
 from carma.traces.loaders import BUILTIN_TRACES
 
@@ -29,7 +30,11 @@ def fakejob_command(w: Workload) -> list[str]:
 def replay_cmd(
     trace: Annotated[str, typer.Argument(help=f"Built-in trace ({', '.join(BUILTIN_TRACES)}) or a trace file.")],
     time_scale: Annotated[
-        float | None, typer.Option(help="Simulated seconds per wall second (default: the server's).")
+        float | None,
+        typer.Option(
+            help="Trace seconds per wall second between submissions (default: the server's --time-scale, at which"
+            " its fake GPUs run the tasks)."
+        ),
     ] = None,
     memory: Annotated[str, typer.Option(help="none (recovery only) or oracle (submit the measured need).")] = "none",
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks.", min=1)] = None,
@@ -43,28 +48,45 @@ def replay_cmd(
     from carma.traces.loaders import TraceError, load_trace
 
     try:
-        loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         choice(memory, ("none", "oracle"), "--memory")
-    except (TraceError, ValueError) as e:
+        if time_scale is not None and not (math.isfinite(time_scale) and time_scale > 0):
+            raise UsageError(f"--time-scale must be a positive number; got {time_scale:g}")
+        loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
+    except (UsageError, TraceError, ValueError) as e:
         raise fail(str(e)) from None
+    if loaded.skipped:
+        err.print(loaded.skipped_note())
     client = Client()
     entries = loaded.entries[:limit]
+    ids: list[int] = []
     try:
-        scale = time_scale or client.status()["time_scale"]
-        ids = _submit_all(client, entries, scale, memory == "oracle", quiet=as_json)
+        server_scale = client.status()["time_scale"]
+        if time_scale is not None and time_scale != server_scale:
+            err.print(
+                f"note: submitting at {time_scale:g}x while the server's GPUs run tasks at {server_scale:g}x: "
+                "the trace's arrivals and run times are not kept on one clock"
+            )
+        _submit_all(client, entries, time_scale or server_scale, memory == "oracle", quiet=as_json, ids=ids)
         figures = run_figures(client.wait(ids)) if wait else None
     except ClientError as e:
-        raise fail(str(e)) from None
+        raise fail(f"{e} ({_submitted(ids, len(entries))})") from None
+    except KeyboardInterrupt:
+        raise fail(f"interrupted ({_submitted(ids, len(entries))})", code=130) from None
     if as_json:
         print(json.dumps({"trace": loaded.name, "ids": ids, **({"figures": figures} if figures else {})}))
     elif figures:
         out.print(", ".join(f"{k} {v}" for k, v in figures.items()), highlight=False)
 
 
-def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool) -> list[int]:  # type: ignore[no-untyped-def]
+def _submitted(ids: list[int], total: int) -> str:
+    """What a replay that stopped had submitted, so that it can be finished or cancelled by hand."""
+    return f"submitted {len(ids)} of {total} tasks" + (f": {' '.join(map(str, ids))}" if ids else "")
+
+
+def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known."""
     start = time.monotonic()
     first = entries[0].submit_s
-    ids = []
     for entry in entries:
         delay = start + (entry.submit_s - first) / scale - time.monotonic()
         if delay > 0:
@@ -82,4 +104,3 @@ def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool) -> lis
         ids.append(task["id"])
         if not quiet:
             err.print(f"t={entry.submit_s:g}s submitted task {task['id']} ({w.name})", highlight=False)
-    return ids

@@ -78,7 +78,7 @@ def simulate_cmd(
         twin = _twin_config(config, gpus, sharing)
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         if loaded.skipped:
-            err.print(f"skipped {len(loaded.skipped)} entries of unknown tasks: {loaded.skipped_summary()}")
+            err.print(loaded.skipped_note())
         if sweep_all:
             if policy is not None or memory != "none" or no_risk_filter:
                 raise UsageError("--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter")

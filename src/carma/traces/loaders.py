@@ -51,6 +51,9 @@ class Trace:
         counts = Counter(self.skipped)
         return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in sorted(counts.items()))
 
+    def skipped_note(self) -> str:
+        return f"skipped {len(self.skipped)} entries of unknown tasks: {self.skipped_summary()}"
+
 
 class _Builder:
     """Collects entries, resolving names against the catalog and reporting unknown ones."""
