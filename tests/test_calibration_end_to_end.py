@@ -104,3 +104,47 @@ def test_find_datasets_takes_an_explicit_folder_that_holds_the_data(tmp_path):
     (tmp_path / "lucid").mkdir()
     (tmp_path / "lucid" / "colocation_pairs.csv").write_text("model1,model2\n")
     assert find_datasets(tmp_path) == tmp_path
+
+
+def _datasets(root: Path, singles: str, pairs: str, runs: str) -> Path:
+    for name, text in (("lucid/single_profiles.csv", singles), ("lucid/colocation_pairs.csv", pairs),
+                       ("gpumemnet/mlp_training_runs.csv", runs)):  # fmt: skip
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+SINGLES = "model,dataset,batchsize,amp,speed,gpu_util,gmem_util\nResNet18,cifar10,32,0,900,80,30\n"
+PAIRS = "model1,dataset1,batchsize1,amp1,speed1,model2,dataset2,batchsize2,amp2,speed2\n"
+PAIR = "ResNet18,cifar10,32,0,0.6,ResNet18,cifar10,32,0,0.6\n"
+RUNS = "Avg GPUTL,Avg SMACT,Avg SMOCC\n50,0.4,0.2\n"
+
+
+@pytest.mark.parametrize(
+    ("singles", "pairs", "runs", "message"),
+    [
+        ("a,b,c\n1,2,3\n", PAIRS + PAIR, RUNS, "single_profiles.csv: no column 'model', 'dataset', 'batchsize'"),
+        (SINGLES, PAIRS, RUNS, "colocation_pairs.csv: no measurements in it"),
+        (SINGLES, PAIRS + PAIR.replace("32,0,0.6\n", "64,0,0.6\n"), RUNS,
+         "colocation_pairs.csv, line 2: no solo profile of ResNet18 on cifar10, batch 64, amp 0"),
+        (SINGLES.replace("900", "fast"), PAIRS + PAIR, RUNS,
+         "single_profiles.csv, line 2: could not convert string to float: 'fast'"),
+        (SINGLES, PAIRS + PAIR, "Avg GPUTL,Avg SMACT,Avg SMOCC\n", "mlp_training_runs.csv: no measurements in it"),
+        (SINGLES, PAIRS + PAIR, RUNS.replace("0.4", "nan"), "mlp_training_runs.csv, line 2: Avg SMACT is 'nan'"),
+    ],
+    ids=["no-columns", "no-pairs", "unknown-solo", "not-a-number", "no-runs", "nan"],
+)  # fmt: skip
+def test_measurements_that_cannot_be_fitted_are_one_line_naming_the_file_and_nothing_is_written(
+    singles, pairs, runs, message, tmp_path
+):
+    data = _datasets(tmp_path / "data", singles, pairs, runs)
+    result = run_carma("twin", "validate", "--data", data, "--report", "fidelity.md", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: ") and message in line
+    assert not (tmp_path / "fidelity.md").exists()
+
+
+def test_a_report_path_that_is_a_directory_is_refused_before_the_work(tmp_path):
+    result = run_carma("twin", "validate", "--data", "/nonexistent", "--report", tmp_path)
+    assert (result.returncode, result.stderr) == (2, f"error: --report {tmp_path} is a directory; give a file name\n")

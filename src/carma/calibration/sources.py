@@ -4,10 +4,15 @@ and the facts packaged with carma (analogues, datasets, thesis tables, constants
 from __future__ import annotations
 
 import csv
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 DATASETS_ENV = "CARMA_DATASETS"
 
@@ -35,7 +40,8 @@ def find_datasets(explicit: Path | None = None) -> Path:
             return path
     where = explicit or (f"${DATASETS_ENV}" if os.environ.get(DATASETS_ENV) else "a shared/datasets folder")
     raise DataNotFound(
-        f"calibration data not found in {where}: pass --data DIR, the folder holding lucid/ and gpumemnet/"
+        f"calibration data not found in {where}: pass --data DIR or set ${DATASETS_ENV} to the folder holding"
+        " lucid/ and gpumemnet/"
     )
 
 
@@ -78,32 +84,68 @@ def _key(model: str, dataset: str, batch: str, amp: str) -> tuple[str, str, int,
     return model, dataset, int(batch), amp == "1"
 
 
+def _number(row: dict[str, str], column: str) -> float:
+    value = float(row[column])
+    if not math.isfinite(value):
+        raise ValueError(f"{column} is {row[column]!r}")
+    return value
+
+
+def _read(path: Path, columns: tuple[str, ...], convert: Callable[[dict[str, str]], T]) -> list[T]:
+    """Each row of a measurement file, converted. A missing column, a value that is not a number or a file
+    without rows is a one-line error naming the file: a fit on nothing would write parameters from no data."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(map(repr, missing))}")
+        rows = []
+        for row in reader:
+            try:
+                rows.append(convert(row))
+            except ValueError as e:
+                raise ValueError(f"{path}, line {reader.line_num}: {e}") from None
+    if not rows:
+        raise ValueError(f"{path}: no measurements in it")
+    return rows
+
+
+SINGLE_COLUMNS = ("model", "dataset", "batchsize", "amp", "speed", "gpu_util", "gmem_util")
+PAIR_COLUMNS = tuple(f"{c}{n}" for n in (1, 2) for c in ("model", "dataset", "batchsize", "amp", "speed"))
+UTILIZATION_COLUMNS = ("Avg GPUTL", "Avg SMACT", "Avg SMOCC")
+
+
 def load_lucid(root: Path) -> tuple[dict[tuple[str, str, int, bool], LucidJob], list[LucidPair]]:
-    singles: dict[tuple[str, str, int, bool], LucidJob] = {}
-    with open(root / "lucid" / "single_profiles.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            key = _key(row["model"], row["dataset"], row["batchsize"], row["amp"])
-            singles[key] = LucidJob(
-                *key,
-                speed=float(row["speed"]),
-                gract=float(row["gpu_util"]) / 100,
-                drama=float(row["gmem_util"]) / 100,
-            )
-    pairs = []
-    with open(root / "lucid" / "colocation_pairs.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            first = singles[_key(row["model1"], row["dataset1"], row["batchsize1"], row["amp1"])]
-            second = singles[_key(row["model2"], row["dataset2"], row["batchsize2"], row["amp2"])]
-            pairs.append(LucidPair(first, second, float(row["speed1"]), float(row["speed2"])))
-    return singles, pairs
+    def single(row: dict[str, str]) -> LucidJob:
+        key = _key(row["model"], row["dataset"], row["batchsize"], row["amp"])
+        return LucidJob(
+            *key,
+            speed=_number(row, "speed"),
+            gract=_number(row, "gpu_util") / 100,
+            drama=_number(row, "gmem_util") / 100,
+        )
+
+    jobs = _read(root / "lucid" / "single_profiles.csv", SINGLE_COLUMNS, single)
+    singles = {(j.model, j.dataset, j.batch, j.amp): j for j in jobs}
+
+    def job(row: dict[str, str], n: int) -> LucidJob:
+        key = _key(row[f"model{n}"], row[f"dataset{n}"], row[f"batchsize{n}"], row[f"amp{n}"])
+        if key not in singles:
+            raise ValueError(f"no solo profile of {key[0]} on {key[1]}, batch {key[2]}, amp {int(key[3])}")
+        return singles[key]
+
+    def pair(row: dict[str, str]) -> LucidPair:
+        return LucidPair(job(row, 1), job(row, 2), _number(row, "speed1"), _number(row, "speed2"))
+
+    return singles, _read(root / "lucid" / "colocation_pairs.csv", PAIR_COLUMNS, pair)
 
 
 def load_gpumemnet_utilization(root: Path) -> tuple[list[float], list[float], list[float]]:
     """GPU utilization (GRACT, as a fraction), SMACT and SMOCC of each GPUMemNet training run."""
-    gract, smact, smocc = [], [], []
-    with open(root / "gpumemnet" / "mlp_training_runs.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            gract.append(float(row["Avg GPUTL"]) / 100)
-            smact.append(float(row["Avg SMACT"]))
-            smocc.append(float(row["Avg SMOCC"]))
+    rows = _read(
+        root / "gpumemnet" / "mlp_training_runs.csv",
+        UTILIZATION_COLUMNS,
+        lambda r: (_number(r, "Avg GPUTL") / 100, _number(r, "Avg SMACT"), _number(r, "Avg SMOCC")),
+    )
+    gract, smact, smocc = (list(column) for column in zip(*rows, strict=True))
     return gract, smact, smocc

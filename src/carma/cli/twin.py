@@ -26,8 +26,8 @@ def twin_calibrate(data: DataOption = None) -> None:
         calibration = calibrate(find_datasets(data))
         paths = shipped_paths()
         write(calibration, *paths)
-    except (FileNotFoundError, ImportError, ValueError) as e:
-        raise fail(str(e)) from None
+    except (OSError, ImportError, ValueError) as e:
+        raise fail(e) from None
     a, p, q = calibration.timeslice
     out.print(
         f"time-slicing: a={a:.3f} p={p:.2f} q={q:.2f}; MPS share {calibration.mps_share:.3f}; "
@@ -44,6 +44,8 @@ def twin_validate(
     jobs: Annotated[int, typer.Option(help="Processes for the trace-1 sweep.", min=1)] = 1,
 ) -> None:
     """Cross-validate the models, check them against the thesis, run trace 1, and write the fidelity report."""
+    if report.is_dir():  # said before the minutes of work, not after
+        raise fail(f"--report {report} is a directory; give a file name")
     try:
         from carma.calibration.calibrate import calibrate
         from carma.calibration.fidelity import evaluate, findings, write_report
@@ -52,8 +54,8 @@ def twin_validate(
         root = find_datasets(data)
         fidelity = evaluate(calibrate(root), root, jobs)
         path = write_report(fidelity, report, "carma twin validate")
-    except (FileNotFoundError, ImportError, ValueError) as e:
-        raise fail(str(e)) from None
+    except (OSError, ImportError, ValueError) as e:
+        raise fail(e) from None
     v = fidelity.validation
     out.print(
         f"interference: held-out MAE {v.model_mae:.4f} (baselines: "
