@@ -269,6 +269,8 @@ BAD_INPUTS = {
         "(use --skip-unknown to leave it out)",
     ),
     "bad-trace-file": (["--trace", "negative.csv"], "negative.csv, line 2: submit time must not be negative"),
+    "save-to-a-directory": (["--save", "."], "--save . is a directory; give a file name"),
+    "csv-to-a-directory": (["--sweep", "--csv", "."], "--csv . is a directory; give a file name"),
     "sweep-policy": (["--sweep", "--policy", "magm"], SWEEP_ONLY),
     "sweep-memory": (["--sweep", "--memory", "oracle"], SWEEP_ONLY),
     "sweep-risk": (["--sweep", "--no-risk-filter"], SWEEP_ONLY),

@@ -203,11 +203,28 @@ def test_a_daemon_windows_energy_and_series_span_its_tasks_as_a_simulations_do_a
         ('{"carma_report_version": 2, "runs": []}', "version 2 is not supported"),
         ('{"carma_report_version": 1, "runs": []}', "holds no runs"),
         ('{"carma_report_version": 1, "runs": [{"label": "x"}]}', "run 1 of the report file is malformed"),
+        ('{"carma_report_version": true, "runs": []}', "version True is not supported"),
     ],
 )
 def test_bad_report_files_are_refused_in_one_line(text, message):
     with pytest.raises(RecordError, match=message):
         from_json(text)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda run: run["figures"].update(makespan_s="abc"), "figures holds 'abc', not a number"),
+        (lambda run: run["series"]["0"]["smact"].pop(), "GPU 0's smact and t differ in length (1 and 2)"),
+        (lambda run: run["series"]["0"]["used_mib"].__setitem__(0, "x"), "GPU 0's used_mib holds 'x', not a number"),
+        (lambda run: run["tasks"][0].update(submit_s="0"), "a task's submit_s or end_s holds '0', not a number"),
+    ],
+)
+def test_a_hand_edited_report_file_the_charts_cannot_draw_is_refused_in_one_line(edit, message):
+    doc = json.loads(to_json([_hand_record()]))
+    edit(doc["runs"][0])
+    with pytest.raises(RecordError, match=f"run 1 of the report file is malformed \\(ValueError: {re.escape(message)}"):
+        from_json(json.dumps(doc))
 
 
 # --- the page --------------------------------------------------------------------------------------------
@@ -277,6 +294,10 @@ def test_the_same_run_twice_gets_labels_that_say_where_each_came_from(tmp_path):
     assert _report("a.json", "b.json", "--out", "out", cwd=tmp_path).returncode == 0
     text = (tmp_path / "out" / "report.html").read_text()
     assert "<td>MAGM recovery only [a.json]</td>" in text and "<td>MAGM recovery only [b.json]</td>" in text
+    # the same file twice: each gets its number as well
+    assert _report("a.json", "a.json", "--out", "twice", cwd=tmp_path).returncode == 0
+    text = (tmp_path / "twice" / "report.html").read_text()
+    assert "<td>MAGM recovery only [a.json] #1</td>" in text and "<td>MAGM recovery only [a.json] #2</td>" in text
 
 
 def test_a_report_from_a_daemon_on_fake_gpus(start_server, tmp_path):  # type: ignore[no-untyped-def]
@@ -344,3 +365,10 @@ def test_report_mistakes_are_one_line_and_status_2(tmp_path, args, message):
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert message in result.stderr
     assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    result = _report("--server", "--out", "notes.txt", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, "error: --out notes.txt is a file; give a directory\n")
+    assert (tmp_path / "notes.txt").read_text() == "hello"

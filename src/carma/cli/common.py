@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -33,9 +34,13 @@ def error_line(message: str) -> None:
     err.print(Text("error: ", style="bold red") + Text(" ".join(message.split())))
 
 
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Report a user mistake as one line; the exit to raise (status 2 unless said otherwise)."""
-    error_line(message)
+def fail(problem: str | Exception, code: int = 2) -> typer.Exit:
+    """Report a user mistake as one line; the exit to raise (status 2 unless said otherwise). An OSError
+    reads "PATH: reason", not "[Errno 21] Is a directory: 'PATH'"."""
+    if isinstance(problem, OSError) and problem.strerror:
+        where = problem.filename
+        problem = problem.strerror if where is None else f"{os.fsdecode(where)}: {problem.strerror}"
+    error_line(str(problem))
     return typer.Exit(code)
 
 

@@ -82,7 +82,7 @@ def estimate_cmd(
         if timeline:
             _check_plots()
     except UsageError as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     try:
         import torch  # noqa: F401  (every method needs it: fail early with the install hint)
     except ImportError:
@@ -100,7 +100,7 @@ def estimate_cmd(
             else:
                 estimate = estimate_job(job, method, device, steps, timeline=timeline, timeout_s=timeout)
     except EstimateError as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     if as_json:
         print(json.dumps(estimate.to_json()))
     else:
@@ -160,5 +160,5 @@ def calibrate_cmd(
     try:
         measured, path = calibrate(device, gpu)
     except EstimateError as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     out.print(f"{measured.name}: context {size_text(measured.context_bytes)} ({measured.source}); wrote {path}")

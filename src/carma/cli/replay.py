@@ -53,7 +53,7 @@ def replay_cmd(
             raise UsageError(f"--time-scale must be a positive number; got {time_scale:g}")
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
     except (UsageError, TraceError, ValueError) as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     if loaded.skipped:
         err.print(loaded.skipped_note())
     client = Client()

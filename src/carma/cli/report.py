@@ -38,6 +38,8 @@ def report_cmd(
     try:
         if not files and not server:
             raise UsageError("nothing to report: give report files (from `carma simulate --save`) and/or --server")
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UsageError(f"--out {out_dir} is a file; give a directory")
         if server and not 0 < hours <= MAX_HOURS:
             raise UsageError(f"--hours must be more than 0 and at most {MAX_HOURS}; got {hours:g}")
         runs: list[tuple[str, RunRecord]] = []  # (where from, record)
@@ -52,11 +54,16 @@ def report_cmd(
             sources.append(f"{record.source}, the last {hours:g} h")
         page = write_report(_distinct(runs), out_dir, sources)
     except (UsageError, RecordError, ClientError, PlotsUnavailable, OSError) as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     out.print(f"wrote {page}")
 
 
 def _distinct(runs: list[tuple[str, RunRecord]]) -> list[RunRecord]:
-    """The records; a label that several sources share gets, in brackets, where each came from."""
+    """The records; a label that several sources share gets, in brackets, where each came from, and one that
+    is still shared (a file given twice) its number among them."""
     labels = [r.label for _, r in runs]
-    return [replace(r, label=f"{r.label} [{where}]") if labels.count(r.label) > 1 else r for where, r in runs]
+    named = [f"{r.label} [{where}]" if labels.count(r.label) > 1 else r.label for where, r in runs]
+    numbered = [
+        f"{name} #{named[:i].count(name) + 1}" if named.count(name) > 1 else name for i, name in enumerate(named)
+    ]
+    return [replace(r, label=label) for (_, r), label in zip(runs, numbered, strict=True)]

@@ -68,7 +68,7 @@ def server_cmd(
                 tokens.create(_me(), os.geteuid(), admin=True)
                 err.print(f"created an admin token for TCP clients in {paths.tokens}")
     except (UsageError, ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     missing = scheduler.risk.missing
     for gpu, names in backend.missing().items():
         effect = "kept out of collocation" if missing == "risky" else "judged without them"
@@ -136,7 +136,7 @@ def _mps_do(action: str, home: Path | None) -> None:
     try:
         status = getattr(control, action)()
     except MpsError as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     state = "running" if status.running else "stopped"
     servers = f", MPS servers {', '.join(map(str, status.servers))}" if status.servers else ""
     out.print(f"MPS control daemon {state} (pipe {control.pipe_dir}){servers}", highlight=False)
@@ -171,7 +171,7 @@ def dashboard_cmd(home: HomeOption = None) -> None:
     try:
         status = Client(paths.socket).status()
     except ClientError as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     if not status.get("tcp"):
         raise fail("the server does not listen on TCP: start it with --tcp 127.0.0.1:8765 to use the dashboard")
     url = f"http://{status['tcp']}/"

@@ -75,6 +75,9 @@ def simulate_cmd(
     try:
         if plot:
             pyplot()  # missing matplotlib is said before the simulation, not after it
+        for option, path in (("--csv", csv_path), ("--save", save)):
+            if path is not None and path.is_dir():  # said before the simulation too
+                raise UsageError(f"{option} {path} is a directory; give a file name")
         twin = _twin_config(config, gpus, sharing)
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         if loaded.skipped:
@@ -100,7 +103,7 @@ def simulate_cmd(
     except SpecError as e:  # a task the simulated server cannot run
         raise fail(f"trace {loaded.name}: {e}") from None
     except (UsageError, ConfigError, TraceError, PlotsUnavailable, ValueError, OSError) as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     if as_json:
         print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))
         _note_failures(results)

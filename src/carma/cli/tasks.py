@@ -28,7 +28,7 @@ def _client() -> Client:
     try:
         return Client()
     except ClientError as e:  # a CARMA_URL it cannot use
-        raise fail(str(e)) from None
+        raise fail(e) from None
 
 
 def _call(fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
@@ -37,7 +37,7 @@ def _call(fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
     try:
         return fn(*args, **kwargs)
     except ClientError as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
 
 
 def _print_json(value: object) -> None:
@@ -52,7 +52,7 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise fail(f"no task file {str(path)!r}") from None
     except NotText as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     except OSError as e:  # a directory, say
         raise fail(f"cannot read task file {str(path)!r}: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -288,7 +288,7 @@ def wait_cmd(
     except WaitTimeout as e:
         raise fail(str(e), code=3) from None
     except ClientError as e:
-        raise fail(str(e)) from None
+        raise fail(e) from None
     if as_json:
         _print_json([{"id": t["id"], "state": t["state"], "reason": t["reason"]} for t in tasks])
     else:

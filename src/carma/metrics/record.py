@@ -266,22 +266,41 @@ def to_json(records: Sequence[RunRecord]) -> str:
     return json.dumps({"carma_report_version": VERSION, "runs": [asdict(r) for r in records]}, separators=(",", ":"))
 
 
+def _numbers(values: Iterable[Any], what: str) -> None:
+    """Refuse a hand-edited value the charts cannot draw, naming where it is."""
+    for value in values:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{what} holds {value!r}, not a number")
+
+
+def _series(g: str, s: dict[str, Any]) -> Series:
+    columns = {c: list(s[c]) for c in SERIES_COLUMNS}
+    for column, values in columns.items():
+        if len(values) != len(columns["t"]):
+            raise ValueError(f"GPU {g}'s {column} and t differ in length ({len(values)} and {len(columns['t'])})")
+        _numbers(values, f"GPU {g}'s {column}")
+    return columns
+
+
 def _record(data: dict[str, Any]) -> RunRecord:
+    figures = dict(data["figures"])
+    _numbers(figures.values(), "figures")
+    tasks = tuple(
+        TaskRecord(**{**t, "attempts": tuple(AttemptRecord(**{**a, "gpus": tuple(a["gpus"])}) for a in t["attempts"])})
+        for t in data["tasks"]
+    )
+    _numbers((v for t in tasks for v in (t.submit_s, t.end_s)), "a task's submit_s or end_s")
+    _numbers((v for t in tasks for a in t.attempts for v in (a.start_s, a.end_s)), "an attempt's start_s or end_s")
     return RunRecord(
         label=str(data["label"]),
         source=str(data["source"]),
         start_s=float(data["start_s"]),
         end_s=float(data["end_s"]),
         gpus=tuple(GpuRef(**g) for g in data["gpus"]),
-        figures=dict(data["figures"]),
-        tasks=tuple(
-            TaskRecord(
-                **{**t, "attempts": tuple(AttemptRecord(**{**a, "gpus": tuple(a["gpus"])}) for a in t["attempts"])}
-            )
-            for t in data["tasks"]
-        ),
-        series={int(g): {c: list(s[c]) for c in SERIES_COLUMNS} for g, s in data["series"].items()},
-        ooms=tuple(OomEvent(e["t"], tuple(e["gpus"]), e["task_id"]) for e in data["ooms"]),
+        figures=figures,
+        tasks=tasks,
+        series={int(g): _series(g, s) for g, s in data["series"].items()},
+        ooms=tuple(OomEvent(float(e["t"]), tuple(e["gpus"]), e["task_id"]) for e in data["ooms"]),
     )
 
 
@@ -292,7 +311,7 @@ def from_json(text: str) -> list[RunRecord]:
         raise RecordError("not a carma report file (not JSON)") from None
     if not isinstance(doc, dict) or "carma_report_version" not in doc:
         raise RecordError("not a carma report file (no carma_report_version; write one with `carma simulate --save`)")
-    if doc["carma_report_version"] != VERSION:
+    if type(doc["carma_report_version"]) is not int or doc["carma_report_version"] != VERSION:
         raise RecordError(
             f"report format version {doc['carma_report_version']!r} is not supported (this carma reads {VERSION})"
         )
