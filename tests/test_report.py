@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -239,6 +239,12 @@ def test_the_page_escapes_names_and_shows_what_was_not_measured(tmp_path):
     assert re.findall(r'<td class="n">(.*?)</td>', row)[:3] == ["0.08", "–", "1"]  # 300 s; energy not measured
     for name in re.findall(r'<img src="([^"]+)"', text):
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_crash_times_are_in_the_charts_unit_hours_for_a_long_run(tmp_path):
+    long_run = replace(_hand_record(), end_s=100.0 + 3 * 3600, ooms=(OomEvent(100.0 + 5400, (0,), 1),))
+    text = write_report([long_run], tmp_path, ["a test"]).read_text()
+    assert "<th>time since the run's start (h)</th>" in text and "<tr><td>1.50</td><td>0</td>" in text
 
 
 # --- through the CLI -------------------------------------------------------------------------------------

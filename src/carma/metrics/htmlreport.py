@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from carma import __version__
-from carma.metrics.plots import plot_cdfs, plot_makespan_energy, plot_timelines
+from carma.metrics.plots import plot_cdfs, plot_makespan_energy, plot_timelines, time_unit
 from carma.metrics.record import RunRecord
 from carma.metrics.run import NOT_MEASURED
 
@@ -69,10 +69,11 @@ def _figures_table(records: Sequence[RunRecord]) -> str:
 
 def _oom_table(record: RunRecord) -> str:
     rows = []
+    seconds, unit = time_unit(record.end_s - record.start_s)  # as the charts' time axes
     for event in record.ooms[:OOM_ROWS]:
         task = record.task(event.task_id)
         cells = (
-            _number(event.t - record.start_s, 1 / 60, "{:.1f}"),
+            _number(event.t - record.start_s, 1 / seconds, "{:.2f}" if unit == "h" else "{:.1f}"),
             ", ".join(map(str, event.gpus)),
             event.task_id,
             task.name if task else "",
@@ -80,7 +81,7 @@ def _oom_table(record: RunRecord) -> str:
         rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
     more = len(record.ooms) - OOM_ROWS
     tail = f'<p class="note">and {more} more.</p>' if more > 0 else ""
-    head = "<tr><th>time since the run's start (min)</th><th>GPUs</th><th>task</th><th>name</th></tr>"
+    head = f"<tr><th>time since the run's start ({unit})</th><th>GPUs</th><th>task</th><th>name</th></tr>"
     return f"<h3>{_e(record.label)}</h3><table>{head}{''.join(rows)}</table>{tail}"
 
 

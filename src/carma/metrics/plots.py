@@ -52,7 +52,7 @@ def _legend(fig: Any, handles: Sequence[Any], labels: Sequence[str]) -> None:
     fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
 
 
-def _unit(seconds: float) -> tuple[float, str]:
+def time_unit(seconds: float) -> tuple[float, str]:
     """Hours for spans of hours, minutes below two hours (a daemon's short window stays readable)."""
     return (3600.0, "h") if seconds >= 7200 else (60.0, "min")
 
@@ -72,7 +72,7 @@ def plot_makespan_energy(records: Sequence[RunRecord], path: Path) -> Path:
     """Makespan and energy per configuration, the first configuration dashed as the baseline."""
     plt = pyplot()
     makespans = [r.figures.get("makespan_s") for r in records]
-    scale, unit = _unit(max((m for m in makespans if m is not None), default=0.0))
+    scale, unit = time_unit(max((m for m in makespans if m is not None), default=0.0))
     panels = (
         ([None if m is None else m / scale for m in makespans], f"makespan ({unit})", "#4477aa"),
         ([r.figures.get("energy_mj") for r in records], "GPU energy (MJ)", "#ee6677"),
@@ -106,7 +106,7 @@ def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
     """Distributions of job completion time and waiting time over completed tasks, one line per run."""
     plt = pyplot()
     metrics = (("jct_s", "job completion time"), ("wait_s", "waiting time"))
-    scale, unit = _unit(max((t.jct_s or 0.0 for r in records for t in r.tasks), default=0.0))
+    scale, unit = time_unit(max((t.jct_s or 0.0 for r in records for t in r.tasks), default=0.0))
     styles = _styles(len(records))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
     for ax, (attribute, name) in zip(axes, metrics, strict=True):
@@ -129,7 +129,7 @@ def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
     plt = pyplot()
     indices = sorted({g.index for r in records for g in r.gpus} | {g for r in records for g in r.series})
     capacity = [{g.index: g.total_mib for g in r.gpus if g.total_mib} for r in records]  # runs may differ
-    scale, unit = _unit(max(r.end_s - r.start_s for r in records))
+    scale, unit = time_unit(max(r.end_s - r.start_s for r in records))
     styles = _styles(len(records))
     height = 2.3 * len(indices) + 1.6
     fig, axes = plt.subplots(len(indices), 2, figsize=(14, height), sharex=True, squeeze=False, layout="constrained")

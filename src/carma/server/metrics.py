@@ -25,7 +25,7 @@ DECISION_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.
 # (metric name, help, attribute of the latest sample, scale)
 GPU_GAUGES = (
     ("carma_gpu_memory_used_bytes", "GPU memory in use", "used_mib", MIB),
-    ("carma_gpu_memory_total_bytes", "GPU memory in all", "total_mib", MIB),
+    ("carma_gpu_memory_total_bytes", "Total GPU memory", "total_mib", MIB),
     ("carma_gpu_sm_active_ratio", "SMACT: fraction of time SMs had a warp resident", "smact", 1),
     ("carma_gpu_sm_occupancy_ratio", "SMOCC: resident warps over the maximum", "smocc", 1),
     ("carma_gpu_dram_active_ratio", "DRAMA: fraction of cycles the memory interface was busy", "drama", 1),
