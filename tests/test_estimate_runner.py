@@ -692,6 +692,37 @@ def nbytes(*modules: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
 
+RESUMED_SCRIPT = """
+import os, sys, torch
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256))
+kind = torch.optim.Adagrad if sys.argv[1] == "adagrad" else torch.optim.Adam
+optimizer = kind(model.parameters())
+if sys.argv[1] == "resume":  # the optimizer's state is loaded before training, not made in its first step
+    optimizer.load_state_dict(torch.load("checkpoint.pt"))
+for step in range(10):
+    optimizer.zero_grad()
+    model(torch.randn(8, 256)).sum().backward()
+    optimizer.step()
+    if sys.argv[1] == "save" and step == 1:
+        torch.save(optimizer.state_dict(), "checkpoint.pt")
+        break
+"""
+
+
+def test_optimizer_state_made_before_training_counts_as_resident(workdir: Path) -> None:
+    """Resuming from a checkpoint loads Adam's moments before the first step; Adagrad makes its state in its
+    constructor. Neither is in the trace, both are on the GPU for the whole job."""
+    train = script(workdir, "train.py", RESUMED_SCRIPT)
+    subprocess.run([sys.executable, train, "save"], check=True, cwd=workdir)
+    parameters = nbytes(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)))
+    fresh, resumed = estimate(["python", train, "fresh"]), estimate(["python", train, "resume"])
+    assert (
+        resumed.breakdown.optimizer_state == fresh.breakdown.optimizer_state == pytest.approx(2 * parameters, rel=0.01)
+    )
+    assert resumed.peak_bytes == fresh.peak_bytes
+    assert estimate(["python", train, "adagrad"]).breakdown.optimizer_state == pytest.approx(parameters, rel=0.01)
+
+
 def test_a_gan_is_captured_over_whole_iterations_of_both_models(workdir: Path) -> None:
     """Two models, two optimizers stepping in turn: an iteration is the discriminator's step and the
     generator's, the capture stops after three of them, and both models' weights and Adam moments count.

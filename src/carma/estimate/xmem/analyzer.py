@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -53,6 +53,9 @@ class JobTensors:
     model_window: str  # name of the trace window of the model's calls (`session.module_window`)
     parameters: dict[int, int]  # storage address -> bytes, of parameters and buffers
     batch: dict[int, int]  # storage address -> bytes, of the first batch's tensors
+    # storage address -> bytes, of the optimizers' state when the capture ended: state made before
+    # profiling (a resumed checkpoint's, Adagrad's from its constructor) is in no trace
+    state: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,25 +30,32 @@ class XMemResult:
 
 def job_tensors(capture: Capture) -> JobTensors:
     """Storage addresses and sizes of what sits on the GPU before training (the parameters and buffers of
-    the model and of the other modules the job called or holds, every optimizer's parameters) and of the
-    first batch."""
+    the model and of the other modules the job called or holds, every optimizer's parameters), of the
+    first batch and of the optimizers' state."""
     job = capture.job
     resident = [job.model, *capture.extra_models]
-    parameters = {}
-    for tensor in itertools.chain(
-        *(module.parameters() for module in resident),
-        *(module.buffers() for module in resident),
-        *(optimizer_parameters(optimizer) for optimizer in (job.optimizer, *capture.extra_optimizers)),
-    ):
+    optimizers = (job.optimizer, *capture.extra_optimizers)
+    parameters = _storages(
+        itertools.chain(
+            *(module.parameters() for module in resident),
+            *(module.buffers() for module in resident),
+            *(optimizer_parameters(optimizer) for optimizer in optimizers),
+        )
+    )
+    state = _storages(
+        t for optimizer in optimizers for per_parameter in optimizer.state.values() for t in _tensors(per_parameter)
+    )
+    return JobTensors(module_window(job.model), parameters, _storages(_tensors(job.batch)), state)
+
+
+def _storages(tensors: Iterable[Any]) -> dict[int, int]:
+    """Storage address -> bytes of the tensors (views of one storage counted once, empty ones left out)."""
+    found = {}
+    for tensor in tensors:
         storage = tensor.untyped_storage()
         if storage.nbytes():
-            parameters[storage.data_ptr()] = storage.nbytes()
-    batch = {}
-    for tensor in _tensors(job.batch):
-        storage = tensor.untyped_storage()
-        if storage.nbytes():
-            batch[storage.data_ptr()] = storage.nbytes()
-    return JobTensors(module_window(job.model), parameters, batch)
+            found[storage.data_ptr()] = storage.nbytes()
+    return found
 
 
 def _tensors(value: Any) -> list[Any]:

@@ -11,7 +11,9 @@ semantics rather than the host's timing (xMem section 3.3):
 - gradients (blocks the backward pass leaves behind whose size is a parameter's) are freed by
   `optimizer.zero_grad()`, at its start;
 - optimizer state (blocks `optimizer.step()` leaves behind) is persistent once created in the first
-  step; blocks whose size is a parameter's (Adam's moments, SGD's momentum) are kept to the end.
+  step; blocks whose size is a parameter's (Adam's moments, SGD's momentum) are kept to the end. State
+  the optimizers held before profiling (loaded from a checkpoint to resume, or made by the constructor,
+  as Adagrad's) is resident before the first iteration, like the parameters.
 The result is the GPU-ordered sequence of allocations and frees the simulator replays, each block
 tagged with its category for the breakdown of the peak.
 """
@@ -64,6 +66,12 @@ def orchestrate(analysis: Analysis, job: JobTensors) -> list[GpuBlock]:
     for addr, size in job.parameters.items():
         if addr not in seen_parameters:
             gpu.append(GpuBlock(size, Category.PARAMETERS, -math.inf, None, "parameters (allocated before profiling)"))
+    alive = {block.addr for block in analysis.blocks if block.free is None}
+    for addr, size in job.state.items():
+        if addr not in alive:
+            gpu.append(
+                GpuBlock(size, Category.OPTIMIZER_STATE, -math.inf, None, "optimizer state (made before profiling)")
+            )
     for k, iteration in enumerate(analysis.iterations):
         if not loads[k]:
             for size in job.batch.values():
