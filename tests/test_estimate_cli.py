@@ -142,12 +142,23 @@ def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_p
         (("--job", "tinyjob:job", "--", "python", "train.py"), "one, not both"),
         (("--job", "nosuchmodule:job"), "nosuchmodule"),
         (("--", "python", "notrain.py"), "optimizer"),
-        (("--timeout", "0", "--", "python", "train.py"), "--timeout must be positive, not 0"),
+        (("--timeout", "0", "--", "python", "train.py"), "--timeout must be a positive number of seconds, not 0"),
+        (("--timeout", "nan", "--", "python", "train.py"), "--timeout must be a positive number of seconds, not nan"),
+        (("--job", "tinyjob:job", "--timeline", "plot"), "--timeline writes a PNG: give a file name ending in .png"),
+        (("--job", "tinyjob:job", "--timeline", "tinyjob.py/t.png"), "--timeline: cannot make the folder 'tinyjob.py'"),
         (("--timeout", "1", "--", "python", "slow.py"), "did not reach 3 optimizer steps within 1 s"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(work, args, message):
     assert message in one_error_line(estimate(work, *args))
+
+
+def test_a_training_command_without_the_double_dash_is_shown_where_it_goes(work):
+    result = estimate(work, "python", "train.py", "--lr", "3")
+    assert result.returncode == 2
+    assert "put the training command after --: carma estimate -- python train.py --lr 3" in " ".join(
+        line.strip("│ ") for line in result.stderr.splitlines()
+    )
 
 
 def test_calibrate_without_a_gpu_is_one_line(work):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -30,6 +31,15 @@ class _ScriptGroup(TyperGroup):
             ctx.meta[_SCRIPT] = args[split + 1 :]
             args = args[:split]
         return super().parse_args(ctx, args)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and self.get_command(ctx, args[0]) is None:  # `carma estimate python train.py`: no `--`
+            ctx.fail(
+                f"no subcommand {args[0]!r}: put the training command after --: carma estimate -- {' '.join(args)}"
+            )
+        return super().resolve_command(ctx, args)
 
 
 estimate_app = typer.Typer(
@@ -77,10 +87,10 @@ def estimate_cmd(
             )
         if timeline and method != "xmem":
             raise UsageError("--timeline needs --method xmem")
-        if timeout <= 0:
-            raise UsageError(f"--timeout must be positive, not {timeout:g}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise UsageError(f"--timeout must be a positive number of seconds, not {timeout:g}")
         if timeline:
-            _check_plots()
+            _check_timeline(timeline)
     except UsageError as e:
         raise fail(e) from None
     try:
@@ -111,10 +121,16 @@ def estimate_cmd(
             out.print(f"wrote {timeline}")
 
 
-def _check_plots() -> None:
-    """The timeline is drawn after the capture: say before it that matplotlib is missing."""
+def _check_timeline(path: Path) -> None:
+    """The timeline is drawn after the capture: say before it what would stop it being written."""
     from carma.metrics.plots import PlotsUnavailable, pyplot
 
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"--timeline writes a PNG: give a file name ending in .png, not {str(path)!r}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--timeline: cannot make the folder {str(path.parent)!r}: {e.strerror}") from None
     try:
         pyplot()
     except PlotsUnavailable as e:
