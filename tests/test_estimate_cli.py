@@ -142,6 +142,14 @@ def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_p
         (("--job", "tinyjob:job", "--", "python", "train.py"), "one, not both"),
         (("--job", "nosuchmodule:job"), "nosuchmodule"),
         (("--", "python", "notrain.py"), "optimizer"),
+        (
+            ("--", "python", "train.py", "--batchsize", "8"),  # argparse says why, on stderr
+            "exited with status 2 after 0 optimizer steps: train.py: error: unrecognized arguments: --batchsize 8",
+        ),
+        (
+            ("--", "python", "-c", "import sys; sys.exit('usage: train.py DIR')"),
+            "the script exited after 0 optimizer steps: usage: train.py DIR",
+        ),
         (("--timeout", "0", "--", "python", "train.py"), "--timeout must be a positive number of seconds, not 0"),
         (("--timeout", "nan", "--", "python", "train.py"), "--timeout must be a positive number of seconds, not nan"),
         (("--job", "tinyjob:job", "--timeline", "plot"), "--timeline writes a PNG: give a file name ending in .png"),

@@ -258,7 +258,7 @@ def test_script_that_never_steps_is_a_clear_error(workdir: Path) -> None:
         print("done without a step")
         """,
     )
-    with pytest.raises(EstimateError, match="never reached an optimizer step; xMem needs 3 training steps"):
+    with pytest.raises(EstimateError, match="never reached an optimizer step; the capture needs 3 training steps"):
         estimate(["python", train])
 
 
@@ -958,7 +958,7 @@ def test_the_capture_ends_with_the_process_that_waits_for_it(workdir: Path) -> N
 
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
     train = tiny_script(workdir, "short.py", 2)
-    with pytest.raises(EstimateError, match="ended after 2 optimizer steps; xMem needs 3"):
+    with pytest.raises(EstimateError, match="ended after 2 optimizer steps; the capture needs 3"):
         estimate(["python", train])
     with pytest.raises(EstimateError, match="does not exist"):
         estimate(["python", "missing.py"])

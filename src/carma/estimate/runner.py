@@ -31,7 +31,7 @@ from typing import Any
 
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Estimate, EstimateError
 from carma.estimate.job import capture_job, job_parts
-from carma.estimate.script import capture_script, parse_argv
+from carma.estimate.script import ScriptExited, capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -157,7 +157,8 @@ def _estimate_in_child(
             raise EstimateError(_death(child.returncode, err))
         payload = json.loads(result.read_text())
     if "error" in payload:
-        raise EstimateError(payload["error"])
+        why = _last_line(err) if payload.get("stderr_says_why") else None
+        raise EstimateError(payload["error"] + (f": {why}" if why else ""))
     e = payload["estimate"]
     breakdown = Breakdown(**e["breakdown"])
     seconds = time.perf_counter() - started
@@ -174,9 +175,12 @@ def _death(returncode: int, err: str) -> str:
         )
     if returncode < 0:
         return f"the estimating process was killed by {signal.Signals(-returncode).name}"
+    return f"the estimating process died (exit status {returncode}): {_last_line(err) or 'no error output'}"
+
+
+def _last_line(err: str) -> str | None:
     lines = [line for line in err.splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else "no error output"
-    return f"the estimating process died (exit status {returncode}): {last}"
+    return lines[-1].strip() if lines else None
 
 
 def kill_group(pid: int) -> None:
@@ -216,7 +220,7 @@ def _child_main() -> None:
         estimate = estimate_captured(spec["method"], capture, spec["device"], **options)
         payload: dict[str, Any] = {"estimate": replace(estimate, notes=(*capture.notes, *estimate.notes)).to_json()}
     except EstimateError as exc:
-        payload = {"error": str(exc)}
+        payload = {"error": str(exc), "stderr_says_why": isinstance(exc, ScriptExited)}
     except Exception as exc:
         traceback.print_exc()
         payload = {"error": f"estimating with {spec['method']} failed: {last_line(exc)}"}

@@ -39,6 +39,11 @@ _CUDA_GRAPHS = ("reduce-overhead", "max-autotune", "triton.cudagraphs")  # what 
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 
 
+class ScriptExited(EstimateError):
+    """The script exited with an error status before its steps; why (argparse's complaint, say) is the
+    last line it wrote to stderr, which the process running the capture reads."""
+
+
 class _ModelRecorder:
     """A global module hook, run after the session's: the last call before the first optimizer step of
     every outermost module that has parameters (its training batch, not that of a summary's or warm-up's
@@ -294,19 +299,23 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
         except StepLimitReached:
             pass
         except SystemExit as exc:
-            if exc.code not in (None, 0):
+            if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
                 raise EstimateError(
+                    f"the script exited after {len(session.order)} optimizer steps: {exc.code}"
+                ) from None
+            if exc.code not in (None, 0):
+                raise ScriptExited(
                     f"the script exited with status {exc.code} after {len(session.order)} optimizer steps"
                 ) from None
         except Exception as exc:
             crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
             raise EstimateError(cuda_on_cpu.explained(crash)) from None
         if not session.order:
-            raise EstimateError(f"the script never reached an optimizer step; xMem needs {steps} training steps")
+            raise EstimateError(f"the script never reached an optimizer step; the capture needs {steps} training steps")
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             ended = f"the script ended after {len(session.order)} optimizer steps"
-            raise EstimateError(f"{ended}; xMem needs {steps}{each}")
+            raise EstimateError(f"{ended}; the capture needs {steps}{each}")
     first, *others = session.optimizers
     model, batch = recorder.model_of(first)
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
