@@ -234,10 +234,11 @@ def from_server(client: Client, hours: float) -> RunRecord:
     if not tasks:
         raise RecordError(f"the carma server at {client.where} has no tasks in the last {hours:g} h")
     raw = {int(g): s for g, s in client.request("GET", "/v1/series", {"minutes": hours * 60})["gpus"].items()}
-    ended = [t.end_s for t in tasks if t.end_s is not None]
     unfinished = sum(t.end_s is None for t in tasks)
+    first = min(t.submit_s for t in tasks)
+    last = None if unfinished else max(t.end_s for t in tasks if t.end_s is not None)
     # the span a simulation's figures cover: first submission to last end (or now, while a task has not ended)
-    start, end = max(since, min(t.submit_s for t in tasks)), max(ended) if ended and not unfinished else now
+    start, end = max(since, first), now if last is None else last
     ooms = _ooms(tasks, since)
     scale = status["time_scale"]
     return RunRecord(
@@ -247,7 +248,7 @@ def from_server(client: Client, hours: float) -> RunRecord:
         end_s=end,
         gpus=tuple(GpuRef(g["index"], g["name"], g["total_mib"]) for g in client.gpus()),
         figures={
-            "makespan_s": max(ended) - min(t.submit_s for t in tasks) if ended and not unfinished else None,
+            "makespan_s": None if last is None else last - first,
             "energy_mj": _energy_mj(list(raw.values()), start, end),
             "oom_crashes": len(ooms),
             **task_figures(tasks),
