@@ -35,7 +35,9 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "c
 
 
 def cli_env(**extra: str) -> dict[str, str]:
+    """This environment as a user's shell with carma's environment activated: its `python` first on the PATH."""
     env = {k: v for k, v in os.environ.items() if k not in _TERMINAL_VARIABLES and k != "CARMA_URL"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
     return {**env, **extra}
 
 

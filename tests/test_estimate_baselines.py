@@ -84,9 +84,9 @@ def test_model_summary_counts_leaf_layers_and_the_batch():
 # --- FakeTensor --------------------------------------------------------------------------------------
 
 
-def mlp_job(loss=cross_entropy) -> TrainingJob:
+def mlp_job(loss=cross_entropy, batch_size=64) -> TrainingJob:
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
-    batch = (torch.randn(64, 256), torch.randint(0, 10, (64,)))
+    batch = (torch.randn(batch_size, 256), torch.randint(0, 10, (batch_size,)))
     return TrainingJob(model, batch, loss, torch.optim.Adam(model.parameters()))
 
 
@@ -135,6 +135,58 @@ def test_faketensor_in_script_mode_backpropagates_a_surrogate_loss(model, batch)
     job = TrainingJob(model, batch, None, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     b = estimate_faketensor(captured(job), 0, "a100-40gb").breakdown
     assert b.parameters == b.optimizer_state == (32 * 4 + 4) * 4  # SGD's momentum buffers
+
+
+class ClosureSGD(torch.optim.SGD):
+    """An optimizer whose step needs a closure (as sharpness-aware minimisation's does) but no values."""
+
+    def step(self, closure):
+        loss = closure()
+        super().step()
+        return loss
+
+
+def test_faketensor_gives_an_optimizer_that_needs_a_closure_one():
+    plain = estimate_faketensor(captured(mlp_job()), 0, "a100-40gb")
+    job = mlp_job()
+    job.optimizer = ClosureSGD(job.model.parameters(), lr=0.1)
+    with_closure = estimate_faketensor(captured(job), 0, "a100-40gb")
+    sgd = mlp_job()
+    sgd.optimizer = torch.optim.SGD(sgd.model.parameters(), lr=0.1)
+    assert with_closure.breakdown == estimate_faketensor(captured(sgd), 0, "a100-40gb").breakdown != plain.breakdown
+
+
+@pytest.mark.parametrize("method", ["faketensor", "horus"])
+def test_fake_tensor_methods_refuse_a_job_that_reads_values_in_one_line(method):
+    def data_dependent(model, batch):
+        out = model(batch[0])
+        return out.sum() if out.sum().item() > 0 else -out.sum()  # .item() has no value to give
+
+    job = mlp_job(data_dependent)
+    with pytest.raises(
+        EstimateError, match=rf"^{method} runs the job on fake tensors, which have no values.*use xmem$"
+    ):
+        estimate_captured(method, captured(job), "a100-40gb")
+
+
+def test_faketensor_follows_a_job_functions_cpu_autocast_and_notes_only_the_cuda_one():
+    """A job function's loss runs as written: CPU autocast works, CUDA autocast (CUDA hidden) turns itself off.
+    Horus summarises the model by a forward of its own, in float32, whichever the job used."""
+
+    def in_bfloat16(model, batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return cross_entropy(model, batch)
+
+    float32 = estimate_captured("faketensor", captured(mlp_job(batch_size=4096)), "a100-40gb")
+    cpu = Capture(mlp_job(in_bfloat16, batch_size=4096), [], 3, 0.0, mixed_precision=("CPU autocast",))
+    followed = estimate_captured("faketensor", cpu, "a100-40gb")
+    assert followed.notes == () and followed.breakdown.activations < float32.breakdown.activations
+    cuda = Capture(mlp_job(), [], 3, 0.0, mixed_precision=("CUDA autocast",))
+    left_out = "counts activations in float32: it leaves out the job's mixed precision ({}), which xmem follows"
+    assert estimate_captured("faketensor", cuda, "a100-40gb").notes == (
+        "faketensor " + left_out.format("CUDA autocast"),
+    )
+    assert estimate_captured("horus", cpu, "a100-40gb").notes == ("horus " + left_out.format("CPU autocast"),)
 
 
 def test_faketensor_needs_an_output_that_depends_on_the_parameters():

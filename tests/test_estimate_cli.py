@@ -184,3 +184,33 @@ def test_without_pytorch_the_command_says_how_to_install_it(work, tmp_path):
     env = cli_env(PYTHONPATH=str(tmp_path))
     result = run_carma("estimate", "--job", "tinyjob:job", cwd=work, env=env)
     assert one_error_line(result) == "error: estimating needs PyTorch: pip install 'carma[estimate]'"
+
+
+def test_the_script_is_captured_under_the_python_its_command_names(work, tmp_path):
+    """As the server does: `python` on the PATH (or a path, or a script's #! line) runs the capture, with its
+    environment's packages; one without PyTorch, or not there, is one line."""
+    import sys
+    import venv
+
+    wrapper = tmp_path / "bin" / "python3"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$0" >> {tmp_path}/ran\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    on_path = cli_env(CARMA_HOME=str(work / "home"), PATH=f"{wrapper.parent}:{cli_env()['PATH']}")
+    result = run_carma("estimate", "--json", "--", "python3", "train.py", cwd=work, env=on_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "ran").read_text().split() == [str(wrapper)]
+    (work / "by_path.py").write_text(f"#!{wrapper}\n" + (work / "train.py").read_text())
+    (work / "by_path.py").chmod(0o755)
+    assert estimate(work, "--json", "--", "./by_path.py").returncode == 0
+    assert (tmp_path / "ran").read_text().split() == [str(wrapper)] * 2
+
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)  # a Python without PyTorch
+    line = one_error_line(estimate(work, "--", str(bare / "bin" / "python"), "train.py"))
+    assert line.startswith("error: ") and line.endswith(
+        ", the Python that runs the job, has no PyTorch (pip install torch)"
+    )
+    assert one_error_line(estimate(work, "--", "python9", "train.py")) == (
+        "error: python9 is not on the PATH: the command could not run either"
+    )

@@ -175,6 +175,11 @@ def estimate(argv: list[str], **kwargs: object):
     return estimate_script(argv, "xmem", "test-gpu", estimator="xmem_only:estimate", **kwargs)
 
 
+def registered(argv: list[str], method: str = "xmem"):
+    """The estimate `carma estimate` makes: the method's estimator from the registry, its notes included."""
+    return estimate_script(argv, method, "a100-40gb")
+
+
 def test_script_runs_on_the_cpu_and_stops_after_three_steps(workdir: Path) -> None:
     train = script(workdir, "train.py", MLP_SCRIPT)
     timeline = workdir / "timeline.png"
@@ -262,6 +267,61 @@ def test_script_that_never_steps_is_a_clear_error(workdir: Path) -> None:
         estimate(["python", train])
 
 
+def test_a_script_training_tensors_no_module_holds_is_stopped_and_told_why(workdir: Path) -> None:
+    """The capture finds the model and where training begins by module calls: a loop stepping bare tensors
+    is stopped after ten times the steps asked, not left to train for the whole timeout."""
+    train = script(
+        workdir,
+        "bare.py",
+        """
+        import torch
+        w = torch.randn(64, 64, requires_grad=True)
+        optimizer = torch.optim.SGD([w], lr=0.1)
+        for step in range(100000):
+            optimizer.zero_grad()
+            (torch.randn(8, 64) @ w).pow(2).mean().backward()
+            optimizer.step()
+            with open("steps.log", "a") as log:
+                log.write(f"{step}\\n")
+        """,
+    )
+    with pytest.raises(EstimateError, match=r"took 30 optimizer steps without calling a torch\.nn\.Module with param"):
+        estimate(["python", train])
+    assert len((workdir / "steps.log").read_text().splitlines()) == 29  # the 30th is stopped inside its step
+
+
+def test_lbfgs_is_estimated_by_xmem_with_a_note_on_its_growing_history(workdir: Path) -> None:
+    """L-BFGS fills a history of parameter-sized vectors over many iterations, more than a capture's few
+    steps see: the note bounds what later steps may add. FakeTensor cannot run its step, which branches on
+    the loss's value, and says so in one line."""
+    lbfgs = script(
+        workdir,
+        "lbfgs.py",
+        """
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+        optimizer = torch.optim.LBFGS(model.parameters(), history_size=10)
+        x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+        def closure():
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+        for step in range(50):
+            optimizer.step(closure)
+        """,
+    )
+    estimated = registered(["python", lbfgs])
+    parameters = (256 * 512 + 512 + 512 * 10 + 10) * 4
+    assert estimated.breakdown.parameters >= parameters
+    assert estimated.notes == (
+        "LBFGS keeps up to 10 pairs of parameter-sized vectors, filled over its first iterations: later steps "
+        f"than those captured may hold up to {20 * parameters / 2**20:,.1f} MiB more optimizer state",
+    )
+    with pytest.raises(EstimateError, match=r"^faketensor runs the job on fake tensors, which have no values, and"):
+        registered(["python", lbfgs], "faketensor")
+
+
 AMP_SCRIPT = """
 import sys, torch
 overflow = "--overflow" in sys.argv
@@ -294,12 +354,30 @@ def test_cuda_mixed_precision_runs_as_cpu_autocast_and_says_so(workdir: Path) ->
     """Without CUDA, `torch.autocast("cuda")` would turn itself off and leave the job in float32: the capture
     runs it as CPU autocast (float16, CUDA's default) and notes it. Half precision is two bytes in either
     dtype, so the estimate is that of the same job under CPU autocast in bfloat16 (AMP_SCRIPT), which
-    runs as written, without a note."""
+    runs as written, without a note; so is one whose CUDA autocast is turned off (and so differs)."""
     cuda_amp = AMP_SCRIPT.replace('torch.autocast("cpu", dtype=torch.bfloat16)', 'torch.autocast("cuda")')
-    emulated = estimate(["python", script(workdir, "cuda_amp.py", cuda_amp)])
+    emulated = registered(["python", script(workdir, "cuda_amp.py", cuda_amp)])
     assert len(emulated.notes) == 1 and "CUDA autocast (mixed precision) ran as CPU autocast" in emulated.notes[0]
-    as_written = estimate(["python", script(workdir, "amp.py", AMP_SCRIPT)])
+    as_written = registered(["python", script(workdir, "amp.py", AMP_SCRIPT)])
     assert as_written.notes == () and as_written.peak_bytes == emulated.peak_bytes
+    turned_off = cuda_amp.replace('torch.autocast("cuda")', 'torch.autocast("cuda", enabled=False)')
+    full = registered(["python", script(workdir, "off.py", turned_off)])
+    assert full.notes == () and full.breakdown.activations != emulated.breakdown.activations
+
+
+@pytest.mark.parametrize("method", ["faketensor", "horus", "gpumemnet"])
+def test_a_baseline_says_it_leaves_the_mixed_precision_out(workdir: Path, method: str) -> None:
+    """The baselines run the model anew, without the script's autocast: their estimate is that of the job
+    in float32, and the note says so rather than that the mixed precision was followed."""
+    as_written = 'torch.autocast("cpu", dtype=torch.bfloat16)'
+    for device, used in (("cuda", "CUDA autocast"), ("cpu", "CPU autocast")):
+        mixed = AMP_SCRIPT.replace(as_written, f'torch.autocast("{device}")')
+        off = AMP_SCRIPT.replace(as_written, f'torch.autocast("{device}", enabled=False)')
+        in_mixed = registered(["python", script(workdir, f"amp_{device}.py", mixed)], method)
+        in_float32 = registered(["python", script(workdir, f"amp_{device}_off.py", off)], method)
+        assert in_mixed.peak_bytes == in_float32.peak_bytes and in_float32.notes == ()
+        left_out = f"{method} counts activations in float32: it leaves out the job's mixed precision ({used}), "
+        assert in_mixed.notes == (left_out + "which xmem follows",)
 
 
 # Writes the dtypes autocast gives a matrix product, a softmax, a layer norm and a sum, as `torch.autocast`
@@ -468,8 +546,9 @@ def test_a_trainer_in_mixed_precision_is_estimated_in_it(workdir: Path) -> None:
     full = estimate(["python", script(workdir, "full.py", TRAINER_SCRIPT)])
     for precision, library in (("bf16", "Hugging Face Trainer"), ("fp16", "Accelerate")):
         mixed = TRAINER_SCRIPT.replace("disable_tqdm=True)", f"disable_tqdm=True, {precision}=True)")
-        estimated = estimate(["python", script(workdir, f"{precision}.py", mixed)])
-        assert estimated.notes == (libraries.NOTE.format(library),), precision
+        estimated = registered(["python", script(workdir, f"{precision}.py", mixed)])
+        emulated = f"{library}'s mixed precision, which it runs only on a GPU, ran as CPU autocast casting as CUDA"
+        assert len(estimated.notes) == 1 and estimated.notes[0].startswith(emulated), precision
         assert estimated.breakdown.activations < full.breakdown.activations, precision
 
 
@@ -650,6 +729,21 @@ def test_a_short_last_batch_is_trained_second_and_one_more_step_captured(workdir
         "each epoch's short last batch (80 samples, not 128) was trained second, so that the step after it, "
         "which the GPU run takes at every epoch's end, is captured (one step more)",
     )
+
+
+def test_a_loop_that_ends_its_epoch_at_a_short_batch_is_captured_in_order(workdir: Path) -> None:
+    """Trained second, the short batch would end the script's only epoch after one step: the capture is made
+    again in order, and is that of the same loop over full batches only."""
+    one_epoch = LOADER_SCRIPT.replace("LOADER", "num_workers=0").replace("range(3)", "range(1)")
+    breaks = one_epoch.replace("torch.randn(2048", "torch.randn(2000").replace("(2048,)", "(2000,)")
+    breaks = breaks.replace(
+        "    for x, y in loader:\n", "    for x, y in loader:\n        if len(x) < 128:\n            break\n"
+    )
+    in_order = estimate(["python", script(workdir, "breaks.py", breaks)])
+    dropped = estimate(
+        ["python", script(workdir, "dropped.py", breaks.replace("shuffle=True,", "shuffle=True, drop_last=True,"))]
+    )
+    assert in_order.notes == () and in_order.breakdown == dropped.breakdown
 
 
 # Six blocks of 2048 x 512 float32 activations (4 MiB each), with and without activation checkpointing.

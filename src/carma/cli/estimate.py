@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -93,10 +94,12 @@ def estimate_cmd(
             _check_timeline(timeline)
     except UsageError as e:
         raise fail(e) from None
-    try:
-        import torch  # noqa: F401  (every method needs it: fail early with the install hint)
-    except ImportError:
-        raise fail(NEEDS_TORCH) from None
+    python = _interpreter(script) if script else None
+    if python is None:  # carma's own Python captures: every method needs PyTorch, say so before starting
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise fail(NEEDS_TORCH) from None
     from carma.estimate.devices import get_device
 
     try:
@@ -106,7 +109,8 @@ def estimate_cmd(
         what = " ".join(script) if script else job
         with _status(f"capturing {what} on the CPU ({steps} optimizer steps)"):
             if script:
-                estimate = estimate_script(script, method, device, steps, timeline=timeline, timeout_s=timeout)
+                options = {"timeline": timeline, "timeout_s": timeout, "python": python}
+                estimate = estimate_script(script, method, device, steps, **options)
             else:
                 estimate = estimate_job(job, method, device, steps, timeline=timeline, timeout_s=timeout)
     except EstimateError as e:
@@ -119,6 +123,17 @@ def estimate_cmd(
             out.print(f"note: {note}", markup=False)
         if timeline:
             out.print(f"wrote {timeline}")
+
+
+def _interpreter(command: list[str]) -> str | None:
+    """The Python the command names (`python` on the PATH, a path, or a script's `#!` line), which runs the
+    capture with its environment's packages, as the server's does; None: this one."""
+    from carma.estimate.script import interpreter, is_python
+
+    python = interpreter(command, Path.cwd(), os.environ.get("PATH", os.defpath))
+    if python is None and is_python(command[0]):
+        raise fail(f"{command[0]} is not on the PATH: the command could not run either")
+    return python
 
 
 def _check_timeline(path: Path) -> None:

@@ -80,8 +80,10 @@ class Capture:
     optimizer to step and the model it trains, `extra_models` the other modules the script called or
     holds that have parameters outside that model (a generator, a frozen teacher, an average of the
     model: their weights are on the GPU too) and `extra_optimizers` the other optimizers that stepped.
-    `notes` say where the capture differs from the GPU run (CUDA mixed precision emulated, torch.compile
-    left eager, an optimizer that never stepped), for the estimate to pass on.
+    `notes` say where the capture differs from the GPU run (torch.compile left eager, an optimizer that
+    never stepped), for the estimate to pass on; `mixed_precision` names the job's (`CUDA autocast`, `CPU
+    autocast`, or a library's GPU-only option such as `Accelerate`), which each method notes in its own way
+    (`registry.precision_notes`).
     """
 
     job: TrainingJob
@@ -91,3 +93,4 @@ class Capture:
     extra_models: tuple[Any, ...] = ()
     extra_optimizers: tuple[Any, ...] = ()
     notes: tuple[str, ...] = ()
+    mixed_precision: tuple[str, ...] = ()

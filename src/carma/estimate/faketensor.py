@@ -27,13 +27,20 @@ parameter the output depends on; a loss computed outside the model is missing fr
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 import weakref
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
@@ -106,6 +113,37 @@ def fake_optimizer(optimizer: Any, fakes: dict[int, Any]) -> Any:
         raise EstimateError(f"cannot rebuild the optimizer {type(optimizer).__name__} on fake tensors: {e}") from None
 
 
+def train_step(job: TrainingJob, model: Any, batch: Any, optimizer: Any) -> None:
+    """zero_grad, forward, backward and the update; an optimizer whose step needs a closure (L-BFGS
+    evaluates the loss again while it searches) is given one doing the first three."""
+
+    def gradients() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = training_loss(job, model, batch)
+        loss.backward()
+        return loss
+
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        optimizer.step(gradients)
+    else:
+        gradients()
+        optimizer.step()
+
+
+@contextmanager
+def values_needed(method: str) -> Iterator[None]:
+    """One line for a job that fake tensors cannot run: it reads a tensor's values (`.item()`, a Python
+    condition on a tensor, as L-BFGS's step does) or makes a tensor whose shape depends on them."""
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        raise EstimateError(
+            f"{method} runs the job on fake tensors, which have no values, and this job needs them "
+            f"({exc.func}: .item(), a Python condition on a tensor or a shape set by its values); use xmem"
+        ) from None
+
+
 class _PeakTracker(TorchDispatchMode):
     """Live bytes of fake-tensor storages, their peak, and which storages were live at the peak."""
 
@@ -175,11 +213,10 @@ def estimate_faketensor(capture: Any, context_bytes: int, device: str) -> Estima
             for t in tensors(batch):
                 tracker.add(t)
             grads: set[int | None] = set()
-            for _ in range(STEPS):
-                optimizer.zero_grad(set_to_none=True)
-                training_loss(job, model, batch).backward()
-                grads |= {tracker.serial(p.grad) for p in model.parameters() if p.grad is not None}
-                optimizer.step()
+            with values_needed("faketensor"):
+                for _ in range(STEPS):
+                    train_step(job, model, batch, optimizer)
+                    grads |= {tracker.serial(p.grad) for p in model.parameters() if p.grad is not None}
             state = {tracker.serial(t) for s in optimizer.state.values() for t in tensors(dict(s))}
         at_peak = tracker.live_at_peak()
 

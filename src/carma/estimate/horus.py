@@ -34,7 +34,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from carma.estimate.base import Breakdown, Estimate, EstimateError, TrainingJob
-from carma.estimate.faketensor import call_model, fake_copy, tensors
+from carma.estimate.faketensor import call_model, fake_copy, tensors, values_needed
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ def summarize(job: TrainingJob) -> ModelSummary:
         leaves = [m for m in model.modules() if not any(True for _ in m.children())]
         hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.extend(tensors(out))) for m in leaves]
         try:
-            job.loss(model, batch) if job.loss is not None else call_model(model, batch)
+            with values_needed("horus"):
+                job.loss(model, batch) if job.loss is not None else call_model(model, batch)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -105,7 +106,7 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     if copies is None:
         raise EstimateError(
             f"Horus has no state rule for the optimizer {type(optimizer).__name__} "
-            f"(known: {', '.join(STATE_COPIES)}); use --method xmem or faketensor"
+            f"(known: {', '.join(STATE_COPIES)}); use --method xmem"
         )
     return sum(
         copies(group) * sum(_nbytes(p) for p in group["params"] if p.requires_grad) for group in optimizer.param_groups

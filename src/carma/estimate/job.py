@@ -48,7 +48,8 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
                 failed = f"the training step of {target} failed: {last_line(exc)}"
                 raise EstimateError(cuda_on_cpu.explained(failed)) from None
     notes = (*session.notes, *cuda_on_cpu.notes(cuda_asked))
-    return Capture(job, session.trace, steps, time.perf_counter() - started, notes=notes)
+    seconds = time.perf_counter() - started
+    return Capture(job, session.trace, steps, seconds, notes=notes, mixed_precision=tuple(session.mixed_precision))
 
 
 def job_parts(target: str) -> tuple[str, str]:

@@ -77,7 +77,8 @@ CUDA_FLOAT32_OPERATORS = (
 
 @contextmanager
 def cuda_autocast() -> Iterator[list[str]]:
-    """Mixed precision as CUDA runs it, on the CPU; yields the CUDA autocast regions the job entered.
+    """Mixed precision as CUDA runs it, on the CPU; yields the device type ("cuda", "cpu", ...) of each
+    autocast region the job entered enabled.
 
     With CUDA hidden, `torch.autocast("cuda")` (and `torch.cuda.amp.autocast`) would turn itself off and
     leave the job in float32; it becomes CPU autocast in CUDA's default dtype (float16) instead. And every
@@ -91,8 +92,9 @@ def cuda_autocast() -> Iterator[list[str]]:
     original_init = autocast.__init__
 
     def init(self: Any, device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None) -> None:
-        if device_type == "cuda":
+        if enabled:
             regions.append(device_type)
+        if device_type == "cuda":
             device_type, dtype = "cpu", dtype or torch.get_autocast_dtype("cuda")
         original_init(self, device_type, dtype, enabled, cache_enabled)
 

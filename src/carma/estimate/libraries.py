@@ -5,7 +5,8 @@ will run it on the GPU: a Hugging Face `Trainer` with `bf16=True` stops at its a
 doesn't support bf16/gpu"), and Accelerate (under `Trainer` with `fp16=True`, or used directly) drops
 float16 autocast on the CPU and trains in float32. While a script is captured, those checks are patched
 as the modules are imported: the job runs CPU autocast in the dtype it asked for, which the capture
-casts as CUDA does (`kernels.cuda_autocast`), and the estimate carries a note saying so.
+casts as CUDA does (`kernels.cuda_autocast`), and the estimate carries a note saying so
+(`registry.precision_notes`).
 """
 
 from __future__ import annotations
@@ -18,16 +19,11 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-NOTE = (
-    "{}'s mixed precision, which it runs only on a GPU, ran as CPU autocast casting as CUDA does; "
-    "not yet checked against a GPU run"
-)
-
 
 @contextmanager
 def mixed_precision_without_gpu() -> Iterator[list[str]]:
     """Patch the known checks in the modules imported from now on (and in those already imported); yields
-    the libraries whose mixed precision the patches let through, for the notes."""
+    the libraries whose mixed precision the patches let through, for the capture's `mixed_precision`."""
     used: list[str] = []
     patches: dict[str, Callable[[ModuleType], Callable[[], None]]] = {
         "transformers.training_args": lambda module: _allow_bf16_without_gpu(module, used),

@@ -9,12 +9,18 @@ from typing import TYPE_CHECKING
 
 from carma.estimate.base import Breakdown, Estimate, EstimateError, optimizer_parameters
 from carma.estimate.devices import get_device
+from carma.estimate.session import CPU_AUTOCAST, CUDA_AUTOCAST
 
 if TYPE_CHECKING:
     from carma.estimate.base import Capture
 
 METHODS = ("xmem", "faketensor", "horus", "gpumemnet", "history")
 CPU_METHODS = METHODS[:-1]  # those that estimate from a CPU capture
+_EMULATED = (
+    "{} ran as CPU autocast casting as CUDA does (half-precision matrix products, float32 softmax, "
+    "normalisations and losses); not yet checked against a GPU run"
+)
+_LEFT_OUT = "{} counts activations in float32: it leaves out the job's mixed precision ({}), which xmem follows"
 
 
 def estimate_captured(method: str, capture: Capture, device: str, *, timeline: str | Path | None = None) -> Estimate:
@@ -53,7 +59,28 @@ def estimate_captured(method: str, capture: Capture, device: str, *, timeline: s
         from carma.estimate.gpumemnet import estimate_gpumemnet
 
         result = estimate_gpumemnet(capture, known.context_bytes, device)
-    return replace(result, seconds=capture.seconds + time.perf_counter() - start)
+    notes = (*precision_notes(method, capture), *result.notes)
+    return replace(result, seconds=capture.seconds + time.perf_counter() - start, notes=notes)
+
+
+def precision_notes(method: str, capture: Capture) -> tuple[str, ...]:
+    """What the estimate makes of the job's mixed precision. xMem follows the capture's trace, where CUDA's
+    (and a library's GPU-only) mixed precision ran emulated, cast as on the GPU. The baselines run the
+    model anew without the script's autocast, in float32; FakeTensor runs a job function's own loss, in
+    which CPU autocast works as written and CUDA autocast, with CUDA hidden, turns itself off."""
+    used = capture.mixed_precision
+    if method == "xmem":
+        emulated = [
+            "the job's CUDA autocast (mixed precision)"
+            if what == CUDA_AUTOCAST
+            else f"{what}'s mixed precision, which it runs only on a GPU,"
+            for what in used
+            if what != CPU_AUTOCAST
+        ]
+        return tuple(_EMULATED.format(what) for what in emulated)
+    if method == "faketensor" and capture.job.loss is not None:
+        used = tuple(what for what in used if what != CPU_AUTOCAST)
+    return (_LEFT_OUT.format(method, ", ".join(used)),) if used else ()
 
 
 def one_model(capture: Capture, method: str) -> None:

@@ -15,6 +15,7 @@ the `Estimate` as JSON (in a file, as the script owns stdout).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ from typing import Any
 
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Estimate, EstimateError
 from carma.estimate.job import capture_job, job_parts
-from carma.estimate.script import ScriptExited, capture_script, parse_argv
+from carma.estimate.script import ScriptExited, ShortBatchEnded, capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -110,6 +111,9 @@ def _estimate_in_child(
     path) is passed on as an option when given. The child runs as the job would: under `python` (by
     default this interpreter), in `cwd`, with `env` (by default this process's), as `user`/`group`/
     `extra_groups` when given (a root daemon estimating a user's task); `on_start` gets its process group.
+    A script that ends before its steps once an epoch's short batch comes second, as a loop that ends its
+    epoch at a short batch does (`if len(x) < batch_size: break`), is captured again with its batches in
+    order: its GPU run never trains that batch.
     """
     what = "the script" if "argv" in source else "the job function"
     started = time.perf_counter()
@@ -129,33 +133,47 @@ def _estimate_in_child(
         if user is not None:
             os.chown(tmp, user, group if group is not None else -1)  # the child writes its result there
         package = str(Path(__file__).resolve().parent.parent / "__init__.py")
-        try:
-            child = subprocess.Popen(
-                [python or sys.executable, "-c", _CHILD, package, json.dumps(spec)],
-                stdout=subprocess.DEVNULL,  # the script's own output
-                stderr=subprocess.PIPE,  # for the last error line when the child dies
-                text=True,
-                cwd=cwd,
-                env=capture_environment(env),
-                user=user,
-                group=group,
-                extra_groups=extra_groups,
-                start_new_session=True,  # its own process group, so a timeout ends DataLoader workers too
-            )
-        except OSError as e:
-            raise EstimateError(f"could not start {python or sys.executable} to capture {what}: {e}") from None
-        if on_start is not None:
-            on_start(child.pid)
-        try:
-            _, err = child.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_group(child.pid)
-            child.communicate()
-            raise EstimateError(f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s") from None
-        kill_group(child.pid)  # whatever the job left running
-        if not result.exists():
-            raise EstimateError(_death(child.returncode, err))
-        payload = json.loads(result.read_text())
+
+        def run(short_second: bool) -> tuple[dict[str, Any], str]:
+            """The child's payload and stderr."""
+            try:
+                child = subprocess.Popen(
+                    [
+                        python or sys.executable,
+                        "-c",
+                        _CHILD,
+                        package,
+                        json.dumps({**spec, "short_second": short_second}),
+                    ],
+                    stdout=subprocess.DEVNULL,  # the script's own output
+                    stderr=subprocess.PIPE,  # for the last error line when the child dies
+                    text=True,
+                    cwd=cwd,
+                    env=capture_environment(env),
+                    user=user,
+                    group=group,
+                    extra_groups=extra_groups,
+                    start_new_session=True,  # its own process group, so a timeout ends DataLoader workers too
+                )
+            except OSError as e:
+                raise EstimateError(f"could not start {python or sys.executable} to capture {what}: {e}") from None
+            if on_start is not None:
+                on_start(child.pid)
+            try:
+                _, err = child.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                kill_group(child.pid)
+                child.communicate()
+                raise EstimateError(f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s") from None
+            kill_group(child.pid)  # whatever the job left running
+            if not result.exists():
+                raise EstimateError(_death(child.returncode, err))
+            return json.loads(result.read_text()), err
+
+        payload, err = run(short_second=True)
+        if payload.get("short_batch_ended"):  # its loop ends an epoch at a short batch: leave that last
+            result.unlink()
+            payload, err = run(short_second=False)
     if "error" in payload:
         why = _last_line(err) if payload.get("stderr_says_why") else None
         raise EstimateError(payload["error"] + (f": {why}" if why else ""))
@@ -210,17 +228,25 @@ def _child_main() -> None:
     with suppress(OSError):  # the first the kernel kills if host memory runs out, not a training job or the daemon
         Path("/proc/self/oom_score_adj").write_text("1000")
     try:
+        if importlib.util.find_spec("torch") is None:  # the command's own Python, another environment's
+            raise EstimateError(f"{sys.executable}, the Python that runs the job, has no PyTorch (pip install torch)")
         if "job" in spec:
             capture = capture_job(spec["job"], spec["steps"], exact=spec["exact"])
         else:
-            capture = capture_script(spec["argv"], spec["steps"], exact=spec["exact"])
+            capture = capture_script(
+                spec["argv"], spec["steps"], exact=spec["exact"], short_second=spec["short_second"]
+            )
         module, _, name = spec["estimator"].partition(":")
         estimate_captured = getattr(importlib.import_module(module), name)
         options = {"timeline": spec["timeline"]} if spec["timeline"] else {}
         estimate = estimate_captured(spec["method"], capture, spec["device"], **options)
         payload: dict[str, Any] = {"estimate": replace(estimate, notes=(*capture.notes, *estimate.notes)).to_json()}
     except EstimateError as exc:
-        payload = {"error": str(exc), "stderr_says_why": isinstance(exc, ScriptExited)}
+        payload = {
+            "error": str(exc),
+            "stderr_says_why": isinstance(exc, ScriptExited),
+            "short_batch_ended": isinstance(exc, ShortBatchEnded),
+        }
     except Exception as exc:
         traceback.print_exc()
         payload = {"error": f"estimating with {spec['method']} failed: {last_line(exc)}"}

@@ -19,14 +19,22 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from carma.estimate import cuda_on_cpu, libraries
 from carma.estimate.base import Capture, EstimateError, TrainingJob, optimizer_parameters
-from carma.estimate.session import DEFAULT_STEPS, Session, StepLimitReached, capturing, hide_cuda, last_line
+from carma.estimate.session import (
+    CPU_AUTOCAST,
+    DEFAULT_STEPS,
+    Session,
+    StepLimitReached,
+    capturing,
+    hide_cuda,
+    last_line,
+)
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
 HELD_ITEMS = 64  # containers larger than this are not looked into
@@ -37,6 +45,11 @@ _COMPILE_NOTE = (
 _CUDA_GRAPHS_NOTE = ", but its CUDA graphs ({}) keep a memory pool of their own, which can hold more than that"
 _CUDA_GRAPHS = ("reduce-overhead", "max-autotune", "triton.cudagraphs")  # what records CUDA graphs on the GPU
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
+
+
+class ShortBatchEnded(EstimateError):
+    """The script ended before its steps after an epoch's short batch was sampled second: its loop may end
+    the epoch at a short batch (`if len(x) < batch_size: break`), which the GPU run meets only last."""
 
 
 class ScriptExited(EstimateError):
@@ -222,6 +235,20 @@ def is_python(program: str) -> bool:
     return bool(_PYTHON.search(os.path.basename(program)))
 
 
+def interpreter(argv: Sequence[str], cwd: str | Path, path: str) -> str | None:
+    """The Python a command runs: its `python` looked up on `path` (a PATH), or the one an executable
+    script's `#!` line names, so that the capture uses that environment's packages; None (carma's own)
+    when the command names no interpreter, or names one that is not there."""
+    first = argv[0]
+    if not is_python(first):
+        first = shebang_program(Path(cwd, first)) or ""
+        if not is_python(first):
+            return None
+    if "/" in first:
+        return str(Path(cwd, first))
+    return shutil.which(first, path=path) or None  # as an exec looks it up
+
+
 def shebang_program(path: Path) -> str | None:
     """The program an executable script's first line runs it with: `/usr/bin/python3` for
     `#!/usr/bin/python3`, `bash` for `#!/usr/bin/env bash` (looked up on the PATH); None without one."""
@@ -267,8 +294,11 @@ def _compile_note(modes: list[str]) -> str:
     return _COMPILE_NOTE + (_CUDA_GRAPHS_NOTE.format(graphs[0]) if graphs else "")
 
 
-def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool = False) -> Capture:
-    """Run the script in THIS process until `steps` optimizer steps are done, and capture it.
+def capture_script(
+    argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool = False, short_second: bool = True
+) -> Capture:
+    """Run the script in THIS process until `steps` optimizer steps are done, and capture it; `short_second`:
+    sample each epoch's short batch second (`carma.estimate.epochs`).
 
     It takes over the process (sys.argv, global hooks, whatever the script leaves behind): call it in a
     process of its own, as `carma.estimate.runner.estimate_script` does.
@@ -276,7 +306,7 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
     kind, target, args = parse_argv(argv)
     hide_cuda()
     started = time.perf_counter()
-    with capturing(steps, exact) as session:
+    with capturing(steps, exact, short_second) as session:
         recorder = _ModelRecorder(session)
         try:
             # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
@@ -310,20 +340,32 @@ def capture_script(argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool =
         except Exception as exc:
             crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
             raise EstimateError(cuda_on_cpu.explained(crash)) from None
+        if not session.order and session.unprofiled_steps:
+            raise EstimateError(
+                f"the script took {session.unprofiled_steps} optimizer steps without calling a torch.nn.Module with "
+                "parameters: the capture finds the model, its batch and where training begins by the module calls "
+                "(hold the trained tensors as parameters of a module the loop calls)"
+            )
         if not session.order:
             raise EstimateError(f"the script never reached an optimizer step; the capture needs {steps} training steps")
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             ended = f"the script ended after {len(session.order)} optimizer steps"
-            raise EstimateError(f"{ended}; the capture needs {steps}{each}")
+            raise (ShortBatchEnded if session.moved_short_batch else EstimateError)(
+                f"{ended}; the capture needs {steps}{each}"
+            )
     first, *others = session.optimizers
     model, batch = recorder.model_of(first)
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
     extra_models = recorder.besides(model)
     notes = list(session.notes)
     notes += cuda_on_cpu.notes(cuda_asked)
-    notes += [libraries.NOTE.format(library) for library in dict.fromkeys(mixed_precision)]
     if compiled:
         notes.append(_compile_note(compiled))
+    # A library's GPU-only mixed precision ran as CPU autocast: that autocast is the library's.
+    precision = [*dict.fromkeys(mixed_precision)]
+    precision += [used for used in session.mixed_precision if not (precision and used == CPU_AUTOCAST)]
     seconds = time.perf_counter() - started
-    return Capture(job, session.trace, steps, seconds, extra_models, tuple(others), tuple(notes))
+    return Capture(
+        job, session.trace, steps, seconds, extra_models, tuple(others), tuple(notes), mixed_precision=tuple(precision)
+    )

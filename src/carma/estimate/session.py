@@ -17,9 +17,10 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
+from carma.estimate.base import optimizer_parameters
 from carma.estimate.epochs import short_batch_second
 from carma.estimate.kernels import cuda_autocast, cuda_like_operators, take_cuda_foreach, value_free_arithmetic
 
@@ -30,10 +31,8 @@ CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer st
 MODULE_MARK = "carma: call of "  # the trace window of each module call, see `module_window`
 
 _TRACE_CATEGORIES = {"cpu_instant_event", "cpu_op", "user_annotation"}
-_CUDA_AUTOCAST_NOTE = (
-    "the job's CUDA autocast (mixed precision) ran as CPU autocast casting as CUDA does (half-precision "
-    "matrix products, float32 softmax, normalisations and losses); not yet checked against a GPU run"
-)
+CUDA_AUTOCAST = "CUDA autocast"  # the job's mixed precision, as `Session.mixed_precision` names it
+CPU_AUTOCAST = "CPU autocast"
 
 
 class StepLimitReached(BaseException):
@@ -66,6 +65,8 @@ class Session:
         self.optimizers: list[Any] = []  # by first step while profiling
         self.order: list[int] = []  # the optimizer (its index) of each step taken while profiling
         self.stopped = False
+        self.unprofiled_steps = 0  # steps taken before any call of a module with parameters
+        self.moved_short_batch = False  # an epoch's short last batch was sampled second
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
         self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
@@ -74,6 +75,7 @@ class Session:
         # Iterations to run at least: one more after a late optimizer's first step or a moved short batch.
         self._until = 0
         self.notes: list[str] = []  # for the user: where the capture differs from the GPU run
+        self.mixed_precision: list[str] = []  # the autocast the job trained in: CUDA_AUTOCAST, CPU_AUTOCAST
         self.profiler: Any = None
         self.trace: list[dict[str, Any]] = []
         self._running = ExitStack()
@@ -176,6 +178,9 @@ class Session:
 
     def after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._open:  # began before the model was ever called: not a training step
+            self.unprofiled_steps += 1
+            if self.unprofiled_steps >= WAIT_FACTOR * self.steps:  # trains tensors no module holds: give up
+                self._stop()
             return
         self._open.pop().__exit__(None, None, None)
         index = self._index(optimizer)
@@ -196,6 +201,7 @@ class Session:
             f"each epoch's short last batch ({short} samples, not {full}) was trained second, so that the "
             "step after it, which the GPU run takes at every epoch's end, is captured (one step more)"
         )
+        self.moved_short_batch = True
         if note not in self.notes:
             self.notes.append(note)
             self._until = max(self._until, self.steps + 1)
@@ -279,8 +285,9 @@ def _record_every_step(step: int) -> Any:
 
 
 @contextmanager
-def capturing(steps: int, exact: bool) -> Iterator[Session]:
-    """Step and module hooks, CUDA-like operators, CUDA's autocast and each epoch's short batch second
+def capturing(steps: int, exact: bool, short_second: bool = True) -> Iterator[Session]:
+    """Step and module hooks, CUDA-like operators, CUDA's autocast (the regions the job entered in
+    `Session.mixed_precision`) and, if `short_second`, each epoch's short batch second
     (`carma.estimate.epochs`) around the body; the session's profiler (and, unless `exact`, the
     value-free arithmetic) starts where the training begins: at the first call of a module with
     parameters, or earlier if the caller starts it. The trace is exported when the body ends without an
@@ -296,10 +303,12 @@ def capturing(steps: int, exact: bool) -> Iterator[Session]:
         register_module_forward_hook(session.leave_module, always_call=True),
     ]
     try:
-        with cuda_like_operators(), cuda_autocast() as cuda_regions, short_batch_second(session.short_batch_moved):
+        reordered = short_batch_second(session.short_batch_moved) if short_second else nullcontext()
+        with cuda_like_operators(), cuda_autocast() as regions, reordered:
             yield session
-            if cuda_regions:
-                session.notes.append(_CUDA_AUTOCAST_NOTE)
+            named = {"cuda": CUDA_AUTOCAST, "cpu": CPU_AUTOCAST}
+            session.mixed_precision = [named[device] for device in dict.fromkeys(regions) if device in named]
+            session.notes += _history_notes(session.optimizers)
     except BaseException:
         session.stop(export=False)
         raise
@@ -317,6 +326,23 @@ def _chrome_trace(prof: Any) -> list[dict[str, Any]]:
         with open(path) as f:
             events = json.load(f)["traceEvents"]
     return [e for e in events if e.get("cat") in _TRACE_CATEGORIES]
+
+
+def _history_notes(optimizers: Sequence[Any]) -> list[str]:
+    """L-BFGS keeps a pair of parameter-sized vectors per iteration, up to `history_size` pairs: the few steps
+    captured (whose values, uncomputed, may also end its iterations early) hold fewer than its later steps."""
+    from torch.optim import LBFGS
+
+    notes = []
+    for optimizer in optimizers:
+        if isinstance(optimizer, LBFGS):
+            history = optimizer.defaults["history_size"]
+            most = 2 * history * sum(p.numel() * p.element_size() for p in optimizer_parameters(optimizer))
+            notes.append(
+                f"LBFGS keeps up to {history} pairs of parameter-sized vectors, filled over its first iterations: "
+                f"later steps than those captured may hold up to {most / 2**20:,.1f} MiB more optimizer state"
+            )
+    return notes
 
 
 def _optimizer_names(optimizers: Sequence[Any]) -> str:

@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +33,7 @@ from carma.core.memory import RECOVERY_ONLY, estimated
 from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
 from carma.estimate.runner import estimate_script, kill_group
-from carma.estimate.script import is_python, parse_argv, shebang_program
+from carma.estimate.script import interpreter, is_python, parse_argv
 from carma.server.executor import groups_of
 from carma.server.spec import JobSpec
 from carma.server.store import Store
@@ -325,14 +324,5 @@ def _mib(estimate: Estimate) -> int:
 
 
 def _interpreter(job: JobSpec) -> str | None:
-    """The Python the task would run (`python` looked up on the task's PATH, or the one an executable
-    script's `#!` line names), so that its packages are the ones captured; None (carma's own) when the
-    command names no interpreter."""
-    first = job.argv[0]
-    if not is_python(first):
-        first = shebang_program(Path(job.workdir, first)) or ""
-        if not is_python(first):
-            return None
-    if "/" in first:
-        return str(Path(job.workdir, first))
-    return shutil.which(first, path=job.env.get("PATH", os.defpath)) or None  # as the task's exec looks it up
+    """The Python the task would run (`script.interpreter`), looked up as the task's exec would."""
+    return interpreter(job.argv, job.workdir, job.env.get("PATH", os.defpath))
