@@ -587,6 +587,29 @@ def test_a_script_that_names_cuda_is_estimated_as_its_cpu_fallback(
     assert "step 1 on cuda" in (workdir / "steps.log").read_text()
 
 
+def test_a_script_logging_its_cuda_memory_is_estimated_as_its_cpu_fallback(workdir: Path) -> None:
+    """Memory statistics read 0 without CUDA; their resets and the summary, which would fail, do nothing
+    and say so (the note names them)."""
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
+    logging = MLP_SCRIPT.replace(
+        "    optimizer.step()\n",
+        "    optimizer.step()\n    print(torch.cuda.max_memory_allocated(), torch.cuda.memory_summary())\n"
+        "    torch.cuda.reset_max_memory_allocated()\n    torch.cuda.reset_accumulated_memory_stats()\n",
+    )
+    logged = estimate(["python", script(workdir, "logged.py", logging), *argv])
+    assert (logged.peak_bytes, logged.breakdown) == (fallback.peak_bytes, fallback.breakdown)
+    asked = ["torch.cuda.memory_summary()", "torch.cuda.reset_max_memory_allocated()",
+             "torch.cuda.reset_accumulated_memory_stats()"]  # fmt: skip
+    assert logged.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),)
+
+
+def test_a_failing_cuda_call_comes_with_the_hint_to_fall_back(workdir: Path) -> None:
+    recorded = MLP_SCRIPT.replace("optimizer = ", "torch.cuda.memory._record_memory_history()\noptimizer = ")
+    with pytest.raises(EstimateError, match=r"_cuda_record_memory_history.*let the job fall back to the CPU"):
+        estimate(["python", script(workdir, "recorded.py", recorded), "--log", "steps.log"])
+
+
 # MLP_SCRIPT's batches copied on a side stream, as a data prefetcher does, and each step timed by CUDA events.
 PREFETCH_SCRIPT = MLP_SCRIPT.replace(
     """    x = torch.randn(args.batch_size, 256, device=device)
@@ -1058,6 +1081,9 @@ def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
         estimate(["python", "missing.py"])
     with pytest.raises(EstimateError, match="sh is a program, not a Python script"):
         estimate(["sh", "-c", "torchrun train.py"])  # a launcher, as torchrun or accelerate would be
+    for launcher in ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"):
+        with pytest.raises(EstimateError, match=rf"^python -m {launcher} is a launcher: give `python script\.py"):
+            estimate(["python", "-m", launcher, "--nproc_per_node", "2", train])  # its workers train elsewhere
     script(workdir, "run.sh", "#!/usr/bin/env -S bash -e\npython train.py --epochs 3\n")
     with pytest.raises(EstimateError, match=r"run\.sh is a bash script, not a Python one"):
         estimate(["./run.sh"])  # a wrapper: the Python script it starts is what can be captured

@@ -31,8 +31,8 @@ HINT = (
 
 
 def explained(failure: str) -> str:
-    """A failure of the job, with the hint when it is about CUDA."""
-    return f"{failure} ({HINT})" if "CUDA" in failure else failure
+    """A failure of the job, with the hint when it is about CUDA (`CUDA`, `cuda:0`, `torch._C._cuda_...`)."""
+    return f"{failure} ({HINT})" if "cuda" in failure.lower() else failure
 
 
 def notes(asked: list[str]) -> list[str]:
@@ -190,7 +190,12 @@ def cuda_on_cpu() -> Iterator[list[str]]:
         "synchronize": keep_on_cpu("synchronize"),  # the CPU's operators have finished when they return
         "set_device": keep_on_cpu("set_device"),
         "current_device": keep_on_cpu("current_device", 0),
+        # A script's memory logging: the statistics read 0 without CUDA, their resets and summary fail.
         "reset_peak_memory_stats": keep_on_cpu("reset_peak_memory_stats"),
+        "reset_max_memory_allocated": keep_on_cpu("reset_max_memory_allocated"),
+        "reset_max_memory_cached": keep_on_cpu("reset_max_memory_cached"),
+        "reset_accumulated_memory_stats": keep_on_cpu("reset_accumulated_memory_stats"),
+        "memory_summary": keep_on_cpu("memory_summary", "(no CUDA memory: carma's capture runs the job on the CPU)"),
         "device": noted("device", _Device),
         "Stream": noted("Stream", _Stream),
         "stream": keep_on_cpu("stream", _Stream),  # `with torch.cuda.stream(s):` enters the CPU's stream

@@ -229,7 +229,10 @@ def _child_main() -> None:
         Path("/proc/self/oom_score_adj").write_text("1000")
     try:
         if importlib.util.find_spec("torch") is None:  # the command's own Python, another environment's
-            raise EstimateError(f"{sys.executable}, the Python that runs the job, has no PyTorch (pip install torch)")
+            raise EstimateError(
+                f"{sys.executable}, the Python that runs the job, has no PyTorch: install it there, or name the "
+                "Python that has it (activate its environment, or give its path: /path/to/python train.py)"
+            )
         if "job" in spec:
             capture = capture_job(spec["job"], spec["steps"], exact=spec["exact"])
         else:

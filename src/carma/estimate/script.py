@@ -44,6 +44,13 @@ _COMPILE_NOTE = (
 )
 _CUDA_GRAPHS_NOTE = ", but its CUDA graphs ({}) keep a memory pool of their own, which can hold more than that"
 _CUDA_GRAPHS = ("reduce-overhead", "max-autotune", "triton.cudagraphs")  # what records CUDA graphs on the GPU
+_LAUNCHERS = {  # modules that start the training in processes of their own: torchrun's, Accelerate's, DeepSpeed's
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "accelerate.commands.launch",
+    "deepspeed",
+    "deepspeed.launcher.runner",
+}
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 
 
@@ -210,6 +217,11 @@ def parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str
         if args and args[0] == "-m":
             if len(args) < 2:
                 raise EstimateError("`python -m` needs a module name")
+            if args[1] in _LAUNCHERS:  # its workers, other processes, would train out of the capture's sight
+                raise EstimateError(
+                    f"python -m {args[1]} is a launcher: give `python script.py ...` (the script it starts, "
+                    "with its arguments)"
+                )
             return "module", args[1], args[2:]
     if not args:
         raise EstimateError("no training script given")
