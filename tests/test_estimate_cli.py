@@ -155,6 +155,7 @@ def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_p
         (("--job", "tinyjob:job", "--timeline", "plot"), "--timeline writes a PNG: give a file name ending in .png"),
         (("--job", "tinyjob:job", "--timeline", "tinyjob.py/t.png"), "--timeline: cannot make the folder 'tinyjob.py'"),
         (("--timeout", "1", "--", "python", "slow.py"), "did not reach 3 optimizer steps within 1 s"),
+        (("--steps", "1", "--", "python", "slow.py"), "xmem needs at least 2 training steps, not 1"),  # not captured
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(work, args, message):

@@ -63,6 +63,14 @@ def estimate_captured(method: str, capture: Capture, device: str, *, timeline: s
     return replace(result, seconds=capture.seconds + time.perf_counter() - start, notes=notes)
 
 
+def check_steps(method: str, steps: int) -> None:
+    """Refuse, before a capture, too few steps for the method: xMem's peak is in the second iteration,
+    where the first's optimizer state is alive with the second's activations; one step would hide it."""
+    least = 2 if method == "xmem" else 1
+    if steps < least:
+        raise EstimateError(f"{method} needs at least {least} training steps, not {steps}")
+
+
 def precision_notes(method: str, capture: Capture) -> tuple[str, ...]:
     """What the estimate makes of the job's mixed precision. xMem follows the capture's trace, where CUDA's
     (and a library's GPU-only) mixed precision ran emulated, cast as on the GPU. The baselines run the

@@ -32,6 +32,7 @@ from typing import Any
 
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Estimate, EstimateError
 from carma.estimate.job import capture_job, job_parts
+from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptExited, ShortBatchEnded, capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
@@ -115,6 +116,7 @@ def _estimate_in_child(
     epoch at a short batch does (`if len(x) < batch_size: break`), is captured again with its batches in
     order: its GPU run never trains that batch.
     """
+    check_steps(method, steps)
     what = "the script" if "argv" in source else "the job function"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="carma-estimate-") as tmp:
