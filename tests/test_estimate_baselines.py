@@ -335,9 +335,18 @@ def test_calibrated_values_take_precedence_and_keep_each_other(config_home):
     assert devices.get_device("h100-80gb") == devices.BUILTIN["h100-80gb"]
 
 
-def test_a_broken_calibration_file_is_one_clear_error(config_home):
-    (config_home / "devices.toml").write_text("[a100-40gb]\ncontext_bytes = 'many'\n")
-    with pytest.raises(EstimateError, match=r"devices\.toml.*run `carma estimate calibrate` again"):
+@pytest.mark.parametrize(
+    ("table", "why"),
+    [
+        ("context_bytes = 'many'", "invalid literal"),
+        ("context_bytes = -5\ntotal_bytes = 100\nsource = 'hand-edited'", "context_bytes must be at least 0"),
+        ("context_bytes = 200\ntotal_bytes = 100\nsource = 'hand-edited'", "and below total_bytes \\(100\\), not 200"),
+        ("context_bytes = 5\ntotal_bytes = 0\nsource = 'hand-edited'", "total_bytes must be positive, not 0"),
+    ],
+)
+def test_a_broken_calibration_file_is_one_clear_error(config_home, table, why):
+    (config_home / "devices.toml").write_text(f"[a100-40gb]\n{table}\n")
+    with pytest.raises(EstimateError, match=rf"devices\.toml: .*{why}.*run `carma estimate calibrate` again"):
         devices.get_device("a100-40gb")
 
 

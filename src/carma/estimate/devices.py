@@ -49,6 +49,16 @@ class Device:
     total_bytes: int  # the GPU's memory: nominal for the built-in ones (a little more than is usable)
     source: str  # how context_bytes was obtained
 
+    def __post_init__(self) -> None:
+        """A hand-edited devices.toml is read through here: sizes a GPU cannot have are refused."""
+        if self.total_bytes <= 0:
+            raise ValueError(f"{self.name}: total_bytes must be positive, not {self.total_bytes}")
+        if not 0 <= self.context_bytes < self.total_bytes:
+            raise ValueError(
+                f"{self.name}: context_bytes must be at least 0 and below total_bytes ({self.total_bytes}), "
+                f"not {self.context_bytes}"
+            )
+
 
 BUILTIN: dict[str, Device] = {
     d.name: d
