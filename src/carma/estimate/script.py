@@ -258,7 +258,7 @@ def interpreter(argv: Sequence[str], cwd: str | Path, path: str) -> str | None:
             return None
     if "/" in first:
         return str(Path(cwd, first))
-    return shutil.which(first, path=path) or None  # as an exec looks it up
+    return shutil.which(first, path=path)  # as an exec looks it up: None if it is not there
 
 
 def shebang_program(path: Path) -> str | None:
