@@ -195,6 +195,29 @@ def test_script_runs_on_the_cpu_and_stops_after_three_steps(workdir: Path) -> No
     assert timeline.stat().st_size > 0
 
 
+@pytest.mark.parametrize("caught_by", ["except:", "except BaseException:"])
+def test_a_script_that_catches_the_stop_and_goes_on_is_not_waited_for(workdir: Path, caught_by: str) -> None:
+    """A loop that skips any failing batch with a bare `except:` catches the capture's stop too: it is
+    ended at its next model call with the capture it had, not left to train on until the timeout."""
+    loop = """
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    optimizer = torch.optim.Adam(model.parameters())
+    while True:
+        try:
+            optimizer.zero_grad()
+            model(torch.randn(32, 256)).sum().backward()
+            optimizer.step()
+        CAUGHT_BY
+            with open("caught.log", "a") as log:
+                log.write("went on\\n")
+    """
+    plain = estimate(["python", script(workdir, "plain.py", loop.replace("CAUGHT_BY", "except ValueError:"))])
+    caught = script(workdir, "caught.py", loop.replace("CAUGHT_BY", caught_by))
+    assert estimate(["python", caught], timeout_s=60).peak_bytes == plain.peak_bytes
+    assert (workdir / "caught.log").read_text() == "went on\n"
+
+
 def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> None:
     """Scripts often print a model summary first (torchsummary, torchinfo: a forward pass of a tiny batch);
     the captured batch is still the training batch and the estimate is the same."""

@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Estimate, EstimateError
+from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptExited, ShortBatchEnded, capture_script, parse_argv
@@ -229,23 +229,35 @@ def _child_main() -> None:
     _end_with(spec["parent"])
     with suppress(OSError):  # the first the kernel kills if host memory runs out, not a training job or the daemon
         Path("/proc/self/oom_score_adj").write_text("1000")
+    _finish(spec, lambda: _capture(spec))
+
+
+def _capture(spec: dict[str, Any]) -> Capture:
+    if importlib.util.find_spec("torch") is None:  # the command's own Python, another environment's
+        raise EstimateError(
+            f"{sys.executable}, the Python that runs the job, has no PyTorch: install it there, or name the "
+            "Python that has it (activate its environment, or give its path: /path/to/python train.py)"
+        )
+    if "job" in spec:
+        return capture_job(spec["job"], spec["steps"], exact=spec["exact"])
+    return capture_script(
+        spec["argv"],
+        spec["steps"],
+        exact=spec["exact"],
+        short_second=spec["short_second"],
+        on_caught=lambda captured: _finish(spec, captured),  # from inside the script, which would not stop
+    )
+
+
+def _finish(spec: dict[str, Any], capture: Callable[[], Capture]) -> NoReturn:
+    """Estimate from what `capture` returns, write the JSON result (or the error) and exit at once."""
     try:
-        if importlib.util.find_spec("torch") is None:  # the command's own Python, another environment's
-            raise EstimateError(
-                f"{sys.executable}, the Python that runs the job, has no PyTorch: install it there, or name the "
-                "Python that has it (activate its environment, or give its path: /path/to/python train.py)"
-            )
-        if "job" in spec:
-            capture = capture_job(spec["job"], spec["steps"], exact=spec["exact"])
-        else:
-            capture = capture_script(
-                spec["argv"], spec["steps"], exact=spec["exact"], short_second=spec["short_second"]
-            )
+        captured = capture()
         module, _, name = spec["estimator"].partition(":")
         estimate_captured = getattr(importlib.import_module(module), name)
         options = {"timeline": spec["timeline"]} if spec["timeline"] else {}
-        estimate = estimate_captured(spec["method"], capture, spec["device"], **options)
-        payload: dict[str, Any] = {"estimate": replace(estimate, notes=(*capture.notes, *estimate.notes)).to_json()}
+        estimate = estimate_captured(spec["method"], captured, spec["device"], **options)
+        payload: dict[str, Any] = {"estimate": replace(estimate, notes=(*captured.notes, *estimate.notes)).to_json()}
     except EstimateError as exc:
         payload = {
             "error": str(exc),

@@ -19,10 +19,10 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from carma.estimate import cuda_on_cpu, libraries
 from carma.estimate.base import Capture, EstimateError, TrainingJob, optimizer_parameters
@@ -307,10 +307,17 @@ def _compile_note(modes: list[str]) -> str:
 
 
 def capture_script(
-    argv: list[str], steps: int = DEFAULT_STEPS, *, exact: bool = False, short_second: bool = True
+    argv: list[str],
+    steps: int = DEFAULT_STEPS,
+    *,
+    exact: bool = False,
+    short_second: bool = True,
+    on_caught: Callable[[Callable[[], Capture]], NoReturn] | None = None,
 ) -> Capture:
     """Run the script in THIS process until `steps` optimizer steps are done, and capture it; `short_second`:
-    sample each epoch's short batch second (`carma.estimate.epochs`).
+    sample each epoch's short batch second (`carma.estimate.epochs`). A script that catches the stop and
+    goes on (`Session.went_on`) is, given `on_caught`, not waited for: at its next model call `on_caught`
+    gets what makes the capture (undoing the capture's hooks first), and must end the process there.
 
     It takes over the process (sys.argv, global hooks, whatever the script leaves behind): call it in a
     process of its own, as `carma.estimate.runner.estimate_script` does.
@@ -318,26 +325,32 @@ def capture_script(
     kind, target, args = parse_argv(argv)
     hide_cuda()
     started = time.perf_counter()
-    with capturing(steps, exact, short_second) as session:
+    with ExitStack() as running:
+        session = running.enter_context(capturing(steps, exact, short_second))
         recorder = _ModelRecorder(session)
+        running.enter_context(recorder.hooks())
+        compiled = running.enter_context(_compile_calls())
+        mixed_precision = running.enter_context(libraries.mixed_precision_without_gpu())
+        cuda_asked = running.enter_context(cuda_on_cpu.cuda_on_cpu())
+        # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
+        running.enter_context(warnings.catch_warnings(record=True))
+
+        def captured() -> Capture:
+            running.close()
+            return _captured(session, recorder, compiled, mixed_precision, cuda_asked, time.perf_counter() - started)
+
+        if on_caught is not None:
+            session.on_caught = lambda: on_caught(captured)
         try:
-            # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
-            with (
-                recorder.hooks(),
-                _compile_calls() as compiled,
-                libraries.mixed_precision_without_gpu() as mixed_precision,
-                cuda_on_cpu.cuda_on_cpu() as cuda_asked,
-                warnings.catch_warnings(record=True),
-            ):
-                sys.argv = ["-c" if kind == "code" else target, *args]
-                if kind == "module":
-                    runpy.run_module(target, run_name="__main__", alter_sys=True)
-                elif kind == "code":  # as `python -c` runs it: in __main__, the current directory on sys.path
-                    sys.path.insert(0, "")
-                    exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-                else:
-                    sys.path.insert(0, str(Path(target).resolve().parent))
-                    runpy.run_path(target, run_name="__main__")
+            sys.argv = ["-c" if kind == "code" else target, *args]
+            if kind == "module":
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            elif kind == "code":  # as `python -c` runs it: in __main__, the current directory on sys.path
+                sys.path.insert(0, "")
+                exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            else:
+                sys.path.insert(0, str(Path(target).resolve().parent))
+                runpy.run_path(target, run_name="__main__")
         except StepLimitReached:
             pass
         except SystemExit as exc:
@@ -366,6 +379,18 @@ def capture_script(
             raise (ShortBatchEnded if session.moved_short_batch else EstimateError)(
                 f"{ended}; the capture needs {steps}{each}"
             )
+    return _captured(session, recorder, compiled, mixed_precision, cuda_asked, time.perf_counter() - started)
+
+
+def _captured(
+    session: Session,
+    recorder: _ModelRecorder,
+    compiled: list[str],
+    mixed_precision: list[str],
+    cuda_asked: list[str],
+    seconds: float,
+) -> Capture:
+    """The capture of a script whose capture session has ended."""
     first, *others = session.optimizers
     model, batch = recorder.model_of(first)
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
@@ -377,7 +402,13 @@ def capture_script(
     # A library's GPU-only mixed precision ran as CPU autocast: that autocast is the library's.
     precision = [*dict.fromkeys(mixed_precision)]
     precision += [used for used in session.mixed_precision if not (precision and used == CPU_AUTOCAST)]
-    seconds = time.perf_counter() - started
     return Capture(
-        job, session.trace, steps, seconds, extra_models, tuple(others), tuple(notes), mixed_precision=tuple(precision)
+        job,
+        session.trace,
+        session.steps,
+        seconds,
+        extra_models,
+        tuple(others),
+        tuple(notes),
+        mixed_precision=tuple(precision),
     )

@@ -18,7 +18,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
-from typing import Any
+from typing import Any, NoReturn
 
 from carma.estimate.base import optimizer_parameters
 from carma.estimate.epochs import short_batch_second
@@ -65,6 +65,9 @@ class Session:
         self.optimizers: list[Any] = []  # by first step while profiling
         self.order: list[int] = []  # the optimizer (its index) of each step taken while profiling
         self.stopped = False
+        self._stopped_in: int | None = None  # the thread the stop was raised in
+        # Given the script's capture once it catches the stop and goes on (`went_on`); must end the process.
+        self.on_caught: Callable[[], NoReturn] | None = None
         self.unprofiled_steps = 0  # steps taken before any call of a module with parameters
         self.moved_short_batch = False  # an epoch's short last batch was sampled second
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
@@ -134,6 +137,8 @@ class Session:
         profiling (the training loop begins: imports and setup before it go unprofiled)."""
         from torch.profiler import record_function
 
+        if self.stopped:
+            self.went_on()
         if not self._calls and next(module.parameters(), None) is not None:
             self.start()
         window = None
@@ -157,8 +162,9 @@ class Session:
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         from torch.profiler import record_function
 
-        if self.stopped:  # the script caught our stop and went on
-            raise StepLimitReached
+        if self.stopped:
+            self.went_on()
+            raise StepLimitReached  # another thread's step
         closure = _closure(args, kwargs)
         if closure is not None:  # it runs the forward and backward inside the step: training has begun
             self.start()
@@ -209,8 +215,21 @@ class Session:
     def _index(self, optimizer: Any) -> int:
         return next((i for i, known in enumerate(self.optimizers) if known is optimizer), len(self.optimizers))
 
+    def went_on(self) -> None:
+        """A module call or step after the stop. In the thread the stop was raised in, the script caught
+        `StepLimitReached` (a bare `except:` around its step, "skip a bad batch") and went on, or calls its
+        model while unwinding (a `finally:` that evaluates). The capture is complete: `on_caught` finishes
+        it without the script; without one, the stop is raised again, so that the script trains no further
+        than its next model call. Another thread's module call (a prefetching thread's transform) goes on."""
+        if threading.get_ident() != self._stopped_in:
+            return
+        if self.on_caught is not None:
+            self.on_caught()
+        raise StepLimitReached
+
     def _stop(self) -> None:
         self.stopped = True
+        self._stopped_in = threading.get_ident()
         if self.on_stop is not None:
             self.on_stop()
         raise StepLimitReached
