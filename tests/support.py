@@ -73,11 +73,13 @@ class Bench:
         gpus: int = 3,
         total_mib: int = TOTAL_MIB,
         estimator: Estimator | None = None,
+        totals: tuple[int, ...] = (),  # GPUs of different sizes (MiB), instead of `gpus` of `total_mib`
         **config: object,
     ) -> None:
-        infos = [GpuInfo(i, "A100-40GB", total_mib) for i in range(gpus)]
+        self.totals = totals or (total_mib,) * gpus
+        gpus = len(self.totals)
+        infos = [GpuInfo(i, f"GPU-{total // 1024}GB", total) for i, total in enumerate(self.totals)]
         self.sched = Scheduler(infos, SchedulerConfig(**config), estimator)
-        self.total_mib = total_mib
         self.t = 0.0
         self.loads = {i: Load() for i in range(gpus)}
         self.seen: dict[int, set[int]] = {i: set() for i in range(gpus)}
@@ -90,7 +92,7 @@ class Bench:
     def sample(self) -> None:
         for gpu, load in self.loads.items():
             self.sched.record_sample(
-                GpuSample(gpu, self.t, load.used_mib, self.total_mib, load.smact, load.smocc, load.drama)
+                GpuSample(gpu, self.t, load.used_mib, self.totals[gpu], load.smact, load.smocc, load.drama)
             )
 
     def advance(self, seconds: int) -> None:

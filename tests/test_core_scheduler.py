@@ -490,7 +490,7 @@ def test_mig_instances_take_one_task_each():
 
     b = Bench(gpus=1)
     b.sched = Scheduler([GpuInfo(0, "A100 MIG 3g.20gb", 20096, "MIG-x", exclusive=True)], SchedulerConfig())
-    b.total_mib = 20096
+    b.totals = (20096,)
     b.sample()
     first, second = b.submit(), b.submit()
     assert b.placed() == {first.id: (0,)}
@@ -500,3 +500,46 @@ def test_mig_instances_take_one_task_each():
     assert "shareable" in b.sched.waiting_reason(second.id)
     b.exit(first.id)
     assert b.placed() == {second.id: (0,)}
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_a_known_need_goes_whole_only_to_a_gpu_that_can_hold_it(policy):
+    """On a server of unequal GPUs, an idle GPU too small for a known need is passed over: the task would
+    only run out of memory alone there. While the large one is busy, an exclusive task waits for it."""
+    b = Bench(totals=(32_768, 40_960), policy=policy)
+    big = b.submit("big", mem_mib=36_000)
+    assert b.placed() == {big.id: (1,)}
+    if policy is Policy.EXCLUSIVE:
+        b.first_kernel(big.id)
+        again = b.submit("again", mem_mib=36_000)
+        assert b.placed() == {}
+        assert b.sched.waiting_reason(again.id) == "waiting for 1 whole idle GPU(s) holding 38048 MiB"
+
+
+def test_a_need_beyond_the_second_largest_gpu_takes_the_two_largest_for_a_two_gpu_task():
+    b = Bench(totals=(81_920, 32_768, 40_960))
+    task = b.submit("wide", gpus=2, mem_mib=45_000)
+    assert b.placed() == {task.id: (0, 2)}
+    assert task.current.need.kind is NeedKind.WHOLE_GPU
+    assert task.current.need.source == "user: 45000 MiB exceeds the 2 largest GPUs with the margin"
+
+
+def test_a_task_out_of_memory_alone_is_relaunched_on_a_larger_gpu_until_none_is_larger():
+    """A task of unknown need that runs out of memory alone on a small GPU is relaunched on the largest idle
+    GPU that is larger (here the middle one, the largest being busy), then on a larger one still; it fails
+    only when no GPU is larger than one it outgrew."""
+    b = Bench(totals=(32_768, 40_960, 81_920), policy=Policy.EXCLUSIVE)
+    task = b.submit("grows")
+    assert b.placed() == {task.id: (0,)}
+    b.sched.record_gpu_processes(2, (), 1, b.t)  # another user's process holds the largest
+    b.oom(task.id)
+    assert b.placed() == {task.id: (1,)}
+    assert task.current.recovery and task.current.exclusive
+    b.oom(task.id)
+    assert b.placed() == {}
+    assert b.sched.waiting_reason(task.id) == "recovery: waiting for 1 whole idle GPU(s) larger than 40960 MiB"
+    b.sched.record_gpu_processes(2, (), 0, b.t)
+    assert b.placed() == {task.id: (2,)}
+    b.oom(task.id)
+    b.decide()
+    assert task.state is TaskState.FAILED and task.reason.startswith("out of memory alone on GPU 2: it needs more")

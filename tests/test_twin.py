@@ -142,6 +142,18 @@ def test_a_task_larger_than_the_gpu_fails_with_its_reason(tmp_path):
     assert result.metrics.tasks_failed == 1
 
 
+def test_a_task_too_large_for_the_first_idle_gpu_completes_on_a_larger_one(tmp_path):
+    """On a server of unequal GPUs, Exclusive with no memory need puts the task on the first idle GPU, where it
+    runs out of memory alone, then relaunches it on the larger GPU; knowing the need, it goes there first."""
+    trace = yaml_trace(tmp_path, {"big": {**JOB, "mem_mib": 36000}}, [{"at": 0, "task": "big"}])
+    mixed = TwinConfig(gpus=parse_gpus("1xV100-32GB,1xA100-40GB"))
+    (task,) = simulate(trace, RunConfig(Policy.EXCLUSIVE), mixed).tasks
+    assert task.state is TaskState.COMPLETED
+    assert [(a.gpus, a.outcome) for a in task.attempts] == [((0,), ExitKind.OOM), ((1,), ExitKind.SUCCESS)]
+    (task,) = simulate(trace, RunConfig(Policy.BF, "oracle"), mixed).tasks
+    assert [(a.gpus, a.outcome) for a in task.attempts] == [((1,), ExitKind.SUCCESS)]
+
+
 def test_multi_gpu_task_runs_at_the_pace_of_its_busiest_gpu(tmp_path):
     pair = {**JOB, "gpus": 2, "solo_s": 1015, "gract": 0.6, "smact": 0.5, "drama": 0.1}
     hog = {**JOB, "solo_s": 5000, "gract": 0.9, "smact": 0.7, "drama": 0.1}

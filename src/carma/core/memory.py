@@ -41,14 +41,16 @@ def given_need(mem_mib: int | None, estimated: bool) -> MemoryNeed | None:
     return None if estimated else RECOVERY_ONLY
 
 
-def resolve_need(task: Task, estimator: Estimator | None, largest_gpu_mib: int, margin_mib: int) -> MemoryNeed | None:
-    """The head task's need, or None while its estimate is not ready."""
+def resolve_need(task: Task, estimator: Estimator | None, usable_mib: int, margin_mib: int) -> MemoryNeed | None:
+    """The head task's need, or None while its estimate is not ready; `usable_mib`: the most memory each of
+    the task's GPUs can offer (that of the n-th largest GPU for an n-GPU task, less the reserve)."""
     need = given_need(task.spec.mem_mib, estimated=estimator is not None)
     if need is None and estimator is not None:
         need = estimator.need(task)
     if need is None:
         return None
-    if need.kind is NeedKind.KNOWN and need.mib is not None and need.mib + margin_mib > largest_gpu_mib:
-        too_big = f"{need.source}: {need.mib} MiB exceeds any GPU with the margin"
+    if need.kind is NeedKind.KNOWN and need.mib is not None and need.mib + margin_mib > usable_mib:
+        largest = "any GPU" if task.spec.gpus == 1 else f"the {task.spec.gpus} largest GPUs"
+        too_big = f"{need.source}: {need.mib} MiB exceeds {largest} with the margin"
         return MemoryNeed(NeedKind.WHOLE_GPU, need.mib, too_big)
     return need

@@ -72,7 +72,8 @@ class Scheduler:
         self.estimator = estimator
         self.gpus: dict[int, GpuInfo] = {g.index: g for g in gpus}
         indices = sorted(self.gpus)
-        self._largest_usable_mib = max(g.total_mib for g in gpus) - self.config.reserve_mib
+        # The memory, less the reserve, of the n-th largest GPU (index n - 1): the most an n-GPU task can have.
+        self._usable_mib = sorted((g.total_mib - self.config.reserve_mib for g in gpus), reverse=True)
         self._windows = {g: MonitorWindow(self.config.window_samples, self.config.risk.weights) for g in indices}
         self._ttfk = TtfkTable(indices, self.config.window_s)
         self._rr = RoundRobin(indices)
@@ -199,9 +200,15 @@ class Scheduler:
         while True:
             if self._recovery:
                 task = self._tasks[self._recovery[0]]
-                idle = self._idle_gpus()
+                outgrown = self._outgrown(task)
+                # After running out alone, the largest idle GPUs that are larger than those it outgrew.
+                idle = sorted(
+                    (g for g in self._idle_gpus() if self.gpus[g].total_mib > outgrown),
+                    key=lambda g: -self.gpus[g].total_mib if outgrown else 0,
+                )
                 if len(idle) < task.spec.gpus:
-                    self._blocked[task.id] = f"recovery: waiting for {task.spec.gpus} whole idle GPU(s)"
+                    larger = f" larger than {outgrown} MiB" if outgrown else ""
+                    self._blocked[task.id] = f"recovery: waiting for {task.spec.gpus} whole idle GPU(s){larger}"
                     break
                 launches.append(self._launch(task, idle[: task.spec.gpus], RECOVERY_NEED, now, recovery=True))
                 continue
@@ -279,7 +286,8 @@ class Scheduler:
             attempt = task.current
             relaunches = sum(1 for a in task.attempts if a.recovery)
             gpus = ",".join(map(str, attempt.gpus))
-            if not attempt.shared:
+            outgrown = self._outgrown(task)
+            if sum(g.total_mib > outgrown for g in self.gpus.values()) < task.spec.gpus:
                 reason = f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             elif relaunches >= self.config.max_relaunches:
@@ -290,6 +298,31 @@ class Scheduler:
                 self._recovery.append(task_id)
                 self._changed.add(task_id)
         self._crashed.clear()
+
+    def _outgrown(self, task: Task) -> int:
+        """The memory (MiB) of the largest GPUs the task ran out of memory on while alone (0: none): a
+        relaunch can only help on larger ones. Of a multi-GPU attempt's GPUs, the smallest counts."""
+        return max(
+            (
+                min(self.gpus[g].total_mib if g in self.gpus else 0 for g in attempt.gpus)
+                for attempt in task.attempts
+                if attempt.outcome is ExitKind.OOM and not attempt.shared
+            ),
+            default=0,
+        )
+
+    def _whole_mib(self, need: MemoryNeed, n: int) -> int | None:
+        """The memory (MiB, less the reserve) each GPU of an `n`-GPU task must have to hold it whole: its need
+        known in MiB with the margin, or the n largest GPUs' for a need larger; None for a need not known."""
+        return None if need.mib is None else min(need.mib + self.config.margin_mib, self._usable_mib[n - 1])
+
+    def _whole(self, gpus: list[int], need: MemoryNeed, n: int) -> list[int]:
+        """The GPUs among `gpus` an `n`-GPU task may have whole (`_whole_mib`): on a smaller one it would only
+        run out of memory alone."""
+        required = self._whole_mib(need, n)
+        if required is None:
+            return gpus
+        return [g for g in gpus if self.gpus[g].total_mib - self.config.reserve_mib >= required]
 
     def _idle_gpus(self) -> list[int]:
         """GPUs with no task and no other process, that telemetry has reported at least once."""
@@ -317,15 +350,17 @@ class Scheduler:
         n = task.spec.gpus
         need = self._needs.get(task.id)
         if need is None:
-            need = resolve_need(task, self.estimator, self._largest_usable_mib, cfg.margin_mib)
+            need = resolve_need(task, self.estimator, self._usable_mib[n - 1], cfg.margin_mib)
             if need is None:
                 return ESTIMATING
             self._needs[task.id] = need
-        idle = self._idle_gpus()
+        idle = self._whole(self._idle_gpus(), need, n)
         if cfg.policy is Policy.EXCLUSIVE or need.kind is NeedKind.WHOLE_GPU:
             if len(idle) >= n:
                 return idle[:n]
-            return f"waiting for {n} whole idle GPU(s)"
+            required = self._whole_mib(need, n)
+            holding = f" holding {required} MiB" if required is not None else ""
+            return f"waiting for {n} whole idle GPU(s){holding}"
         if cfg.prefer_idle and len(idle) >= n:
             return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
         gpus = [
