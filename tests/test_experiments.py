@@ -4,8 +4,9 @@ import pytest
 
 from carma.core import NeedKind, Policy, TaskSpec
 from carma.core.types import MemoryNeed, Task
-from carma.sim.experiment import PAPER_SWEEP, RecordedEstimator, RunConfig, simulate, sweep
-from carma.traces.catalog import load_catalog
+from carma.sim.experiment import PAPER_SWEEP, RecordedEstimator, RunConfig, TwinConfig, simulate, sweep
+from carma.sim.gpus import parse_gpus
+from carma.traces.catalog import Workload, load_catalog
 from carma.traces.loaders import load_trace
 
 
@@ -72,10 +73,28 @@ def test_sweep_results_do_not_depend_on_parallelism(t1, t1_sweep):
 
 def test_recorded_estimator_answers_with_the_papers_estimates(t1):
     workloads = {e.workload.name: e.workload for e in t1.entries}
-    horus = RecordedEstimator("horus", workloads)
+
+    def workload_of(task: Task) -> Workload:
+        return workloads[task.spec.name]
+
+    horus = RecordedEstimator("horus", workload_of)
     assert horus.need(Task(1, TaskSpec("vgg"), 0.0)) == MemoryNeed(NeedKind.KNOWN, 21526, "horus")
-    bert = RecordedEstimator("faketensor", workloads).need(Task(2, TaskSpec("BERT_base"), 0.0))
+    bert = RecordedEstimator("faketensor", workload_of).need(Task(2, TaskSpec("BERT_base"), 0.0))
     assert bert.kind is NeedKind.WHOLE_GPU and bert.source == "faketensor: no usable estimate"
+
+
+def test_each_trace_entry_is_placed_by_its_own_recorded_estimate(tmp_path):
+    """Two entries of one task may record different estimates (its batch size changed): each is placed by
+    its own. Here the later entry's small estimate must not let the earlier one share with the filler."""
+    trace = tmp_path / "entries.csv"
+    trace.write_text(
+        "submit_s,task,solo_s,mem_mib,horus_mib\n0,filler,3000,20000,20000\n100,job,2000,30000,30000\n"
+        "6000,job,2000,1000,1000\n"
+    )
+    one_gpu = TwinConfig(gpus=parse_gpus("1xA100-40GB"))
+    result = simulate(load_trace(str(trace), load_catalog()), RunConfig(Policy.MAGM, "horus"), one_gpu)
+    assert result.metrics.oom_crashes == 0
+    assert [t.attempts[0].need.mib for t in result.tasks] == [20000, 30000, 1000]
 
 
 def test_estimators_without_an_estimate_place_tasks_on_whole_gpus(t1):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -124,14 +124,15 @@ class RunResult:
 
 
 class RecordedEstimator:
-    """An estimator port that answers with the estimate recorded for each workload (CARMA's table)."""
+    """An estimator port that answers with the estimate recorded for each task's workload (CARMA's table,
+    or a trace entry's own `<estimator>_mib`)."""
 
-    def __init__(self, name: str, workloads: Mapping[str, Workload]) -> None:
+    def __init__(self, name: str, workload_of: Callable[[Task], Workload]) -> None:
         self.name = name
-        self._workloads = workloads
+        self._workload_of = workload_of
 
     def need(self, task: Task) -> MemoryNeed:
-        return estimated(self.name, self._workloads[task.spec.name].estimates.get(self.name))
+        return estimated(self.name, self._workload_of(task).estimates.get(self.name))
 
 
 def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> RunResult:
@@ -141,8 +142,10 @@ def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> Ru
         policy=run.policy,
         risk=replace(twin.scheduler.risk, enabled=run.risk_filter),
     )
-    workloads = {e.workload.name: e.workload for e in trace.entries}
-    estimator = RecordedEstimator(run.memory, workloads) if run.memory in ESTIMATOR_COLUMNS else None
+    # Asked once a task is submitted, so the server knows its entry's workload (two entries of one name may
+    # differ in their recorded estimates).
+    recorded = RecordedEstimator(run.memory, lambda task: server.workload(task.id))
+    estimator = recorded if run.memory in ESTIMATOR_COLUMNS else None
 
     def make_scheduler(gpus: list[GpuInfo]) -> Scheduler:
         return Scheduler(gpus, config, estimator)

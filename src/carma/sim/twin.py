@@ -119,6 +119,10 @@ class TwinServer:
         seg = gpu.segments[bisect_right(gpu.starts, t) - 1]
         return GpuSample(gpu.index, t, seg.used_mib, gpu.kind.total_mib, seg.smact, seg.smocc, seg.drama, seg.power_w)
 
+    def workload(self, task_id: TaskId) -> Workload:
+        """The workload of a submitted task: its trace entry's."""
+        return self._tasks[task_id].workload
+
     # ----------------------------------------------------------------- Executor
 
     def launch(self, task: Task, launch: Launch) -> None:
