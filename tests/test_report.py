@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -218,6 +219,8 @@ def test_bad_report_files_are_refused_in_one_line(text, message):
         (lambda run: run["series"]["0"]["smact"].pop(), "GPU 0's smact and t differ in length (1 and 2)"),
         (lambda run: run["series"]["0"]["used_mib"].__setitem__(0, "x"), "GPU 0's used_mib holds 'x', not a number"),
         (lambda run: run["tasks"][0].update(submit_s="0"), "a task's submit_s or end_s holds '0', not a number"),
+        (lambda run: run["figures"].update(energy_mj=math.inf), "figures holds inf, not a number"),
+        (lambda run: run.update(start_s=math.nan), "the run's start_s or end_s holds nan, not a number"),
     ],
 )
 def test_a_hand_edited_report_file_the_charts_cannot_draw_is_refused_in_one_line(edit, message):

@@ -270,7 +270,9 @@ def to_json(records: Sequence[RunRecord]) -> str:
 def _numbers(values: Iterable[Any], what: str) -> None:
     """Refuse a hand-edited value the charts cannot draw, naming where it is."""
     for value in values:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+        ):
             raise ValueError(f"{what} holds {value!r}, not a number")
 
 
@@ -292,6 +294,7 @@ def _record(data: dict[str, Any]) -> RunRecord:
     )
     _numbers((v for t in tasks for v in (t.submit_s, t.end_s)), "a task's submit_s or end_s")
     _numbers((v for t in tasks for a in t.attempts for v in (a.start_s, a.end_s)), "an attempt's start_s or end_s")
+    _numbers((data["start_s"], data["end_s"]), "the run's start_s or end_s")
     return RunRecord(
         label=str(data["label"]),
         source=str(data["source"]),
