@@ -74,7 +74,8 @@ def simulate_cmd(
 
     try:
         if plot:
-            pyplot()  # missing matplotlib is said before the simulation, not after it
+            pyplot()  # missing matplotlib, or a folder that cannot be made, is said before the simulation
+            plot.mkdir(parents=True, exist_ok=True)
         for option, path in (("--csv", csv_path), ("--save", save)):
             if path is not None and path.is_dir():  # said before the simulation too
                 raise UsageError(f"{option} {path} is a directory; give a file name")
