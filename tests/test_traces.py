@@ -198,7 +198,9 @@ BAD_TRACES = [
     pytest.param(
         "t.csv", "submit_s,task,colour\n0,vgg,red\n", "line 2: task 'vgg': unknown field(s) colour", id="unknown-column"
     ),
-    pytest.param("t.csv", "submit_s,task,mem_mib\n0,vgg,lots\n", "cannot read 'lots' as a memory size", id="bad-mem"),
+    pytest.param(
+        "t.csv", "submit_s,task,mem_mib\n0,vgg,lots\n", "mem_mib: cannot read 'lots' as a memory size", id="bad-mem"
+    ),
     pytest.param("t.csv", "submit_s,task,gpus\n0,vgg,0\n", "gpus must be at least 1", id="bad-override"),
     pytest.param(
         "t.sh", "sleep 5\nsubmit vgg\n", "line 2: expected 'sleep N' or a submit.py --task line", id="bad-line"
@@ -258,8 +260,14 @@ BAD_TRACES = [
     pytest.param(
         "t.yaml",
         "workloads:\n  big: {solo_s: 60, mem_mib: 0}\ntasks:\n  - {at: 0, task: big}\n",
-        "workloads: task 'big': memory size must be positive",
+        "workloads: task 'big': mem_mib: memory size must be positive",
         id="zero-mem",
+    ),
+    pytest.param(
+        "t.yaml",
+        "workloads:\n  big: {solo_s: 60, mem_mib: 900, mem_first_mib: 0}\ntasks:\n  - {at: 0, task: big}\n",
+        "workloads: task 'big': mem_first_mib: memory size must be positive and finite, got 0",
+        id="zero-first-mem",
     ),
     *(
         pytest.param(
@@ -271,6 +279,14 @@ BAD_TRACES = [
         for item in ("repeat: 0", "repeat: 2.5", "repeat: many", "every: -1", "every: often")
     ),
 ]
+
+
+def test_a_trace_of_unknown_tasks_only_says_what_was_left_out(catalog, write):
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(write("t.csv", "submit_s,task\n0,mnist_train\n5,foo\n5,foo\n"), catalog, skip_unknown=True)
+    assert str(excinfo.value) == (
+        "t.csv: the trace has no tasks once its 3 entries of unknown tasks are left out: foo (x2), mnist_train"
+    )
 
 
 @pytest.mark.parametrize(("file", "text", "message"), BAD_TRACES)

@@ -153,8 +153,8 @@ def _parse_field(key: str, value: object) -> object:
     try:
         return FIELD_PARSERS[key](value)
     except (TypeError, ValueError) as err:
-        if key == "mem_mib" or key in ESTIMATOR_COLUMNS.values():
-            raise
+        if FIELD_PARSERS[key] is parse_mib:  # a memory size: its own message says what is wrong with it
+            raise ValueError(f"{key}: {err}") from None
         raise ValueError(f"{key} must be {kind}, not {value!r}") from err
 
 

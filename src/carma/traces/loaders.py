@@ -89,9 +89,12 @@ class _Builder:
 
     def build(self, name: str) -> Trace:
         entries = sorted(self.entries, key=lambda e: e.submit_s)  # stable: ties keep file order
+        trace = Trace(name, tuple(entries), tuple(self.skipped))
         if not entries:
-            raise TraceError(f"{self.source}: the trace has no tasks")
-        return Trace(name, tuple(entries), tuple(self.skipped))
+            left_out = f" once its {len(self.skipped)} entries of unknown tasks are left out: {trace.skipped_summary()}"
+            left_out = left_out if self.skipped else ""
+            raise TraceError(f"{self.source}: the trace has no tasks{left_out}")
+        return trace
 
 
 def _read_csv(text: str, b: _Builder) -> None:
