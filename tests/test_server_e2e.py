@@ -126,6 +126,29 @@ def test_a_second_server_on_the_same_state_dir_is_refused(start_server):  # type
     assert second.returncode == 2 and "already running" in second.stderr
 
 
+def test_starting_with_other_fake_gpus_takes_no_gpu_from_a_task(start_server):  # type: ignore[no-untyped-def]
+    """A mistyped second start, on the running daemon's state dir or after it stopped while a task runs, is
+    refused before it touches the fake GPUs (once, it made new ones: the task lost its GPU, and the state
+    dir could not start again)."""
+    server = start_server("--fake-gpus", "2xA100-40GB", "--time-scale", "60")
+    task = server.submit(*fakejob(100000))
+    server.wait_state(task, "running")
+    mistyped = server.cli("server", "--fake-gpus", "2xA100-40GB")  # --time-scale forgotten
+    assert mistyped.returncode == 2 and "already running" in mistyped.stderr
+    assert [g["used_mib"] for g in server.json("gpus")] == [2048, 0]
+    server.stop()  # the task runs on
+    mistyped = server.cli("server", "--fake-gpus", "1xA100-40GB")
+    assert (mistyped.returncode, mistyped.stderr) == (
+        2,
+        "error: 1 task(s) still hold placements on the fake GPUs of the last start: start it as then, --fake-gpus "
+        "2xA100-40GB --time-scale 60 --sharing mps (or with a new CARMA_HOME)\n",
+    )
+    server.start()
+    assert server.task(task)["state"] == "running"
+    assert [g["used_mib"] for g in server.json("gpus")] == [2048, 0]
+    server.cli("cancel", task)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

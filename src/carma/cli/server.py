@@ -41,7 +41,7 @@ def server_cmd(
     from carma.server.daemon import Daemon
     from carma.server.mps import MpsControl, MpsError
     from carma.server.paths import Paths, carma_home
-    from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, serve
+    from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, refuse_if_running, serve
     from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -54,6 +54,7 @@ def server_cmd(
         if time_scale != 1.0 and not fake_gpus:
             raise ValueError("--time-scale only applies to fake GPUs (--fake-gpus)")
         paths.create()
+        refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
         backend, env = _backend(paths, fake_gpus, choice(sharing, SHARING_MODES, "--sharing"), time_scale)
         control = MpsControl(paths.home) if mps else None
         if control is not None:
@@ -96,25 +97,42 @@ def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float):  # 
 
         return NvmlBackend(), {}
     from carma.sim.gpus import parse_gpus
-    from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
+    from carma.telemetry.fake import FakeGpuBackend, fake_env
 
     gpus = parse_gpus(fake_gpus)
-    device = _fake_device(paths.fake_gpus, gpus, sharing, time_scale, FakeDevice)
+    device = _fake_device(paths, gpus, sharing, time_scale)
     return FakeGpuBackend(device.root), fake_env(device.root)
 
 
-def _fake_device(root: Path, gpus, sharing: str, time_scale: float, device_cls):  # type: ignore[no-untyped-def]
-    """Reopen the fake device of an earlier run when it is the same (so placements stay valid), else make it."""
+def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[no-untyped-def]
+    """Reopen the fake device of an earlier run when it is the same (so placements stay valid), else make it.
+    One that tasks still hold placements on is kept: the daemon would refuse new GPUs, and these would be
+    gone for good."""
+    from carma.server.daemon import placements_held
+    from carma.server.store import Store
+    from carma.telemetry.fake import FakeDevice
+
     try:
-        device = device_cls.open(root)
-        if [(g.name, g.total_mib) for g in device.gpus()] == [(g.name, g.total_mib) for g in gpus] and (
-            device.sharing,
-            device.time_scale,
-        ) == (sharing, time_scale):
-            return device
+        device = FakeDevice.open(paths.fake_gpus)
     except FileNotFoundError:
-        pass
-    return device_cls.create(root, gpus, sharing=sharing, time_scale=time_scale)
+        return FakeDevice.create(paths.fake_gpus, gpus, sharing=sharing, time_scale=time_scale)
+    kinds = [(g.name, g.total_mib) for g in device.gpus()]
+    if kinds == [(g.name, g.total_mib) for g in gpus] and (device.sharing, device.time_scale) == (sharing, time_scale):
+        return device
+    store = Store(paths.database)
+    try:
+        held = placements_held(store)
+    finally:
+        store.close()
+    if held:
+        names = [name for name, _ in kinds]
+        group = ",".join(f"{names.count(name)}x{name}" for name in dict.fromkeys(names))
+        raise RuntimeError(
+            f"{held} task(s) still hold placements on the fake GPUs of the last start: start it as then, "
+            f"--fake-gpus {group} --time-scale {device.time_scale:g} --sharing {device.sharing} (or with a new "
+            "CARMA_HOME)"
+        )
+    return FakeDevice.create(paths.fake_gpus, gpus, sharing=sharing, time_scale=time_scale)
 
 
 mps_app = typer.Typer(help="carma's own MPS control daemon (pipe and logs under the state dir).", no_args_is_help=True)

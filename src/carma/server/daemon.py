@@ -35,6 +35,11 @@ from carma.telemetry import DeviceReading, GpuBackend
 METRICS = ("smact", "smocc", "drama")
 
 
+def placements_held(store: Store) -> int:
+    """How many stored tasks hold GPUs (dispatched or running): a restart must see those GPUs again."""
+    return sum(stored.task.state in ACTIVE_STATES for stored in store.load())
+
+
 class DaemonClock:
     """The scheduler's time base: wall-clock seconds, or sped up by `scale` for fake GPUs.
 
@@ -206,11 +211,11 @@ class Daemon:
         uuids = [g.uuid for g in self.gpus]
         known = self.store.meta("gpus")
         if known is not None and known != uuids:
-            live = [s for s in self.store.load() if s.task.state in ACTIVE_STATES]
-            if live:
+            held = placements_held(self.store)
+            if held:
                 raise RuntimeError(
                     f"the GPUs changed since the last start ({len(known)} before, {len(uuids)} now) while "
-                    f"{len(live)} task(s) still hold placements; restore the GPUs or start with a new CARMA_HOME"
+                    f"{held} task(s) still hold placements; restore the GPUs or start with a new CARMA_HOME"
                 )
         self.store.set_meta("gpus", uuids)
 

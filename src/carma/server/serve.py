@@ -27,19 +27,25 @@ class AlreadyRunning(RuntimeError):
     pass
 
 
-def bind_unix(path: Path) -> socket.socket:
-    """Bind the daemon's socket: 0600 for a user's daemon; for root's, group `carma` if it exists, else 0666
-    (every request is then identified by its peer credentials)."""
+def refuse_if_running(path: Path) -> None:
+    """Raise AlreadyRunning when a daemon answers on `path`; remove a stale socket of one that died. Called
+    before a daemon touches its state directory too, so that a second `carma server` changes nothing."""
     if path.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
         except OSError:
-            path.unlink()  # a stale socket of a daemon that died
+            path.unlink(missing_ok=True)  # a stale socket of a daemon that died
         else:
             raise AlreadyRunning(f"a carma server is already running at {path}")
         finally:
             probe.close()
+
+
+def bind_unix(path: Path) -> socket.socket:
+    """Bind the daemon's socket: 0600 for a user's daemon; for root's, group `carma` if it exists, else 0666
+    (every request is then identified by its peer credentials)."""
+    refuse_if_running(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
     if os.geteuid() != 0:
