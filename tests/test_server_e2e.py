@@ -8,9 +8,11 @@ import pwd
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -179,6 +181,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "-f", _file(tmp_path, "wd.yaml", b"command: true\nworkdir: 5\n")], "workdir must be a path"),
         (["submit", "-f", _file(tmp_path, "q.yaml", b"command: echo 'a\n")], "cannot split command"),
         (["queue", "--state", "queud"], "state must be one of queued, "),
+        (["submit", "--", ""], "command: its program is empty"),  # these three were a 500 Internal Server Error
+        (["submit", "--shell", "--", " "], "command: its program is empty"),
+        (["submit", "--name", "evil\x1b[31mred", "--", "true"], "name 'evil\\x1b[31mred' holds a control character"),
+        (["submit", "--name", "two\nlines", "--", "true"], "holds a control character"),
     ]
     for args, message in cases:
         result = server.cli(*args)
@@ -191,6 +197,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
     )
     timed_out = server.cli("wait", kept, "--timeout", "0")
     assert (timed_out.returncode, timed_out.stderr) == (3, f"error: timed out waiting for task(s) {kept}\n")
+    with pytest.raises(ClientError, match="the command, working directory or environment holds a NUL byte"):
+        server.client.submit({"command": ["tr", "a\0b"], "workdir": "/tmp"})
+    with pytest.raises(ClientError, match="offset: Input should be less than or equal to"):
+        server.client.logs(kept, offset=2**63 - 1)  # was a 500: seeking that far fails
     bad_file = tmp_path / "bad.yaml"
     bad_file.write_text("command: [true]\ngpu: 2\n")
     result = server.cli("submit", "-f", bad_file)
@@ -283,14 +293,30 @@ def test_an_oom_crashed_task_is_recovered_and_completes(start_server):  # type: 
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
     big = server.submit(*fakejob(600, "30000MiB"))
     late = server.submit(*fakejob(200, "20000MiB"))
+    follow = subprocess.Popen([CARMA, "logs", "-f", str(late)], env=server.env, stdout=PIPE, stderr=PIPE, text=True)
     waiting = wait_until(lambda: [t for t in server.json("queue") if t["state"] == "recovering"], 60, "recovery")
     assert [(t["id"], t["need"], t["need_source"]) for t in waiting] == [(late, "whole_gpu", "recovery")]
     assert server.cli("wait", big, late, "--timeout", "90").returncode == 0
+    followed, said = follow.communicate(timeout=30)  # followed from the crashed attempt into its relaunch
+    assert follow.returncode == 0 and "step 10/10" in followed
+    assert said == f"carma: task {late} was relaunched: attempt 2's output follows\n"
     attempts = server.task(late)["attempt_list"]
     assert [a["outcome"] for a in attempts] == ["oom", "success"]
     assert not attempts[0]["exclusive"] and attempts[1]["recovery"] and attempts[1]["exclusive"]
     assert "CUDA out of memory" in attempts[0]["message"]
     assert "CUDA out of memory" in server.cli("logs", late, "--stderr", "--attempt", "1").stdout
+
+
+def test_a_log_of_several_chunks_is_printed_whole(start_server):  # type: ignore[no-untyped-def]
+    """The API sends a log 1 MiB at a time, cut between UTF-8 characters: `carma logs` printed the first
+    chunk only, and `-f` stopped there once a line held a character of two bytes."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    lines = 150_000
+    task = server.submit(sys.executable, "-c", f"for i in range({lines}): print(f'ligne é {{i:07d}}')")
+    assert server.cli("wait", task, "--timeout", "60").returncode == 0
+    expected = "".join(f"ligne é {i:07d}\n" for i in range(lines))  # 2.5 MiB
+    assert server.cli("logs", task).stdout == expected
+    assert server.cli("logs", task, "-f").stdout == expected
 
 
 def test_killing_the_daemon_loses_no_task_and_runs_none_twice(start_server):  # type: ignore[no-untyped-def]

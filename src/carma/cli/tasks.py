@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from carma.cli.common import app, columns, error_line, fail, out, size_text
+from carma.cli.common import app, columns, err, error_line, fail, out, size_text
 from carma.textfiles import NotText, read_text
 
 if TYPE_CHECKING:
@@ -239,7 +239,8 @@ def logs_cmd(
     stderr: Annotated[bool, typer.Option("--stderr", help="The error stream instead of stdout.")] = False,
     attempt: Annotated[int | None, typer.Option(help="An earlier attempt's log (default: the latest).", min=1)] = None,
 ) -> None:
-    """Print a task's output."""
+    """Print a task's output (all of it, chunk by chunk); following the latest attempt goes on to the
+    attempts that relaunch it after an out-of-memory crash."""
     client = _client()
     offset, number = 0, attempt
     while True:
@@ -248,9 +249,12 @@ def logs_cmd(
         sys.stdout.write(chunk["text"])
         sys.stdout.flush()
         offset = chunk["offset"]
-        if not follow or chunk["done"]:
+        if chunk["done"] and follow and attempt is None and number is not None and number < chunk["attempts"]:
+            number, offset = number + 1, 0
+            err.print(f"carma: task {task_id} was relaunched: attempt {number}'s output follows")
+        elif chunk["done"] or (not chunk["text"] and not follow):
             return
-        if not chunk["text"]:
+        elif not chunk["text"]:
             time.sleep(0.5)
 
 

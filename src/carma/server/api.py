@@ -4,6 +4,8 @@ scheduling loop (FastAPI would run plain functions in worker threads) and reads 
 without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing.
 """
 
+import codecs
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -24,6 +26,7 @@ from carma.server.views import gpu_view, status_view, task_summary, task_view
 from carma.units import parse_mib
 
 LOG_CHUNK = 1 << 20
+MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
 
 
 class SubmitRequest(BaseModel):
@@ -47,6 +50,12 @@ def _one_line(exc: RequestValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
     return f"invalid request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
+
+
+def _program_name(command: list[str]) -> str:
+    """A task's default name: the file name of its program (of a shell line's first word); "" for none."""
+    words = command[0].split()
+    return Path(words[0]).name if words else ""
 
 
 def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
@@ -103,6 +112,13 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(422, f"invalid request: environment variable name {bad_env[0]!r}")
         if request.shell and len(request.command) != 1:
             raise HTTPException(422, "invalid request: with shell=true, command must be one shell line")
+        if any("\0" in text for text in (*request.command, request.workdir, *request.env.values())):
+            raise HTTPException(422, "invalid request: the command, working directory or environment holds a NUL byte")
+        name = request.name or _program_name(request.command)
+        if not name:
+            raise HTTPException(422, "invalid request: command: its program is empty")
+        if not name.isprintable():  # the queue is shown on everyone's terminal: no escape sequences, no new lines
+            raise HTTPException(422, f"invalid request: name {name!r} holds a control character")
         try:
             mem = parse_mib(request.mem) if request.mem is not None else None
         except ValueError as e:
@@ -118,7 +134,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
                 "task as its owner: give the token a uid that has one",
             )
         job = JobSpec(
-            name=request.name or request.command[0].split("/")[-1].split()[0],
+            name=name,
             argv=tuple(request.command),
             workdir=request.workdir,
             gpus=request.gpus,
@@ -169,24 +185,31 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         who: Who,
         stream: Annotated[str, Query(pattern="^(stdout|stderr)$")] = "stdout",
         attempt: Annotated[int | None, Query(ge=1)] = None,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     ) -> dict[str, Any]:
+        """Up to `LOG_CHUNK` bytes of the log from `offset`, cut after its last whole UTF-8 character (the
+        next chunk starts with the rest); `done` once the attempt has ended (the task did, or was relaunched:
+        `attempts` says how many it has) and the chunk reaches the log's end."""
         task = task_or_404(task_id)
         owned(task, who)
         number = attempt or (task.current.number if task.current else None)
+        attempts = len(task.attempts)
         if number is None:
-            return {"attempt": None, "text": "", "offset": 0, "done": task.state in TERMINAL_STATES}
-        if not 1 <= number <= len(task.attempts):
+            return {"attempt": None, "attempts": 0, "text": "", "offset": 0, "done": task.state in TERMINAL_STATES}
+        if not 1 <= number <= attempts:
             raise HTTPException(404, f"task {task_id} has no attempt {number}")
+        finished = task.state in TERMINAL_STATES or number < attempts  # before reading: no line written after
         path = daemon.executor.log_path(task_id, number, stream)
-        text, end = "", offset
+        data, at_end = b"", True
         if path.exists():
             with open(path, "rb") as f:
                 f.seek(offset)
                 data = f.read(LOG_CHUNK)
-            text, end = data.decode(errors="replace"), offset + len(data)
-        finished = task.state in TERMINAL_STATES or number < len(task.attempts)
-        return {"attempt": number, "text": text, "offset": end, "done": finished and len(text) < LOG_CHUNK}
+                at_end = not f.read(1)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = decoder.decode(data, final=at_end)
+        end = offset + len(data) - len(decoder.getstate()[0])  # a character cut at the chunk's end comes next
+        return {"attempt": number, "attempts": attempts, "text": text, "offset": end, "done": finished and at_end}
 
     @app.get("/v1/history")
     async def history(_: Who, hours: Annotated[float | None, Query(gt=0)] = None) -> list[dict[str, Any]]:
