@@ -128,6 +128,19 @@ def test_a_second_server_on_the_same_state_dir_is_refused(start_server):  # type
     assert second.returncode == 2 and "already running" in second.stderr
 
 
+def test_a_time_scale_that_is_not_a_positive_number_is_refused_leaving_the_state_dir_usable(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "10")
+    server.stop()
+    for scale in ("inf", "0", "-5", "nan"):  # inf was kept as the clock's scale: every later start crashed
+        refused = server.cli("server", "--fake-gpus", "1xA100-40GB", "--time-scale", scale)
+        assert (refused.returncode, refused.stderr) == (
+            2,
+            f"error: --time-scale must be a positive number; got {scale}\n",
+        )
+    server.start()
+    assert server.cli("wait", server.submit("true"), "--timeout", "30").returncode == 0
+
+
 def test_starting_with_other_fake_gpus_takes_no_gpu_from_a_task(start_server):  # type: ignore[no-untyped-def]
     """A mistyped second start, on the running daemon's state dir or after it stopped while a task runs, is
     refused before it touches the fake GPUs (once, it made new ones: the task lost its GPU, and the state

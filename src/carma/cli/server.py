@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -53,6 +54,8 @@ def server_cmd(
             scheduler = replace(scheduler, policy=Policy(choice(policy, [p.value for p in Policy], "--policy")))
         if time_scale != 1.0 and not fake_gpus:
             raise ValueError("--time-scale only applies to fake GPUs (--fake-gpus)")
+        if not 0 < time_scale < math.inf:  # before the state directory keeps a clock of that scale
+            raise ValueError(f"--time-scale must be a positive number; got {time_scale:g}")
         paths.create()
         refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
         backend, env = _backend(paths, fake_gpus, choice(sharing, SHARING_MODES, "--sharing"), time_scale)

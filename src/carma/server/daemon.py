@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,8 +48,8 @@ class DaemonClock:
     """
 
     def __init__(self, scale: float, origin_wall: float, origin: float) -> None:
-        if scale <= 0:
-            raise ValueError("time scale must be positive")
+        if not 0 < scale < math.inf:
+            raise ValueError(f"time scale must be positive and finite, got {scale}")
         self.scale = scale
         self._origin_wall = origin_wall
         self._origin = origin

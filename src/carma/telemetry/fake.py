@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -84,8 +85,8 @@ class FakeDevice:
             raise ValueError("a fake device needs at least one GPU")
         if sharing not in SHARING_MODES:
             raise ValueError(f"unknown sharing mode {sharing!r} (use {' or '.join(SHARING_MODES)})")
-        if not time_scale > 0:
-            raise ValueError(f"time scale must be positive, got {time_scale}")
+        if not 0 < time_scale < math.inf:
+            raise ValueError(f"time scale must be positive and finite, got {time_scale}")
         if not 0 <= fragmentation < 1:
             raise ValueError(f"fragmentation must be in [0, 1), got {fragmentation}")
         root, time_scale = Path(root).resolve(), float(time_scale)
