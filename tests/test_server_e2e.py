@@ -77,6 +77,29 @@ def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped
     literal = server.submit("/bin/echo", "$HOME", "a b", workdir=tmp_path)  # no shell: arguments as given
     server.cli("wait", literal)
     assert server.cli("logs", literal).stdout == "$HOME a b\n"
+    (tmp_path / "elsewhere").mkdir()  # options override the file's values, as sbatch's do its #SBATCH lines
+    flags = [
+        "--name",
+        "mine",
+        "--estimate",
+        "history",
+        "--env",
+        "WHO=you",
+        "--env",
+        "X=1",
+        "--workdir",
+        str(tmp_path / "elsewhere"),
+    ]
+    task_id = json.loads(server.cli("submit", "-f", task_file, *flags, "--json").stdout)["id"]
+    assert server.cli("wait", task_id).returncode == 0
+    assert (tmp_path / "elsewhere" / "out.txt").read_text() == "hello you\n"
+    shown = server.json("show", task_id)
+    assert (shown["name"], shown["mem_mib"], shown["estimate"]) == ("mine", None, "history")
+    refused = server.cli("submit", "-f", task_file, "--shell")
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        "error: --shell applies to a command after --; a task file says `shell: true`\n",
+    )
 
 
 def test_tasks_inherit_the_submitters_environment_unless_clean(start_server, tmp_path):  # type: ignore[no-untyped-def]

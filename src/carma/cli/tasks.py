@@ -83,7 +83,7 @@ def _split(command: str, path: Path) -> list[str]:
 def submit_cmd(
     command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments (after --).")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="A task file (YAML) instead of a command.")] = None,
-    gpus: Annotated[int, typer.Option(help="GPUs the task needs.")] = 1,
+    gpus: Annotated[int | None, typer.Option(help="GPUs the task needs (default 1).")] = None,
     mem: Annotated[str | None, typer.Option(help="GPU memory it needs, e.g. 8GiB (unknown: recovery only).")] = None,
     estimate: Annotated[
         str | None, typer.Option(help="Or estimate it first: xmem, faketensor, horus, gpumemnet or history.")
@@ -100,28 +100,42 @@ def submit_cmd(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Submit a training task: `carma submit --gpus 1 --mem 8GiB -- python train.py` or `carma submit -f task.yaml`."""
+    """Submit a training task: `carma submit --gpus 1 --mem 8GiB -- python train.py` or `carma submit -f task.yaml`
+    (whose values the options override, as sbatch's options do its #SBATCH lines)."""
     if file and command:
         raise fail("give either a command (after --) or a task file (-f), not both")
+    variables = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"--env takes KEY=VALUE, got {item!r}")
+        variables[key] = value
+    given = {
+        "gpus": gpus,
+        "mem": mem,
+        "estimate": estimate,
+        "name": name,
+        "workdir": str(workdir.resolve()) if workdir else None,
+        "mps_threads": mps_threads,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
     if file:
+        if shell:
+            raise fail("--shell applies to a command after --; a task file says `shell: true`")
         spec = _spec_from_file(file)
+        if "mem" in given or "estimate" in given:  # one memory need replaces the other
+            spec.pop("mem", None)
+            spec.pop("estimate", None)
+        spec.update(given)
+        if variables and isinstance(spec.get("env") or {}, dict):  # added to the file's (a bad one: the server says)
+            spec["env"] = {**(spec.get("env") or {}), **variables}
     elif command:
-        variables = {}
-        for item in env or []:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise fail(f"--env takes KEY=VALUE, got {item!r}")
-            variables[key] = value
         spec = {
             "command": [" ".join(command)] if shell else command,
-            "workdir": str((workdir or Path.cwd()).resolve()),
-            "gpus": gpus,
-            "mem": mem,
-            "estimate": estimate,
+            "workdir": str(Path.cwd().resolve()),
+            **given,
             "env": variables,
             "shell": shell,
-            "name": name,
-            "mps_threads": mps_threads,
         }
     else:
         raise fail("nothing to run: give a command after --, or a task file with -f")
