@@ -164,6 +164,19 @@ def test_a_time_scale_that_is_not_a_positive_number_is_refused_leaving_the_state
     assert server.cli("wait", server.submit("true"), "--timeout", "30").returncode == 0
 
 
+def test_a_drain_lasts_across_a_restart_until_resume(start_server):  # type: ignore[no-untyped-def]
+    """Drained for maintenance, which often means a restart: the restarted daemon placed the queue at once."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    server.cli("drain")
+    task = server.submit("true")
+    server.stop()
+    server.start()
+    time.sleep(2)  # a couple of scheduling steps
+    assert server.task(task)["state"] == "queued" and "draining" in server.cli("queue").stdout
+    server.cli("resume")
+    assert server.cli("wait", task, "--timeout", "30").returncode == 0
+
+
 def test_starting_with_other_fake_gpus_takes_no_gpu_from_a_task(start_server):  # type: ignore[no-untyped-def]
     """A mistyped second start, on the running daemon's state dir or after it stopped while a task runs, is
     refused before it touches the fake GPUs (once, it made new ones: the task lost its GPU, and the state

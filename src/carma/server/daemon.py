@@ -188,7 +188,7 @@ class Daemon:
         self.loop = SchedulingLoop(
             self.scheduler, self.clock, telemetry, self.executor, journal, self.decision_seconds.observe
         )
-        self.draining = False
+        self._draining = self.store.meta("draining", False) is True  # kept across restarts, as maintenance has one
         self.started = time.time()
         self.tcp: str | None = None  # the TCP address the API also listens on, if any (for the dashboard)
         self.tick = 0  # scheduling steps so far; live views wait for the next one
@@ -206,6 +206,16 @@ class Daemon:
             origin = {"scale": scale, "wall": now, "clock": previous}
             self.store.set_meta("clock", origin)
         return DaemonClock(scale, origin["wall"], origin["clock"])
+
+    @property
+    def draining(self) -> bool:
+        """No placements until `carma resume`, a restart between them included."""
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.store.set_meta("draining", value)
+        self._draining = value
 
     def _check_gpus(self) -> None:
         """A restarted daemon must see the GPUs its placements refer to."""
