@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -62,6 +63,13 @@ def size_text(n: int) -> str:
 def choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str:
     if value not in choices:
         raise UsageError(f"{option} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def positive(value: float, option: str) -> float:
+    """A number option that must be positive and finite (a float option also takes inf and nan)."""
+    if not 0 < value < math.inf:
+        raise UsageError(f"{option} must be a positive number; got {value:g}")
     return value
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from carma.cli.common import UsageError, app, choice, err, fail, out
+from carma.cli.common import UsageError, app, choice, err, fail, out, positive
 from carma.traces.catalog import Workload
 from carma.traces.loaders import BUILTIN_TRACES
 
@@ -49,8 +48,8 @@ def replay_cmd(
 
     try:
         choice(memory, ("none", "oracle"), "--memory")
-        if time_scale is not None and not (math.isfinite(time_scale) and time_scale > 0):
-            raise UsageError(f"--time-scale must be a positive number; got {time_scale:g}")
+        if time_scale is not None:
+            positive(time_scale, "--time-scale")
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
     except (UsageError, TraceError, ValueError) as e:
         raise fail(e) from None

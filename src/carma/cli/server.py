@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import os
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from carma.cli.common import UsageError, app, choice, err, fail, out
+from carma.cli.common import UsageError, app, choice, err, fail, out, positive
 from carma.sim.models import SHARING_MODES
 
 
@@ -54,8 +54,7 @@ def server_cmd(
             scheduler = replace(scheduler, policy=Policy(choice(policy, [p.value for p in Policy], "--policy")))
         if time_scale != 1.0 and not fake_gpus:
             raise ValueError("--time-scale only applies to fake GPUs (--fake-gpus)")
-        if not 0 < time_scale < math.inf:  # before the state directory keeps a clock of that scale
-            raise ValueError(f"--time-scale must be a positive number; got {time_scale:g}")
+        positive(time_scale, "--time-scale")  # before the state directory keeps a clock of that scale
         paths.create()
         refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
         backend, env = _backend(paths, fake_gpus, choice(sharing, SHARING_MODES, "--sharing"), time_scale)
@@ -122,11 +121,8 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[
     kinds = [(g.name, g.total_mib) for g in device.gpus()]
     if kinds == [(g.name, g.total_mib) for g in gpus] and (device.sharing, device.time_scale) == (sharing, time_scale):
         return device
-    store = Store(paths.database)
-    try:
+    with closing(Store(paths.database)) as store:
         held = placements_held(store)
-    finally:
-        store.close()
     if held:
         names = [name for name, _ in kinds]
         group = ",".join(f"{names.count(name)}x{name}" for name in dict.fromkeys(names))

@@ -336,6 +336,7 @@ def capture_script(
         running.enter_context(warnings.catch_warnings(record=True))
 
         def captured() -> Capture:
+            """The capture, once the capture's hooks and patches are undone (already, after this block)."""
             running.close()
             return _captured(session, recorder, compiled, mixed_precision, cuda_asked, time.perf_counter() - started)
 
@@ -379,7 +380,7 @@ def capture_script(
             raise (ShortBatchEnded if session.moved_short_batch else EstimateError)(
                 f"{ended}; the capture needs {steps}{each}"
             )
-    return _captured(session, recorder, compiled, mixed_precision, cuda_asked, time.perf_counter() - started)
+    return captured()
 
 
 def _captured(
