@@ -144,8 +144,11 @@ def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> Ru
     )
     # Asked once a task is submitted, so the server knows its entry's workload (two entries of one name may
     # differ in their recorded estimates).
-    recorded = RecordedEstimator(run.memory, lambda task: server.workload(task.id))
-    estimator = recorded if run.memory in ESTIMATOR_COLUMNS else None
+    estimator = (
+        RecordedEstimator(run.memory, lambda task: server.workload(task.id))
+        if run.memory in ESTIMATOR_COLUMNS
+        else None
+    )
 
     def make_scheduler(gpus: list[GpuInfo]) -> Scheduler:
         return Scheduler(gpus, config, estimator)

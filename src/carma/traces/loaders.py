@@ -91,8 +91,11 @@ class _Builder:
         entries = sorted(self.entries, key=lambda e: e.submit_s)  # stable: ties keep file order
         trace = Trace(name, tuple(entries), tuple(self.skipped))
         if not entries:
-            left_out = f" once its {len(self.skipped)} entries of unknown tasks are left out: {trace.skipped_summary()}"
-            left_out = left_out if self.skipped else ""
+            left_out = (
+                f" once its {len(self.skipped)} entries of unknown tasks are left out: {trace.skipped_summary()}"
+                if self.skipped
+                else ""
+            )
             raise TraceError(f"{self.source}: the trace has no tasks{left_out}")
         return trace
 
