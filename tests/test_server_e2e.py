@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from subprocess import PIPE
@@ -175,6 +176,56 @@ def test_a_drain_lasts_across_a_restart_until_resume(start_server):  # type: ign
     assert server.task(task)["state"] == "queued" and "draining" in server.cli("queue").stdout
     server.cli("resume")
     assert server.cli("wait", task, "--timeout", "30").returncode == 0
+
+
+def test_wait_outlives_a_restart_of_the_server(start_server):  # type: ignore[no-untyped-def]
+    """A script's `carma wait` across a daemon upgrade: it exited 2 ("not running") the moment the daemon stopped."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    task = server.submit(*fakejob(400))
+    server.wait_state(task, "running")
+    waiting = subprocess.Popen([CARMA, "wait", str(task)], env=server.env, stdout=PIPE, stderr=PIPE, text=True)
+    time.sleep(1)
+    server.stop()
+    time.sleep(2)
+    server.start()
+    stdout, stderr = waiting.communicate(timeout=60)
+    assert (waiting.returncode, stdout, stderr) == (0, f"task {task} completed\n", "")
+
+
+def test_wait_that_gives_up_still_prints_every_state_as_json(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    done, slow = server.submit("true"), server.submit(*fakejob(100000))
+    server.wait_state(done, "completed")
+    server.wait_state(slow, "running")
+    gave_up = server.cli("wait", done, slow, "--timeout", "0.5", "--json")
+    assert gave_up.returncode == 3 and gave_up.stderr == f"error: timed out waiting for task(s) {slow}\n"
+    assert [(t["id"], t["state"]) for t in json.loads(gave_up.stdout)] == [(done, "completed"), (slow, "running")]
+    server.cli("cancel", slow)
+
+
+def test_wait_gives_up_on_a_server_that_does_not_come_back(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    task = server.submit(*fakejob(100000))
+    server.wait_state(task, "running")
+    errors: list[ClientError] = []
+
+    def wait() -> None:
+        try:
+            server.client.wait([task], reconnect_s=1)
+        except ClientError as e:
+            errors.append(e)
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    time.sleep(1)
+    server.stop()
+    waiting.join(30)
+    assert [str(e) for e in errors] == [
+        f"the carma server is not running (nothing answers at {server.home / 'carma.sock'}); start it with "
+        f"`carma server`; gave up waiting for task(s) {task} after 1 s"
+    ]
+    server.start()
+    server.cli("cancel", task)
 
 
 def test_starting_with_other_fake_gpus_takes_no_gpu_from_a_task(start_server):  # type: ignore[no-untyped-def]

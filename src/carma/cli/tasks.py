@@ -298,21 +298,29 @@ def wait_cmd(
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds (exit 3).", min=0)] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Wait until the tasks end; exit 0 if all completed, 1 otherwise (3 if it gave up waiting)."""
+    """Wait until the tasks end; exit 0 if all completed, 1 otherwise (3 if it gave up waiting).
+
+    It outlives a restart of the server: one that stops answering is polled again for a minute."""
     from carma.server.client import ClientError, WaitTimeout
 
     try:
         tasks = _client().wait(task_ids, timeout)
     except WaitTimeout as e:
+        if as_json:  # a script still gets every task's state, the ones that ended and the ones it gave up on
+            _print_json([_ending(t) for t in e.tasks])
         raise fail(str(e), code=3) from None
     except ClientError as e:
         raise fail(e) from None
     if as_json:
-        _print_json([{"id": t["id"], "state": t["state"], "reason": t["reason"]} for t in tasks])
+        _print_json([_ending(t) for t in tasks])
     else:
         for t in tasks:
             out.print(f"task {t['id']} {t['state']}" + (f": {t['reason']}" if t["reason"] else ""), highlight=False)
     raise typer.Exit(0 if all(t["state"] == "completed" for t in tasks) else 1)
+
+
+def _ending(task: dict[str, Any]) -> dict[str, Any]:
+    return {"id": task["id"], "state": task["state"], "reason": task["reason"]}
 
 
 def _pct(value: float | None) -> str:

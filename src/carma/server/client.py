@@ -18,6 +18,7 @@ from urllib.parse import urlencode, urlsplit
 from carma.server.paths import Paths, carma_home
 
 TIMEOUT_S = 30.0
+RECONNECT_S = 60.0  # how long `wait` keeps polling a server that stopped answering (a restart takes seconds)
 ENDED = frozenset({"completed", "failed", "cancelled"})
 
 
@@ -25,8 +26,16 @@ class ClientError(Exception):
     """A request the server refused or could not take, as one line for the user."""
 
 
+class ServerDown(ClientError):
+    """Nothing answers where the server should be: it is not started, or is between a stop and a restart."""
+
+
 class WaitTimeout(ClientError):
-    """Tasks still had not ended when the wait gave up."""
+    """Tasks still had not ended when the wait gave up; `tasks` are their last known states."""
+
+    def __init__(self, message: str, tasks: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.tasks = tasks
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -70,9 +79,11 @@ class Client:
             response = conn.getresponse()
             payload = response.read()
         except (FileNotFoundError, ConnectionRefusedError):
-            raise ClientError(
+            raise ServerDown(
                 f"the carma server is not running (nothing answers at {self.where}); start it with `carma server`"
             ) from None
+        except ConnectionResetError as e:  # a server stopping in the middle of the request
+            raise ServerDown(f"the carma server at {self.where} closed the connection ({e})") from None
         except OSError as e:
             raise ClientError(f"could not talk to the carma server at {self.where}: {e}") from None
         finally:
@@ -99,17 +110,33 @@ class Client:
     def task(self, task_id: int) -> dict[str, Any]:
         return self.request("GET", f"/v1/tasks/{task_id}")
 
-    def wait(self, task_ids: list[int], timeout_s: float | None = None, poll_s: float = 0.5) -> list[dict[str, Any]]:
-        """The tasks once every one has ended (completed, failed or cancelled)."""
+    def wait(
+        self, task_ids: list[int], timeout_s: float | None = None, poll_s: float = 0.5, reconnect_s: float = RECONNECT_S
+    ) -> list[dict[str, Any]]:
+        """The tasks once every one has ended (completed, failed or cancelled).
+
+        A server that stops answering after the first poll is polled on for `reconnect_s`: a daemon restart
+        (an upgrade, a service manager's restart) re-adopts running tasks, so a script's wait should outlive it.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        tasks = [self.task(t) for t in task_ids]  # a server not running at all is an error at once
+        down_since: float | None = None
         while True:
-            tasks = [self.task(t) for t in task_ids]
             pending = [str(t["id"]) for t in tasks if t["state"] not in ENDED]
             if not pending:
                 return tasks
             if deadline is not None and time.monotonic() > deadline:
-                raise WaitTimeout(f"timed out waiting for task(s) {', '.join(pending)}")
+                raise WaitTimeout(f"timed out waiting for task(s) {', '.join(pending)}", tasks)
             time.sleep(poll_s)
+            try:
+                tasks = [self.task(t) for t in task_ids]
+                down_since = None
+            except ServerDown as e:
+                down_since = down_since or time.monotonic()
+                if time.monotonic() - down_since > reconnect_s:
+                    raise ServerDown(
+                        f"{e}; gave up waiting for task(s) {', '.join(pending)} after {reconnect_s:g} s"
+                    ) from None
 
     def cancel(self, task_id: int) -> dict[str, Any]:
         return self.request("POST", f"/v1/tasks/{task_id}/cancel")
