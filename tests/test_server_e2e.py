@@ -348,6 +348,21 @@ def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
 # ----------------------------------------------------------------------------- who may do what
 
 
+def test_a_token_given_twice_in_the_tokens_file_stops_the_start():
+    """Pasted for a second user, the same token made every request of the first one the second's."""
+    home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
+    (home / "tokens").write_text("# ops\nsame-token alice 1000\n\nsame-token bob 1001 admin\n")
+    command = [CARMA, "server", "--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{free_port()}"]
+    started = subprocess.run(command, capture_output=True, text=True, env=cli_env(CARMA_HOME=str(home)), timeout=30)
+    leftover = sorted(p.name for p in home.iterdir())
+    shutil.rmtree(home)
+    assert (started.returncode, started.stderr) == (
+        2,
+        f"error: {home / 'tokens'}, line 4: this token is already on line 2\n",
+    )
+    assert "fake-gpus" not in leftover  # stopped before it made its GPUs
+
+
 def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # type: ignore[no-untyped-def]
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     # uids with accounts: a daemon run as root (as in CI containers) runs each task as its owner
@@ -367,8 +382,9 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
         bob.logs(task["id"])
     with pytest.raises(ClientError, match="only root or the daemon's owner"):
         bob.drain(False)
-    with pytest.raises(ClientError, match="missing or unknown bearer token"):
-        nobody.tasks()
+    for stranger in (nobody, Client(url=url, token="caf\xe9")):  # a non-ASCII token was a 500 and a traceback
+        with pytest.raises(ClientError, match="missing or unknown bearer token"):
+            stranger.tasks()
     with pytest.raises(ClientError, match=r"bearer token \(set CARMA_TOKEN to your token\)$"):
         Client(url=url, token="").tasks()
     assert bob.task(task["id"])["state"] == "queued"  # reading the queue is open to all

@@ -57,6 +57,7 @@ def server_cmd(
         positive(time_scale, "--time-scale")  # before the state directory keeps a clock of that scale
         paths.create()
         refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
+        tokens = Tokens(paths.tokens)  # a malformed file stops the start before an MPS daemon or GPU is touched
         backend, env = _backend(paths, fake_gpus, choice(sharing, SHARING_MODES, "--sharing"), time_scale)
         control = MpsControl(paths.home) if mps else None
         if control is not None:
@@ -64,7 +65,6 @@ def server_cmd(
         daemon = Daemon(paths, backend, scheduler, time_scale, env, grace, control, settings.estimate)
         daemon.tcp = tcp
         sockets = [bind_unix(paths.socket)]
-        tokens = Tokens(paths.tokens)
         if tcp:
             sockets.append(bind_tcp(tcp))
             if not tokens:
@@ -194,7 +194,7 @@ def dashboard_cmd(home: HomeOption = None) -> None:
     url = f"http://{status['tcp']}/"
     try:
         token = os.environ.get("CARMA_TOKEN") or Tokens(paths.tokens).of_uid(os.geteuid())
-    except OSError:
+    except (OSError, ValueError):  # not ours to read, or edited into a malformed one since the server started
         token = None
     if token:
         out.print(f"{url}#token={token}", highlight=False, soft_wrap=True)

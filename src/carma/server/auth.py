@@ -70,18 +70,23 @@ class Tokens:
         self.path = path
         self._by_token: dict[str, Caller] = {}
         if path.exists():
+            first_line: dict[str, int] = {}
             for lineno, line in enumerate(path.read_text().splitlines(), start=1):
                 fields = line.split()
                 if not fields or line.startswith("#"):
                     continue
                 if len(fields) < 3 or not fields[2].isdigit() or not set(fields[3:]) <= {"admin"}:
                     raise ValueError(f"{path}, line {lineno}: write <token> <user> <uid> [admin]")
+                if fields[0] in first_line:  # one token for two users: which one a request is would be a guess
+                    raise ValueError(f"{path}, line {lineno}: this token is already on line {first_line[fields[0]]}")
+                first_line[fields[0]] = lineno
                 uid = int(fields[2])
                 self._by_token[fields[0]] = Caller(uid, fields[1], admin="admin" in fields[3:], gid=primary_gid(uid))
 
     def caller(self, token: str) -> Caller | None:
+        given = token.encode("utf-8", "surrogateescape")  # compare_digest refuses non-ASCII str: any header byte
         for known, caller in self._by_token.items():
-            if secrets.compare_digest(known, token):
+            if secrets.compare_digest(known.encode(), given):
                 return caller
         return None
 
