@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
 from carma.core import SchedulerConfig, SpecError, TaskState
+from carma.server.auth import Tokens
 from carma.server.daemon import Daemon, DaemonClock
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
@@ -110,7 +112,6 @@ def test_api_handlers_run_on_the_event_loop_beside_the_scheduler(home, tmp_path)
     from fastapi.routing import APIRoute
 
     from carma.server.api import create_app
-    from carma.server.auth import Tokens
 
     d = daemon(home)
     routes = [r for r in create_app(d, Tokens(tmp_path / "tokens")).routes if isinstance(r, APIRoute)]
@@ -140,3 +141,18 @@ def test_tcp_connections_send_responses_without_delay():
     assert accepted.proto == socket.IPPROTO_TCP
     for s in (client, accepted, listener):
         s.close()
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ("t alice\n", "line 1: write <token> <user> <uid> [admin]"),
+        ("t alice 1000 root\n", "line 1: write <token> <user> <uid> [admin]"),
+        ("# team\ncafé alice 1000\n", "line 2: a token is printable ASCII"),  # no client could send it
+        ("t alice 1000\nt bob 1001 admin\n", "line 2: this token is already on line 1"),  # bob's, silently
+    ],
+)
+def test_a_tokens_file_the_daemon_cannot_trust_is_refused_naming_the_line(tmp_path, lines, message):
+    (tmp_path / "tokens").write_text(lines)
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'tokens'}, {re.escape(message)}$"):
+        Tokens(tmp_path / "tokens")

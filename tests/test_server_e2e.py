@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import pwd
@@ -290,11 +291,15 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         result = server.cli(*args)
         assert result.returncode == 2, args
         assert result.stderr.count("\n") == 1 and message in result.stderr, (args, result.stderr)
-    unusable = server.cli("queue", env={"CARMA_URL": "127.0.0.1:8765"})
-    assert (unusable.returncode, unusable.stderr) == (
-        2,
-        "error: cannot use CARMA_URL '127.0.0.1:8765': write http://HOST:PORT\n",
-    )
+    write = "write http://HOST:PORT or https://HOST[:PORT][/PATH]"
+    for settings, message in [
+        ({"CARMA_URL": "127.0.0.1:8765"}, f"cannot use CARMA_URL '127.0.0.1:8765': {write}"),
+        ({"CARMA_URL": "http://127.0.0.1:99999"}, f"cannot use CARMA_URL 'http://127.0.0.1:99999': {write}"),
+        ({"CARMA_URL": "ftp://h:1"}, f"cannot use CARMA_URL 'ftp://h:1': {write}"),
+        ({"CARMA_TOKEN": "tok\nX: 1"}, "cannot use CARMA_TOKEN: a token is printable ASCII without spaces"),
+    ]:  # the port out of range and the token were tracebacks
+        unusable = server.cli("queue", env=settings)
+        assert (unusable.returncode, unusable.stderr) == (2, f"error: {message}\n")
     timed_out = server.cli("wait", kept, "--timeout", "0")
     assert (timed_out.returncode, timed_out.stderr) == (3, f"error: timed out waiting for task(s) {kept}\n")
     with pytest.raises(ClientError, match="the command, working directory or environment holds a NUL byte"):
@@ -382,9 +387,12 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
         bob.logs(task["id"])
     with pytest.raises(ClientError, match="only root or the daemon's owner"):
         bob.drain(False)
-    for stranger in (nobody, Client(url=url, token="caf\xe9")):  # a non-ASCII token was a 500 and a traceback
-        with pytest.raises(ClientError, match="missing or unknown bearer token"):
-            stranger.tasks()
+    with pytest.raises(ClientError, match="missing or unknown bearer token"):
+        nobody.tasks()
+    raw = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    raw.request("GET", "/v1/tasks", headers={"Authorization": "Bearer caf\xe9"})  # was a 500 and a traceback
+    assert raw.getresponse().status == 401
+    raw.close()
     with pytest.raises(ClientError, match=r"bearer token \(set CARMA_TOKEN to your token\)$"):
         Client(url=url, token="").tasks()
     assert bob.task(task["id"])["state"] == "queued"  # reading the queue is open to all

@@ -77,6 +77,8 @@ class Tokens:
                     continue
                 if len(fields) < 3 or not fields[2].isdigit() or not set(fields[3:]) <= {"admin"}:
                     raise ValueError(f"{path}, line {lineno}: write <token> <user> <uid> [admin]")
+                if not (fields[0].isascii() and fields[0].isprintable()):  # a client could not send it in a header
+                    raise ValueError(f"{path}, line {lineno}: a token is printable ASCII")
                 if fields[0] in first_line:  # one token for two users: which one a request is would be a guess
                     raise ValueError(f"{path}, line {lineno}: this token is already on line {first_line[fields[0]]}")
                 first_line[fields[0]] = lineno

@@ -1,4 +1,4 @@
-"""A client of the daemon's API: the unix socket by default, or `CARMA_URL` with `CARMA_TOKEN` over TCP.
+"""A client of the daemon's API: the unix socket by default, or `CARMA_URL` (http or https) with `CARMA_TOKEN`.
 
 It uses the standard library's http.client: a CLI command pays for every import at start-up, and a JSON
 round trip needs nothing more.
@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -53,17 +54,31 @@ class Client:
     def __init__(self, socket_path: Path | None = None, url: str | None = None, token: str | None = None) -> None:
         url = url or os.environ.get("CARMA_URL")
         token = token or os.environ.get("CARMA_TOKEN")
+        if token and not (token.isascii() and token.isprintable() and " " not in token):
+            raise ClientError("cannot use CARMA_TOKEN: a token is printable ASCII without spaces")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._prefix = ""
         if url:
-            parts = urlsplit(url)
-            if parts.scheme != "http" or not parts.hostname:
-                raise ClientError(f"cannot use CARMA_URL {url!r}: write http://HOST:PORT")
+            self._connect = self._tcp(url)
             self.where = url
-            self._connect = lambda: http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=TIMEOUT_S)
         else:
             path = str(socket_path or Paths(carma_home()).socket)
             self.where = path
             self._connect = lambda: _UnixConnection(path)
+
+    def _tcp(self, url: str) -> Callable[[], http.client.HTTPConnection]:
+        """Connections to `http[s]://HOST[:PORT][/PATH]`: a path is the prefix a reverse proxy serves the API under."""
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:  # out of range, or not a number
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or parts.query or parts.fragment:
+            raise ClientError(f"cannot use CARMA_URL {url!r}: write http://HOST:PORT or https://HOST[:PORT][/PATH]")
+        self._prefix = parts.path.rstrip("/")
+        if parts.scheme == "https":  # certificates checked against the system's CAs (or SSL_CERT_FILE's)
+            return lambda: http.client.HTTPSConnection(parts.hostname, port or 443, timeout=TIMEOUT_S)
+        return lambda: http.client.HTTPConnection(parts.hostname, port or 80, timeout=TIMEOUT_S)
 
     def request(self, method: str, path: str, params: dict[str, Any] | None = None, json_body: Any = None) -> Any:
         query = (
@@ -75,7 +90,7 @@ class Client:
         headers = {**self._headers, **({"Content-Type": "application/json"} if body is not None else {})}
         conn = self._connect()
         try:
-            conn.request(method, path + query, body=body, headers=headers)
+            conn.request(method, self._prefix + path + query, body=body, headers=headers)
             response = conn.getresponse()
             payload = response.read()
         except (FileNotFoundError, ConnectionRefusedError):
@@ -93,10 +108,17 @@ class Client:
         except ValueError:
             data = None
         if response.status >= 400:
-            detail = data.get("detail") if isinstance(data, dict) else payload.decode(errors="replace").strip()
-            hint = " (set CARMA_TOKEN to your token)" if response.status == 401 and not self._headers else ""
-            raise ClientError(f"{detail or f'HTTP {response.status}'}{hint}")
+            raise ClientError(self._refusal(response.status, data, payload))
         return data
+
+    def _refusal(self, status: int, data: Any, payload: bytes) -> str:
+        if isinstance(data, dict) and data.get("detail"):
+            hint = " (set CARMA_TOKEN to your token)" if status == 401 and not self._headers else ""
+            return f"{data['detail']}{hint}"
+        if status == 404:  # every path of the API answers a 404 with a detail: this is some other web server
+            return f"HTTP 404 from {self.where}: no carma API there (check CARMA_URL)"
+        text = " ".join(payload.decode(errors="replace").split())
+        return f"HTTP {status}" + (f": {text[:200]}" if text else "")
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/tasks", json_body=spec)
