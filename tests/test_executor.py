@@ -21,7 +21,14 @@ from carma.core import ExitKind, Launch, Task, TaskSpec
 from carma.core.ports import TaskExit
 from carma.core.recovery import classify_exit
 from carma.server import proctree
-from carma.server.executor import LOG_TAIL_BYTES, ProcessExecutor, SpawnRecord, Stream
+from carma.server.executor import (
+    LOG_TAIL_BYTES,
+    ProcessExecutor,
+    SpawnRecord,
+    Stream,
+    closed_to_others,
+    first_closed,
+)
 from carma.server.spec import JobSpec
 from support import wait_until
 
@@ -366,6 +373,38 @@ def test_tasks_run_as_their_owner_when_the_daemon_is_root(make_world):
         assert (run_dir / "exit.json").stat().st_uid == NOBODY
     finally:
         shutil.rmtree(home)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")
+def test_the_start_check_of_the_interpreter_agrees_with_running_it_as_another_user(make_world):
+    """A root daemon whose Python lives under /root ran no other user's task, each failing with a
+    'Permission denied' naming carma's interpreter; `carma server` now warns at its start."""
+    closed = closed_to_others()
+    assert (closed is None) == nobody_can_run_the_shim()
+    if closed is not None:
+        home = Path(tempfile.mkdtemp())
+        try:
+            home.chmod(0o755)
+            w = make_world(home, run_as_owner=True)
+            w.start(("true",), workdir="/", uid=NOBODY, gid=NOBODY, user="nobody")
+            assert "(the daemon's Python, which nobody cannot run: see" in one_exit(w).exit.log_tail
+        finally:
+            shutil.rmtree(home)
+
+
+def test_a_path_closed_to_other_users_is_found_on_the_way_or_at_the_end():
+    top = Path(tempfile.mkdtemp())  # under /tmp, open to all; mkdtemp makes it 0700
+    try:
+        (top / "lib").mkdir(mode=0o755)
+        (top / "lib" / "python").write_text("")
+        assert first_closed([top / "lib" / "python"]) == top
+        top.chmod(0o755)
+        (top / "lib" / "python").chmod(0o600)
+        assert first_closed([top / "lib", top / "lib" / "python"]) == top / "lib" / "python"
+        (top / "lib" / "python").chmod(0o755)
+        assert first_closed([top / "lib", top / "lib" / "python"]) is None
+    finally:
+        shutil.rmtree(top)
 
 
 def test_a_launch_that_cannot_start_is_its_exit_never_an_exception(make_world, tmp_path):

@@ -304,6 +304,13 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
     assert (timed_out.returncode, timed_out.stderr) == (3, f"error: timed out waiting for task(s) {kept}\n")
     with pytest.raises(ClientError, match="the command, working directory or environment holds a NUL byte"):
         server.client.submit({"command": ["tr", "a\0b"], "workdir": "/tmp"})
+    for too_big, message in [  # accepted, then failed at launch with E2BIG naming carma's interpreter
+        ({"command": ["echo", "x" * 200_000]}, "an argument is 200001 bytes; Linux passes at most 131072 bytes each"),
+        ({"command": ["true"], "env": {"X": "y" * 140_000}}, "an environment variable is 140003 bytes; Linux passes"),
+        ({"command": ["true"], "env": {f"V{i}": "y" * 1000 for i in range(3000)}}, "the command and environment are"),
+    ]:
+        with pytest.raises(ClientError, match=f"^invalid request: {message}"):
+            server.client.submit({**too_big, "workdir": "/tmp"})
     with pytest.raises(ClientError, match="offset: Input should be less than or equal to"):
         server.client.logs(kept, offset=2**63 - 1)  # was a 500: seeking that far fails
     bad_file = tmp_path / "bad.yaml"

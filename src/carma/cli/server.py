@@ -40,6 +40,7 @@ def server_cmd(
     from carma.core.config import Policy
     from carma.server.auth import Tokens
     from carma.server.daemon import Daemon
+    from carma.server.executor import closed_to_others
     from carma.server.mps import MpsControl, MpsError
     from carma.server.paths import Paths, carma_home
     from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, refuse_if_running, serve
@@ -76,6 +77,11 @@ def server_cmd(
     for gpu, names in backend.missing().items():
         effect = "kept out of collocation" if missing == "risky" else "judged without them"
         err.print(f"warning: GPU {gpu} reports no {', '.join(names)}: {effect} ([scheduler.risk] missing = {missing})")
+    if daemon.executor.run_as_owner and (closed := closed_to_others()) is not None:
+        err.print(
+            f"warning: only root's tasks can start: {closed} is closed to other users, and each task runs as its "
+            "owner with this Python (install carma where every user can read it, e.g. a virtual environment in /opt)"
+        )
     gpus = ", ".join(f"{g.index}:{g.name}" for g in daemon.gpus)
     out.print(
         f"carma server listening on {paths.socket}{' and http://' + tcp + ' (dashboard)' if tcp else ''}; "

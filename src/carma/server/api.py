@@ -21,7 +21,7 @@ from carma.server.auth import Caller, Tokens, caller_from_peer
 from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
-from carma.server.spec import ENV_NAME, JobSpec
+from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem
 from carma.server.views import gpu_view, status_view, task_summary, task_view
 from carma.units import parse_mib
 
@@ -114,6 +114,8 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(422, "invalid request: with shell=true, command must be one shell line")
         if any("\0" in text for text in (*request.command, request.workdir, *request.env.values())):
             raise HTTPException(422, "invalid request: the command, working directory or environment holds a NUL byte")
+        if too_big := exec_size_problem(request.command, request.env):
+            raise HTTPException(422, f"invalid request: {too_big}")
         name = request.name or _program_name(request.command)
         if not name:
             raise HTTPException(422, "invalid request: command: its program is empty")

@@ -23,14 +23,17 @@ import json
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+import carma
 from carma.core.ports import TaskExit
 from carma.core.types import Launch, ProcessExit, Task, TaskId
 from carma.server import proctree
@@ -105,6 +108,8 @@ class ProcessExecutor:
             child = self._spawn(run_dir, job, self._environment(job, task, launch))
         except Exception as exc:  # OSError mostly, or a ValueError from a bad uid/gid: one task, never the loop
             message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
+            if isinstance(exc, PermissionError) and exc.filename == sys.executable and self.run_as_owner:
+                message += f" (the daemon's Python, which {job.user} cannot run: see `carma server`'s warning)"
             self._note(run_dir, message)
             self._failed.append(TaskExit(task.id, ProcessExit(None, message), self.to_clock(time.time())))
             return
@@ -316,3 +321,25 @@ def groups_of(job: JobSpec) -> list[int]:
         return os.getgrouplist(pwd.getpwuid(job.uid).pw_name, job.gid)
     except KeyError:
         return []
+
+
+def closed_to_others() -> Path | None:
+    """The first of the daemon's interpreter, standard library, site-packages and carma package that a user
+    other than the owner cannot reach, or None. A root daemon starts every task's shim with that interpreter
+    as the task's owner: installed under /root (mode 0700), it can run no other user's task."""
+    python = Path(sys.executable)
+    return first_closed(
+        [python, python.resolve(), Path(os.__file__).parent, Path(sysconfig.get_paths()["purelib"]), *carma.__path__]
+    )
+
+
+def first_closed(paths: Sequence[str | Path]) -> Path | None:
+    """The first folder on the way to one of `paths` that others cannot enter (no o+x), or path itself that
+    they cannot read and enter or run (no o+rx)."""
+    for path in map(Path, paths):
+        for folder in reversed(path.parents):
+            if not os.stat(folder).st_mode & stat.S_IXOTH:
+                return folder
+        if os.stat(path).st_mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
+            return path
+    return None

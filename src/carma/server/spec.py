@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from carma.core.types import TaskSpec
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ARG_STRLEN_MAX = 32 * 4096  # Linux's MAX_ARG_STRLEN: the longest one argument or NAME=value string may be
+EXEC_HEADROOM = 16 * 1024  # for the shim's own arguments and the variables the daemon adds to a task's
+
+
+def exec_size_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why Linux would refuse to start this command with this environment (E2BIG), or None. Found at
+    submission, not at launch, where it was a failure naming the daemon's interpreter."""
+    strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
+    sizes = [len(text.encode(errors="surrogatepass")) + 1 for text in strings]
+    if max(sizes) > ARG_STRLEN_MAX:
+        which = "an argument" if sizes.index(max(sizes)) < len(argv) else "an environment variable"
+        return f"{which} is {max(sizes)} bytes; Linux passes at most {ARG_STRLEN_MAX} bytes each"
+    total = sum(sizes) + 8 * len(sizes)  # with a pointer each
+    limit = os.sysconf("SC_ARG_MAX") - EXEC_HEADROOM
+    if total > limit:
+        return f"the command and environment are {total} bytes; a new process here takes at most {limit}"
+    return None
 
 
 def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
