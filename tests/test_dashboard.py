@@ -93,6 +93,29 @@ def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser,
     page.close()
 
 
+def test_a_task_opens_from_its_gpu_card_and_once_ended_from_its_timeline_bar_with_its_reason(browser, served):  # type: ignore[no-untyped-def]
+    """Only queue rows opened a task: one that had failed, gone from the queue, could not be looked into."""
+    from playwright.sync_api import expect
+
+    server, url, token = served
+    running = server.submit(*fakejob(100_000, "512MiB"), name="runner", mem="512MiB")
+    failing = server.submit("sh", "-c", "echo 'no such dataset' >&2; exit 3", name="broken", mem="512MiB")
+    server.wait_state(failing, "failed")
+    page = browser.new_page(viewport={"width": 1280, "height": 1300})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{url}/#token={token}")
+    details = page.locator("#task")
+    page.locator(f"[data-gpu] [data-task='{running}']").click(timeout=WAIT_MS)
+    expect(details).to_contain_text(f"task {running}: runner", timeout=WAIT_MS)
+    page.locator(f"#timeline rect[data-task='{failing}']").click(timeout=WAIT_MS)
+    expect(details).to_contain_text(f"task {failing}: broken", timeout=WAIT_MS)
+    expect(details.locator(".reason")).to_have_text("reason: exit code 3: no such dataset")
+    assert server.cli("cancel", running).returncode == 0
+    assert errors == []
+    page.close()
+
+
 # Trains a few steps under CUDA autocast (the estimate gets a note), then idles so that it stays in the queue.
 TRAIN = """
 import time, torch

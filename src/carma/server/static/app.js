@@ -64,9 +64,9 @@ function init() {
     start();
   });
   $("#hours").addEventListener("change", () => loadTimeline());
-  $("#queue tbody").addEventListener("click", (event) => {
-    const row = event.target.closest("tr[data-task]");
-    if (row) showTask(Number(row.dataset.task));
+  document.addEventListener("click", (event) => {  // a queue row, a GPU card's chip or a timeline bar
+    const item = event.target.closest("[data-task]");
+    if (item) showTask(Number(item.dataset.task), !item.closest("#queue"));
   });
   $("#task").addEventListener("click", (event) => {
     if (event.target.closest(".close")) showTask(null);
@@ -234,7 +234,7 @@ function renderQueue(s) {
 
 // ---------------------------------------------------------------- one task's details, as `carma show`
 
-async function showTask(id) {
+async function showTask(id, reveal = false) {
   state.selected = id;
   const panel = $("#task");
   if (id === null) {
@@ -269,8 +269,11 @@ async function showTask(id) {
       <button class="close" aria-label="close">&times;</button></h3>
     <p><code>${esc(t.command.join(" "))}</code> <span class="muted">in ${esc(t.workdir)}</span></p>
     <p>memory: <b>${needText(t)}</b> <span class="muted">${esc(t.need_source ?? "")}</span></p>
+    ${t.waiting_reason ? `<p>waiting: ${esc(t.waiting_reason)}</p>` : ""}
+    ${t.reason ? `<p class="reason">reason: ${esc(t.reason)}</p>` : ""}
     ${estimate}${attempts ? `<ul>${attempts}</ul>` : ""}`;
   panel.hidden = false;
+  if (reveal) panel.scrollIntoView({ block: "nearest" });  // picked in the GPUs or the timeline, away from it
 }
 
 // ---------------------------------------------------------------- timeline (Gantt per GPU)
