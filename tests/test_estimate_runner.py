@@ -373,6 +373,52 @@ def test_mixed_precision_steps_are_captured_whatever_the_gradients_hold(workdir:
     assert estimate(["python", train, "--overflow"]).peak_bytes == estimate(["python", train]).peak_bytes
 
 
+# Skips the step when the gradient norm is not finite, as many training loops do (and clipping can refuse it).
+GUARDED_SCRIPT = """
+import math, torch
+model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
+                            torch.nn.ReLU(), torch.nn.Linear(4096, 10))
+optimizer = torch.optim.AdamW(model.parameters())
+for step in range(20):
+    x, y = torch.randn(256, 1024), torch.randint(0, 10, (256,))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+    if not torch.isfinite(norm) or math.isnan(loss.item()):
+        continue
+    optimizer.step()
+"""
+
+
+def test_a_loop_that_skips_non_finite_steps_is_captured(workdir: Path) -> None:
+    """The skipped arithmetic left its outputs uninitialised, NaNs and infinities among them: this loop
+    never stepped ("never reached an optimizer step"). They are zeros now, as finite as a real run's."""
+    train = script(workdir, "guarded.py", GUARDED_SCRIPT)
+    parameters = (1024 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 10 + 10) * 4
+    assert estimate(["python", train]).breakdown.optimizer_state >= 2 * parameters
+
+
+def test_the_skipped_products_are_zeros_and_refuse_shapes_as_cuda_does() -> None:
+    from carma.estimate.kernels import value_free_arithmetic
+
+    with value_free_arithmetic():
+        assert not torch.mm(torch.randn(4, 8), torch.randn(8, 3)).any()
+        assert not torch.nn.functional.gelu(torch.full((16,), float("nan"))).any()
+        with pytest.raises(RuntimeError, match=r"^mat1 and mat2 shapes cannot be multiplied \(4x20 and 30x5\)$"):
+            torch.nn.functional.linear(torch.randn(4, 20), torch.randn(5, 30), torch.randn(5))
+        with pytest.raises(RuntimeError, match=r"^Expected size for first two dimensions of batch2 tensor"):
+            torch.bmm(torch.randn(2, 4, 20), torch.randn(2, 30, 5))
+
+
+def test_a_shape_bug_crashes_the_capture_as_it_crashes_the_script(workdir: Path) -> None:
+    """A product of mismatched shapes was allocated at the shape of its operands' ends: under no_grad the
+    capture returned an estimate of a script that crashes; else the backward reported a confusing error."""
+    train = tiny_script(workdir, "bug.py", 5, "with torch.no_grad(): torch.randn(3, 4) @ torch.randn(7, 3)")
+    with pytest.raises(EstimateError, match=r"crashed after 1 optimizer steps: .*shapes cannot be multiplied \(3x4"):
+        estimate(["python", train])
+
+
 def test_cuda_mixed_precision_runs_as_cpu_autocast_and_says_so(workdir: Path) -> None:
     """Without CUDA, `torch.autocast("cuda")` would turn itself off and leave the job in float32: the capture
     runs it as CPU autocast (float16, CUDA's default) and notes it. Half precision is two bytes in either

@@ -7,12 +7,14 @@ parameter-sized list of temporaries), dropout uses `native_dropout` (the fused C
 its flash kernel (the CUDA flash/efficient kernels apply dropout inside and, like it, never materialise
 the attention matrix). Unless the capture is `exact`, the arithmetic of matrix products, convolutions,
 attention, dropout, activations, normalisations and softmax is skipped: their outputs are allocated with
-the shapes the operator's meta kernel gives, but not computed. Memory depends on shapes, not values, so
+the shapes the operator's meta kernel gives (shape errors raised as CUDA's kernels raise them) and zeroed,
+not computed. Memory depends on shapes, not values, so
 the trace keeps the allocations the GPU makes and the run takes a fraction of the time (for BERT-base
 about seven times less). It also drops temporaries that only the CPU kernels allocate (the CPU
-batch-norm backward allocates an input-sized one; the CUDA kernels, only their outputs). Mixed
-precision's GradScaler, the one common reader of those values, is told its gradients did not overflow,
-so its steps run.
+batch-norm backward allocates an input-sized one; the CUDA kernels, only their outputs). Zeros keep the
+values a script reads finite, so its guards pass as nearly all of a real run's steps do: a step skipped
+when the gradient norm is not finite, a NaN-loss check. Mixed precision's GradScaler is told its
+gradients did not overflow, so its steps run.
 """
 
 from __future__ import annotations
@@ -151,14 +153,15 @@ def _float32(tensor: Any) -> Any:
 def value_free_arithmetic() -> Iterator[None]:
     """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.
 
-    Outputs are left uninitialised: nothing downstream depends on their values for its memory. Matrix
-    products get their (contiguous) output shape directly; the others take shapes and strides from the
-    operator's meta kernel, run in a `META_MARK` window: some meta kernels (Python decompositions) make
-    host scalars, which the analysis leaves out. Autograd is untouched (it sits above the CPU
-    kernels), and so is every other operator. One operator reads the values: mixed precision's overflow
-    check, whose finding makes `GradScaler` skip `optimizer.step()` (uncomputed values often hold infinities
-    or NaNs). It works in place, allocating nothing, so it becomes a no-op: its `found_inf` stays at the
-    zero GradScaler set, and the steps run, as nearly all of a real run's do.
+    Outputs are zeroed: nothing downstream depends on their values for its memory, but a script may branch
+    on them (uninitialised memory held NaNs and infinities, and a loop skipping the step on a non-finite
+    gradient norm never stepped). Matrix products get their (contiguous) output shape directly, checked
+    as CUDA's kernels check it; the others take shapes and strides from the operator's meta kernel, run
+    in a `META_MARK` window: some meta kernels (Python decompositions) make host scalars, which the
+    analysis leaves out. Autograd is untouched (it sits above the CPU kernels), and so is every other
+    operator. Mixed precision's overflow check, whose finding makes `GradScaler` skip `optimizer.step()`,
+    works in place, allocating nothing, so it becomes a no-op: its `found_inf` stays at the zero
+    GradScaler set, and the steps run, as nearly all of a real run's do.
     """
     import torch
     from torch.profiler import record_function
@@ -166,7 +169,7 @@ def value_free_arithmetic() -> Iterator[None]:
     aten = torch.ops.aten
 
     def product(shape_of: Callable[..., tuple[int, ...]]) -> Callable[..., Any]:
-        return lambda *args, **kwargs: torch.empty(shape_of(*args), dtype=args[1].dtype)
+        return lambda *args, **kwargs: torch.zeros(shape_of(*args), dtype=args[1].dtype)
 
     def by_meta(op: Any) -> Callable[..., Any]:
         def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -177,10 +180,10 @@ def value_free_arithmetic() -> Iterator[None]:
         return kernel
 
     kernels = {
-        "mm": product(lambda a, b: (a.shape[0], b.shape[1])),
-        "addmm": product(lambda bias, a, b, *_: (a.shape[0], b.shape[1])),
-        "bmm": product(lambda a, b: (a.shape[0], a.shape[1], b.shape[2])),
-        "baddbmm": product(lambda bias, a, b, *_: (a.shape[0], a.shape[1], b.shape[2])),
+        "mm": product(_matrices),
+        "addmm": product(lambda bias, a, b, *_: _matrices(a, b)),
+        "bmm": product(_batches),
+        "baddbmm": product(lambda bias, a, b, *_: _batches(a, b)),
         "convolution": by_meta(aten.convolution.default),
         "convolution_backward": by_meta(aten.convolution_backward.default),
         "_scaled_dot_product_flash_attention_for_cpu": by_meta(
@@ -225,6 +228,32 @@ def value_free_arithmetic() -> Iterator[None]:
         library._destroy()  # restores the original kernels
 
 
+def _matrices(a: Any, b: Any) -> tuple[int, int]:
+    """The shape of `a @ b`, refused as CUDA's kernel refuses it: a script's shape bug crashes its capture."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise RuntimeError(f"{'self' if a.dim() != 2 else 'mat2'} must be a matrix")
+    if a.shape[1] != b.shape[0]:
+        shapes = f"{a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]}"
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({shapes})")
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+    return a.shape[0], b.shape[1]
+
+
+def _batches(a: Any, b: Any) -> tuple[int, int, int]:
+    """The shape of a batched `a @ b`, refused as CUDA's kernel refuses it."""
+    if a.dim() != 3 or b.dim() != 3:
+        raise RuntimeError(f"{'batch1' if a.dim() != 3 else 'batch2'} must be a 3D tensor")
+    if (b.shape[0], b.shape[1]) != (a.shape[0], a.shape[2]):
+        raise RuntimeError(
+            f"Expected size for first two dimensions of batch2 tensor to be: [{a.shape[0]}, {a.shape[2]}] but got: "
+            f"[{b.shape[0]}, {b.shape[1]}]."
+        )
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"expected batch1 and batch2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
+    return a.shape[0], a.shape[1], b.shape[2]
+
+
 def _to_meta(x: Any) -> Any:
     import torch
 
@@ -239,7 +268,7 @@ def _allocate(meta: Any) -> Any:
     import torch
 
     if isinstance(meta, torch.Tensor):
-        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype).zero_()
     if isinstance(meta, tuple | list):
         return type(meta)(_allocate(m) for m in meta)
     return meta
