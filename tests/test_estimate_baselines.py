@@ -350,6 +350,12 @@ def test_a_broken_calibration_file_is_one_clear_error(config_home, table, why):
         devices.get_device("a100-40gb")
 
 
+def test_a_calibration_file_that_cannot_be_read_is_one_clear_error(config_home):
+    (config_home / "devices.toml").mkdir()  # was a traceback (IsADirectoryError)
+    with pytest.raises(EstimateError, match=r"^cannot read .*devices\.toml: Is a directory; run `carma estimate cal"):
+        devices.get_device("a100-40gb")
+
+
 def test_calibration_file_lives_in_the_xdg_config_dir_without_carma_home(tmp_path, monkeypatch):
     monkeypatch.delenv("CARMA_HOME", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from carma.estimate import cuda_on_cpu, libraries  # noqa: E402
 from carma.estimate.base import Capture, EstimateError  # noqa: E402
 from carma.estimate.job import capture_job  # noqa: E402
-from carma.estimate.runner import estimate_job, estimate_script  # noqa: E402
+from carma.estimate.runner import COMPUTED_NOTE, estimate_job, estimate_script  # noqa: E402
 from carma.estimate.session import module_window  # noqa: E402
 from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
 from carma.server import proctree  # noqa: E402
@@ -123,6 +123,12 @@ def parts_only():  # the loss calls the container's parts, never the container
     batch = (torch.randn(16, 64), torch.randint(0, 10, (16,)))
     loss = lambda m, b: torch.nn.functional.cross_entropy(m["head"](m["body"](b[0])), b[1])
     return TrainingJob(model, batch, loss, torch.optim.SGD(model.parameters(), lr=0.1))
+
+def lbfgs():  # its step takes a closure
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    batch = (torch.randn(32, 256), torch.randint(0, 10, (32,)))
+    optimizer = torch.optim.LBFGS(model.parameters(), history_size=10)
+    return TrainingJob(model, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), optimizer)
 
 def records_its_process():
     import os
@@ -343,6 +349,8 @@ def test_lbfgs_is_estimated_by_xmem_with_a_note_on_its_growing_history(workdir: 
     )
     with pytest.raises(EstimateError, match=r"^faketensor runs the job on fake tensors, which have no values, and"):
         registered(["python", lbfgs], "faketensor")
+    as_job = estimate_job("jobs:lbfgs", "xmem", "a100-40gb")  # was "LBFGS.step() missing ... 'closure'"
+    assert (as_job.peak_bytes, as_job.notes) == (estimated.peak_bytes, estimated.notes)
 
 
 AMP_SCRIPT = """
@@ -391,20 +399,32 @@ for step in range(20):
 """
 
 
-def test_a_loop_that_skips_non_finite_steps_is_captured(workdir: Path) -> None:
-    """The skipped arithmetic left its outputs uninitialised, NaNs and infinities among them: this loop
-    never stepped ("never reached an optimizer step"). They are zeros now, as finite as a real run's."""
-    train = script(workdir, "guarded.py", GUARDED_SCRIPT)
+def test_a_script_asking_for_input_fails_at_once_and_says_why(workdir: Path) -> None:
+    """Its prompt hidden with its output, it waited on the terminal until the capture's timeout (15 min)."""
+    train = tiny_script(workdir, "asks.py", 5, 'input("resume from the checkpoint? [y/N] ")')
+    with pytest.raises(EstimateError, match=r"EOFError: .* \(the capture gives the script no input: let it run wit"):
+        estimate(["python", train], timeout_s=60)
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_loop_that_skips_non_finite_steps_is_captured_computing_its_values(workdir: Path, refuse: bool) -> None:
+    """The skipped arithmetic leaves its outputs uninitialised, NaNs and infinities among them: this loop
+    never stepped ("never reached an optimizer step"), or its clipping crashed. It is captured again
+    computing them, and says so."""
+    train = script(
+        workdir, "guarded.py", GUARDED_SCRIPT.replace("error_if_nonfinite=True", f"error_if_nonfinite={refuse}")
+    )
+    estimated = estimate(["python", train])
     parameters = (1024 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 10 + 10) * 4
-    assert estimate(["python", train]).breakdown.optimizer_state >= 2 * parameters
+    assert estimated.breakdown.optimizer_state >= 2 * parameters
+    assert estimated.notes == (COMPUTED_NOTE,)
 
 
-def test_the_skipped_products_are_zeros_and_refuse_shapes_as_cuda_does() -> None:
+def test_the_skipped_products_refuse_shapes_as_cuda_does() -> None:
     from carma.estimate.kernels import value_free_arithmetic
 
     with value_free_arithmetic():
-        assert not torch.mm(torch.randn(4, 8), torch.randn(8, 3)).any()
-        assert not torch.nn.functional.gelu(torch.full((16,), float("nan"))).any()
+        assert torch.mm(torch.randn(4, 8), torch.randn(8, 3)).shape == (4, 3)
         with pytest.raises(RuntimeError, match=r"^mat1 and mat2 shapes cannot be multiplied \(4x20 and 30x5\)$"):
             torch.nn.functional.linear(torch.randn(4, 20), torch.randn(5, 30), torch.randn(5))
         with pytest.raises(RuntimeError, match=r"^Expected size for first two dimensions of batch2 tensor"):
@@ -834,6 +854,22 @@ def test_a_loop_that_ends_its_epoch_at_a_short_batch_is_captured_in_order(workdi
     in_order = estimate(["python", script(workdir, "breaks.py", breaks)])
     dropped = estimate(
         ["python", script(workdir, "dropped.py", breaks.replace("shuffle=True,", "shuffle=True, drop_last=True,"))]
+    )
+    assert in_order.notes == () and in_order.breakdown == dropped.breakdown
+
+
+def test_a_loop_that_crashes_on_the_short_batch_it_never_meets_is_captured_in_order(workdir: Path) -> None:
+    """A loop leaving each epoch early with tensors sized for the full batch never meets the short batch; the
+    capture trains it second and crashed, blaming the script ("the script crashed after 1 optimizer steps")."""
+    sized = LOADER_SCRIPT.replace("LOADER", "num_workers=0").replace("torch.randn(2048", "torch.randn(2000")
+    sized = sized.replace("(2048,)", "(2000,)").replace("for x, y in loader:", "for i, (x, y) in enumerate(loader):")
+    sized = sized.replace(
+        "        torch.nn.functional.cross_entropy(model(x), y).backward()\n",
+        "        if i == 10:\n            break\n        (model(x) * torch.ones(128, 10)).sum().backward()\n",
+    )
+    in_order = estimate(["python", script(workdir, "sized.py", sized)])
+    dropped = estimate(
+        ["python", script(workdir, "dropped.py", sized.replace("shuffle=True,", "shuffle=True, drop_last=True,"))]
     )
     assert in_order.notes == () and in_order.breakdown == dropped.breakdown
 

@@ -93,8 +93,9 @@ def calibrated() -> dict[str, Device]:
             name: Device(name, int(t["context_bytes"]), int(t["total_bytes"]), str(t["source"]))
             for name, t in tables.items()
         }
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
-        raise EstimateError(f"cannot read {path}: {e}; run `carma estimate calibrate` again or delete it") from None
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError, OSError) as e:
+        why = e.strerror if isinstance(e, OSError) else e  # a folder, or not ours to read
+        raise EstimateError(f"cannot read {path}: {why}; run `carma estimate calibrate` again or delete it") from None
 
 
 def devices() -> dict[str, Device]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -19,7 +20,8 @@ from carma.estimate.session import DEFAULT_STEPS, StepLimitReached, capturing, h
 
 def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False) -> Capture:
     """Build the job from `target` ("module:function" or "path/file.py:function") and profile `steps`
-    iterations of `zero_grad(); loss(model, batch).backward(); step()` in this process.
+    iterations of `zero_grad(); loss(model, batch).backward(); step()` in this process (`step(closure)` doing
+    the rest, for an optimizer whose step needs a closure: L-BFGS).
 
     CUDA is hidden from this process first (unless PyTorch already initialised it); what the job puts on
     CUDA stays on the CPU (`carma.estimate.cuda_on_cpu`). Building it is not profiled: its parameters are
@@ -39,9 +41,11 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
             session.start()
             try:
                 for _ in range(steps):
-                    job.optimizer.zero_grad()
-                    job.loss(job.model, job.batch).backward()
-                    job.optimizer.step()
+                    if _needs_closure(job.optimizer):  # L-BFGS: the step evaluates the loss itself, maybe often
+                        job.optimizer.step(lambda: _iteration(job))
+                    else:
+                        _iteration(job)
+                        job.optimizer.step()
             except StepLimitReached:
                 pass
             except Exception as exc:
@@ -50,6 +54,18 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
     notes = (*session.notes, *cuda_on_cpu.notes(cuda_asked))
     seconds = time.perf_counter() - started
     return Capture(job, session.trace, steps, seconds, notes=notes, mixed_precision=tuple(session.mixed_precision))
+
+
+def _iteration(job: TrainingJob) -> Any:
+    job.optimizer.zero_grad()
+    loss = job.loss(job.model, job.batch)
+    loss.backward()
+    return loss
+
+
+def _needs_closure(optimizer: Any) -> bool:
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 def job_parts(target: str) -> tuple[str, str]:

@@ -7,14 +7,14 @@ parameter-sized list of temporaries), dropout uses `native_dropout` (the fused C
 its flash kernel (the CUDA flash/efficient kernels apply dropout inside and, like it, never materialise
 the attention matrix). Unless the capture is `exact`, the arithmetic of matrix products, convolutions,
 attention, dropout, activations, normalisations and softmax is skipped: their outputs are allocated with
-the shapes the operator's meta kernel gives (shape errors raised as CUDA's kernels raise them) and zeroed,
-not computed. Memory depends on shapes, not values, so
-the trace keeps the allocations the GPU makes and the run takes a fraction of the time (for BERT-base
-about seven times less). It also drops temporaries that only the CPU kernels allocate (the CPU
-batch-norm backward allocates an input-sized one; the CUDA kernels, only their outputs). Zeros keep the
-values a script reads finite, so its guards pass as nearly all of a real run's steps do: a step skipped
-when the gradient norm is not finite, a NaN-loss check. Mixed precision's GradScaler is told its
-gradients did not overflow, so its steps run.
+the shapes the operator's meta kernel gives (shape errors raised as CUDA's kernels raise them), but not
+computed. Memory depends on shapes, not values, so the trace keeps the allocations the GPU makes and the
+run takes a fraction of the time (for BERT-base about seven times less). It also drops temporaries that
+only the CPU kernels allocate (the CPU batch-norm backward allocates an input-sized one; the CUDA
+kernels, only their outputs). Mixed precision's GradScaler, the one common reader of those values, is
+told its gradients did not overflow, so its steps run; a script that fails on the values some other way
+(a step skipped while the gradient norm is not finite) is captured again computing them
+(`carma.estimate.runner`).
 """
 
 from __future__ import annotations
@@ -153,15 +153,16 @@ def _float32(tensor: Any) -> Any:
 def value_free_arithmetic() -> Iterator[None]:
     """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.
 
-    Outputs are zeroed: nothing downstream depends on their values for its memory, but a script may branch
-    on them (uninitialised memory held NaNs and infinities, and a loop skipping the step on a non-finite
-    gradient norm never stepped). Matrix products get their (contiguous) output shape directly, checked
-    as CUDA's kernels check it; the others take shapes and strides from the operator's meta kernel, run
-    in a `META_MARK` window: some meta kernels (Python decompositions) make host scalars, which the
-    analysis leaves out. Autograd is untouched (it sits above the CPU kernels), and so is every other
-    operator. Mixed precision's overflow check, whose finding makes `GradScaler` skip `optimizer.step()`,
-    works in place, allocating nothing, so it becomes a no-op: its `found_inf` stays at the zero
-    GradScaler set, and the steps run, as nearly all of a real run's do.
+    Outputs are left uninitialised (zeroing them took a BERT-base capture from 10 s to 15-19 s): nothing
+    downstream depends on their values for its memory. Matrix products get their (contiguous) output
+    shape directly, checked as CUDA's kernels check it (a shape bug crashes the capture as it crashes the
+    job); the others take shapes and strides from the operator's meta kernel, run in a `META_MARK` window:
+    some meta kernels (Python decompositions) make host scalars, which the analysis leaves out. Autograd is
+    untouched (it sits above the CPU kernels), and so is every other operator. One operator reads the
+    values: mixed precision's overflow check, whose finding makes `GradScaler` skip `optimizer.step()`
+    (uncomputed values often hold infinities or NaNs). It works in place, allocating nothing, so it
+    becomes a no-op: its `found_inf` stays at the zero GradScaler set, and the steps run, as nearly all of
+    a real run's do.
     """
     import torch
     from torch.profiler import record_function
@@ -169,7 +170,7 @@ def value_free_arithmetic() -> Iterator[None]:
     aten = torch.ops.aten
 
     def product(shape_of: Callable[..., tuple[int, ...]]) -> Callable[..., Any]:
-        return lambda *args, **kwargs: torch.zeros(shape_of(*args), dtype=args[1].dtype)
+        return lambda *args, **kwargs: torch.empty(shape_of(*args), dtype=args[1].dtype)
 
     def by_meta(op: Any) -> Callable[..., Any]:
         def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -268,7 +269,7 @@ def _allocate(meta: Any) -> Any:
     import torch
 
     if isinstance(meta, torch.Tensor):
-        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype).zero_()
+        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
     if isinstance(meta, tuple | list):
         return type(meta)(_allocate(m) for m in meta)
     return meta

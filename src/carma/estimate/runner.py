@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
-from carma.estimate.script import ScriptExited, ShortBatchEnded, capture_script, parse_argv
+from carma.estimate.script import ScriptExited, ScriptFailed, ShortBatchEnded, capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -49,6 +49,10 @@ spec.loader.exec_module(carma)
 from carma.estimate.runner import _child_main
 _child_main()
 """
+COMPUTED_NOTE = (
+    "the script failed with the arithmetic skipped, as it reads values the capture leaves uncomputed (a loss "
+    "or gradient-norm check, say): it was captured computing them, which takes longer"
+)
 # Freed tensors stay in the child's heap for the next step instead of going back to the system and being
 # faulted in again: this cuts a BERT-base capture by a fifth (the CPU run is most of an estimate's time).
 # Tensors too large for the heap are mapped afresh each step; in transparent huge pages (where the kernel
@@ -112,9 +116,11 @@ def _estimate_in_child(
     path) is passed on as an option when given. The child runs as the job would: under `python` (by
     default this interpreter), in `cwd`, with `env` (by default this process's), as `user`/`group`/
     `extra_groups` when given (a root daemon estimating a user's task); `on_start` gets its process group.
-    A script that ends before its steps once an epoch's short batch comes second, as a loop that ends its
-    epoch at a short batch does (`if len(x) < batch_size: break`), is captured again with its batches in
-    order: its GPU run never trains that batch.
+    A script that ends or crashes before its steps once an epoch's short batch comes second, as a loop that
+    ends its epoch at a short batch does (`if len(x) < batch_size: break`), is captured again with its
+    batches in order: its GPU run never trains that batch. A script that still fails with the arithmetic
+    skipped (`carma.estimate.kernels`) is captured once more computing every value, as it may read some;
+    the estimate then says so. Each capture has `timeout_s`.
     """
     check_steps(method, steps)
     what = "the script" if "argv" in source else "the job function"
@@ -136,8 +142,9 @@ def _estimate_in_child(
             os.chown(tmp, user, group if group is not None else -1)  # the child writes its result there
         package = str(Path(__file__).resolve().parent.parent / "__init__.py")
 
-        def run(short_second: bool) -> tuple[dict[str, Any], str]:
+        def run(short_second: bool, exact: bool) -> tuple[dict[str, Any], str]:
             """The child's payload and stderr."""
+            result.unlink(missing_ok=True)
             try:
                 child = subprocess.Popen(
                     [
@@ -145,8 +152,9 @@ def _estimate_in_child(
                         "-c",
                         _CHILD,
                         package,
-                        json.dumps({**spec, "short_second": short_second}),
+                        json.dumps({**spec, "short_second": short_second, "exact": exact}),
                     ],
+                    stdin=subprocess.DEVNULL,  # a prompt, unseen with the output, would wait until the timeout
                     stdout=subprocess.DEVNULL,  # the script's own output
                     stderr=subprocess.PIPE,  # for the last error line when the child dies
                     text=True,
@@ -172,17 +180,22 @@ def _estimate_in_child(
                 raise EstimateError(_death(child.returncode, err))
             return json.loads(result.read_text()), err
 
-        payload, err = run(short_second=True)
+        short_second = True
+        payload, err = run(short_second, exact)
         if payload.get("short_batch_ended"):  # its loop ends an epoch at a short batch: leave that last
-            result.unlink()
-            payload, err = run(short_second=False)
+            short_second = False
+            payload, err = run(short_second, exact)
+        computed = payload.get("script_failed", False) and not exact
+        if computed:
+            payload, err = run(short_second, exact=True)
     if "error" in payload:
         why = _last_line(err) if payload.get("stderr_says_why") else None
         raise EstimateError(payload["error"] + (f": {why}" if why else ""))
     e = payload["estimate"]
     breakdown = Breakdown(**e["breakdown"])
+    notes = (*e.get("notes", ()), *([COMPUTED_NOTE] if computed else []))
     seconds = time.perf_counter() - started
-    return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], seconds, tuple(e.get("notes", ())))
+    return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], seconds, notes)
 
 
 def _death(returncode: int, err: str) -> str:
@@ -263,6 +276,7 @@ def _finish(spec: dict[str, Any], capture: Callable[[], Capture]) -> NoReturn:
             "error": str(exc),
             "stderr_says_why": isinstance(exc, ScriptExited),
             "short_batch_ended": isinstance(exc, ShortBatchEnded),
+            "script_failed": isinstance(exc, ScriptFailed),
         }
     except Exception as exc:
         traceback.print_exc()

@@ -54,12 +54,19 @@ _LAUNCHERS = {  # modules that start the training in processes of their own: tor
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?$")
 
 
-class ShortBatchEnded(EstimateError):
-    """The script ended before its steps after an epoch's short batch was sampled second: its loop may end
-    the epoch at a short batch (`if len(x) < batch_size: break`), which the GPU run meets only last."""
+class ScriptFailed(EstimateError):
+    """The script crashed, exited or ended before its steps. With the arithmetic skipped, it may have read
+    values the capture leaves uncomputed (a step skipped while the gradient norm is not finite, a NaN-loss
+    check): the process running the capture tries again computing them."""
 
 
-class ScriptExited(EstimateError):
+class ShortBatchEnded(ScriptFailed):
+    """The script ended or crashed before its steps after an epoch's short batch was sampled second: its
+    loop may end the epoch at a short batch (`if len(x) < batch_size: break`), or end it early with tensors
+    sized for full batches, so that the GPU run never trains it."""
+
+
+class ScriptExited(ScriptFailed):
     """The script exited with an error status before its steps; why (argparse's complaint, say) is the
     last line it wrote to stderr, which the process running the capture reads."""
 
@@ -356,7 +363,7 @@ def capture_script(
             pass
         except SystemExit as exc:
             if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
-                raise EstimateError(
+                raise ScriptFailed(
                     f"the script exited after {len(session.order)} optimizer steps: {exc.code}"
                 ) from None
             if exc.code not in (None, 0):
@@ -365,7 +372,11 @@ def capture_script(
                 ) from None
         except Exception as exc:
             crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
-            raise EstimateError(cuda_on_cpu.explained(crash)) from None
+            if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
+                crash += " (the capture gives the script no input: let it run without asking)"
+            raise (ShortBatchEnded if session.moved_short_batch else ScriptFailed)(
+                cuda_on_cpu.explained(crash)
+            ) from None
         if not session.order and session.unprofiled_steps:
             raise EstimateError(
                 f"the script took {session.unprofiled_steps} optimizer steps without calling a torch.nn.Module with "
@@ -373,11 +384,11 @@ def capture_script(
                 "(hold the trained tensors as parameters of a module the loop calls)"
             )
         if not session.order:
-            raise EstimateError(f"the script never reached an optimizer step; the capture needs {steps} training steps")
+            raise ScriptFailed(f"the script never reached an optimizer step; the capture needs {steps} training steps")
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             ended = f"the script ended after {len(session.order)} optimizer steps"
-            raise (ShortBatchEnded if session.moved_short_batch else EstimateError)(
+            raise (ShortBatchEnded if session.moved_short_batch else ScriptFailed)(
                 f"{ended}; the capture needs {steps}{each}"
             )
     return captured()
