@@ -269,6 +269,23 @@ def test_gpumemnet_says_when_a_model_has_layers_its_classifier_never_saw():
     assert "MLPs only" in note and "this model also has Conv2d, Flatten" in note and "at most 5000 MiB" in note
 
 
+def test_gpumemnet_says_when_its_bin_cannot_hold_the_models_own_state():
+    """16 layers of 4096 x 4096 with Adam: 4 GiB of weights, gradients and moments, and a 4000 MiB bin,
+    given silently as if it fitted."""
+    model = nn.Sequential(*(nn.Linear(4096, 4096) for _ in range(16)), nn.Linear(4096, 10))
+    job = TrainingJob(
+        model, (torch.randn(32, 4096), torch.randint(0, 10, (32,))), cross_entropy, torch.optim.Adam(model.parameters())
+    )
+    estimate = estimate_captured("gpumemnet", captured(job), "a100-40gb")
+    floor = 1449 * MIB + 4 * sum(p.numel() for p in model.parameters()) * 4
+    (note,) = estimate.notes
+    assert estimate.peak_bytes < floor and note == (
+        f"GPUMemNet's bin, {estimate.peak_bytes / MIB:,.0f} MiB, is below what this job's parameters, gradients "
+        f"and optimizer state take with the context alone ({floor / MIB:,.0f} MiB): an underestimate, as the "
+        "classifier's bins end where the models it learnt from did"
+    )
+
+
 def test_gpumemnet_layer_kinds_read_class_names_and_dataset_names():
     kinds = {name: gpumemnet.layer_kind(name) for name in ("Linear", "batch_normalization", "BatchNorm2d")}
     assert kinds == {"Linear": "linear", "batch_normalization": "batch_norm", "BatchNorm2d": "batch_norm"}

@@ -202,8 +202,28 @@ def estimate_gpumemnet(capture: Any, context_bytes: int, device: str) -> Estimat
     peak = upper_edge * MIB
     context = min(context_bytes, peak)
     breakdown = Breakdown(activations=peak - context, context=context)
-    notes = _extrapolating(summary.layers, classifier)
+    notes = _extrapolating(summary.layers, classifier) + _below_model_state(capture.job, summary, context_bytes, peak)
     return Estimate("gpumemnet", peak, breakdown, device, time.perf_counter() - start, notes)
+
+
+def _below_model_state(job: Any, summary: Any, context_bytes: int, peak: int) -> tuple[str, ...]:
+    """A note when the bin is below what the model's state alone takes: the classifier's bins end where its
+    training runs did (5 GB), so a larger model gets a bin that cannot hold its weights. The answer is kept,
+    as GPUMemNet gives it; the note says it is an underestimate."""
+    from carma.estimate.horus import optimizer_state_bytes
+
+    try:
+        optimizer = optimizer_state_bytes(job.optimizer)
+    except EstimateError:  # an optimizer without a state rule: the floor without its state
+        optimizer = 0
+    floor = context_bytes + summary.parameter_bytes + summary.trainable_bytes + optimizer
+    if peak >= floor:
+        return ()
+    return (
+        f"GPUMemNet's bin, {peak / MIB:,.0f} MiB, is below what this job's parameters, gradients and optimizer "
+        f"state take with the context alone ({floor / MIB:,.0f} MiB): an underestimate, as the classifier's bins "
+        "end where the models it learnt from did",
+    )
 
 
 def _extrapolating(layers: Iterable[str], classifier: Classifier) -> tuple[str, ...]:
