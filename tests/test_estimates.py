@@ -106,7 +106,10 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
     need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.kind is NeedKind.UNKNOWN
     assert need.source == "xmem failed: the script never reached an optimizer step"
-    assert "runs recovery only" in caplog.text
+    assert (
+        "could not estimate task 1 (train.py) with xmem (the script never reached an optimizer step); it runs "
+        "recovery only" in caplog.text
+    )  # it named the job only, and most are called "python"
     assert estimates.made(1) is None  # no estimate to show: the need's source says why
     estimates.close()
 
@@ -255,16 +258,22 @@ def test_a_shell_line_cannot_be_captured(tmp_path, workdir):
     estimates.close()
 
 
-def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(tmp_path, workdir):
+def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(tmp_path, workdir, caplog):
     store = Store(tmp_path / "carma.db")
     spec = job(workdir, estimator="history")
     estimates = service(store, {}, Runner())
     assert estimates._history(spec).source == "history: no earlier successful run of this command"
-    for peak, outcome in ((5000, "success"), (7000, "success"), (9000, "oom")):
+    estimates.request(7, spec)
+    assert "task 7 (train.py) asks for history, which has none yet (no earlier successful run" in caplog.text
+    for peak, outcome in ((None, "success"), (5000, "success"), (7000, "success"), (9000, "oom")):
         task_id = store.add(spec, 0.0)
         (stored,) = [s for s in store.load() if s.task.id == task_id]
         _end(store, stored.task, outcome)
         store.record_observation(task_id, 1, Observation(peak, None, None, None))
+        if peak is None:  # a run whose process memory the GPU did not report: there was one, without a peak
+            assert estimates._history(spec).source == (
+                "history: no peak was observed in the 1 earlier successful run(s) of this command"
+            )
     other = JobSpec("train", ("python", "train.py", "--big"), str(workdir), estimator="history")
     assert estimates._history(other).kind is NeedKind.UNKNOWN  # another command
     need = estimates._history(spec)

@@ -154,6 +154,14 @@ class Estimates:
         """Start estimating a newly queued task's job, unless it asked for none, is known, or is under way. A
         job whose last estimate failed is estimated again (tasks still queued with it wait for the new one)."""
         method = job.estimator
+        if method == "history":  # read when the task is placed; said now when there is nothing to read yet
+            need = self._history(job)
+            if need.kind is NeedKind.UNKNOWN:
+                why = need.source.removeprefix("history: ")
+                log.warning(
+                    "task %d (%s) asks for history, which has none yet (%s): unless a run of its command ends "
+                    "before it is placed, it runs recovery only", task_id, job.name, why,
+                )  # fmt: skip
         if method is None or method == "history":
             return
         key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
@@ -187,8 +195,7 @@ class Estimates:
             future = self._running[key].future
             if not future.done():
                 return None
-            self._done[key] = self._settle(key, job, future)
-            del self._running[key]
+            self._done[key] = self._settle(key, job, future, self._running.pop(key).waiters)
         return self._done[key]
 
     def settled(self, task_id: TaskId) -> MemoryNeed | None:
@@ -258,22 +265,24 @@ class Estimates:
 
     # ----------------------------------------------------------------- back in the scheduling loop
 
-    def _settle(self, key: str, job: JobSpec, future: Future[Estimate]) -> MemoryNeed:
+    def _settle(self, key: str, job: JobSpec, future: Future[Estimate], tasks: set[TaskId]) -> MemoryNeed:
+        """The need an ended estimate gives, logged with the tasks waiting for it (most are named "python")."""
+        who = f"task {', '.join(map(str, sorted(tasks)))} ({job.name})"
         try:
             result = future.result()
         except EstimateError as e:
-            return self._failed(job, str(e))
+            return self._failed(who, job, str(e))
         except Exception as e:  # an estimator's bug must not stop the daemon: the task runs recovery only
-            log.exception("estimating %s crashed", job.name)
-            return self._failed(job, f"{type(e).__name__}: {e}")
+            log.exception("estimating %s crashed", who)
+            return self._failed(who, job, f"{type(e).__name__}: {e}")
         self._store.add_estimate(key, result, time.time())
-        log.info("estimated %s with %s in %.1f s: %d MiB", job.name, result.method, result.seconds, _mib(result))
+        log.info("estimated %s with %s in %.1f s: %d MiB", who, result.method, result.seconds, _mib(result))
         for note in result.notes:
-            log.warning("estimate of %s: %s", job.name, note)
+            log.warning("estimate of %s: %s", who, note)
         return _need(result)
 
-    def _failed(self, job: JobSpec, reason: str) -> MemoryNeed:
-        log.warning("could not estimate %s with %s (%s); it runs recovery only", job.name, job.estimator, reason)
+    def _failed(self, who: str, job: JobSpec, reason: str) -> MemoryNeed:
+        log.warning("could not estimate %s with %s (%s); it runs recovery only", who, job.estimator, reason)
         return MemoryNeed(NeedKind.UNKNOWN, source=f"{job.estimator} failed: {reason}")
 
     def _history(self, job: JobSpec) -> MemoryNeed:
@@ -281,14 +290,18 @@ class Estimates:
         from carma.estimate.registry import history_estimate
 
         same = [list(job.argv), job.workdir, job.shell]
-        peaks = [
-            run["peak_mib"]
-            for run in self._store.history()
-            if run["outcome"] == ExitKind.SUCCESS.value and run["peak_mib"]
-            and [run["command"], run["workdir"], run["shell"]] == same
+        runs = [
+            run for run in self._store.history()
+            if run["outcome"] == ExitKind.SUCCESS.value and [run["command"], run["workdir"], run["shell"]] == same
         ]  # fmt: skip
+        peaks = [run["peak_mib"] for run in runs if run["peak_mib"]]
         if not peaks:
-            return MemoryNeed(NeedKind.UNKNOWN, source="history: no earlier successful run of this command")
+            why = (
+                f"no peak was observed in the {len(runs)} earlier successful run(s) of this command"
+                if runs
+                else "no earlier successful run of this command"
+            )
+            return MemoryNeed(NeedKind.UNKNOWN, source=f"history: {why}")
         return _need(history_estimate(max(peaks) * MIB, self.device))
 
 
