@@ -8,6 +8,7 @@ import os
 import pwd
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -373,6 +374,23 @@ def test_a_token_given_twice_in_the_tokens_file_stops_the_start():
         f"error: {home / 'tokens'}, line 4: this token is already on line 2\n",
     )
     assert "fake-gpus" not in leftover  # stopped before it made its GPUs
+
+
+def test_a_tcp_address_it_cannot_listen_on_is_named_in_one_line():
+    home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for address, message in [  # were "Address already in use" and "Name or service not known", bare
+            (f"127.0.0.1:{port}", f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+            (f"http://127.0.0.1:{port}", f"cannot read TCP address 'http://127.0.0.1:{port}'; write HOST:PORT"),
+        ]:
+            started = run_carma(
+                "server", "--fake-gpus", "1xA100-40GB", "--tcp", address, env=cli_env(CARMA_HOME=str(home))
+            )
+            assert started.returncode == 2 and started.stderr.startswith(f"error: {message}"), started.stderr
+    shutil.rmtree(home)
 
 
 def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # type: ignore[no-untyped-def]

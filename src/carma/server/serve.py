@@ -62,13 +62,17 @@ def bind_unix(path: Path) -> socket.socket:
 
 def bind_tcp(address: str) -> socket.socket:
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
+    if not host or "/" in host or not port.isdigit() or int(port) > 65535:  # "/": a URL given
         raise ValueError(f"cannot read TCP address {address!r}; write HOST:PORT, e.g. 127.0.0.1:8765")
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and without
     # it every keep-alive response waits 40 ms on Nagle's algorithm and the client's delayed ACK
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host.strip("[]"), int(port)))
+    try:
+        sock.bind((host.strip("[]"), int(port)))
+    except OSError as e:  # the port taken, or a host that is not this machine's: say which address
+        sock.close()
+        raise ValueError(f"cannot listen on {address}: {e.strerror}") from None
     sock.listen(128)
     return sock
 
