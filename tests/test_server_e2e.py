@@ -376,6 +376,23 @@ def test_a_token_given_twice_in_the_tokens_file_stops_the_start():
     assert "fake-gpus" not in leftover  # stopped before it made its GPUs
 
 
+def test_submitting_from_a_deleted_directory_is_one_line_or_takes_the_workdir_given(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    gone = tmp_path / "gone"
+
+    def submit_from_gone(*args: str) -> subprocess.CompletedProcess[str]:
+        gone.mkdir()  # entered, then removed under the shell: os.getcwd() fails (it was a traceback)
+        line = f'cd "{gone}" && rmdir "{gone}" && exec "{CARMA}" submit {" ".join(args)} -- true'
+        return subprocess.run(["sh", "-c", line], env=server.env, capture_output=True, text=True, timeout=60)
+
+    lost = submit_from_gone()
+    assert (lost.returncode, lost.stderr) == (
+        2,
+        "error: the current directory no longer exists: cd into one, or give an absolute path\n",
+    )
+    assert submit_from_gone("--workdir", "/tmp").returncode == 0
+
+
 def test_a_tcp_address_it_cannot_listen_on_is_named_in_one_line():
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     with socket.socket() as taken:

@@ -6,6 +6,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -71,6 +72,15 @@ def positive(value: float, option: str) -> float:
     if not 0 < value < math.inf:
         raise UsageError(f"{option} must be a positive number; got {value:g}")
     return value
+
+
+def absolute(path: Path | None = None) -> Path:
+    """`path` (by default the working directory) absolute and resolved; one error line where that needs a
+    working directory deleted under the shell (os.getcwd fails: it was a traceback)."""
+    try:
+        return (path or Path()).resolve()
+    except FileNotFoundError:
+        raise fail("the current directory no longer exists: cd into one, or give an absolute path") from None
 
 
 def _print_version(value: bool) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperGroup
 
-from carma.cli.common import UsageError, app, choice, err, fail, out, size_text
+from carma.cli.common import UsageError, absolute, app, choice, err, fail, out, size_text
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Estimate, EstimateError
 from carma.estimate.registry import CPU_METHODS
 
@@ -130,7 +130,7 @@ def _interpreter(command: list[str]) -> str | None:
     capture with its environment's packages, as the server's does; None: this one."""
     from carma.estimate.script import interpreter, is_python
 
-    python = interpreter(command, Path.cwd(), os.environ.get("PATH", os.defpath))
+    python = interpreter(command, absolute(), os.environ.get("PATH", os.defpath))
     if python is None and is_python(command[0]):
         raise fail(f"{command[0]} is not on the PATH: the command could not run either")
     return python

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from carma.cli.common import UsageError, app, choice, err, fail, out, positive
+from carma.cli.common import UsageError, absolute, app, choice, err, fail, out, positive
 from carma.traces.catalog import Workload
 from carma.traces.loaders import BUILTIN_TRACES
 
@@ -85,7 +84,7 @@ def _submitted(ids: list[int], total: int) -> str:
 def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
     """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known."""
     start = time.monotonic()
-    first = entries[0].submit_s
+    first, workdir = entries[0].submit_s, str(absolute())
     for entry in entries:
         delay = start + (entry.submit_s - first) / scale - time.monotonic()
         if delay > 0:
@@ -93,7 +92,7 @@ def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: l
         w = entry.workload
         spec: dict[str, Any] = {
             "command": fakejob_command(w),
-            "workdir": str(Path.cwd()),
+            "workdir": workdir,
             "gpus": w.gpus,
             "name": w.name,
         }

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from carma.cli.common import app, columns, err, error_line, fail, out, size_text
+from carma.cli.common import absolute, app, columns, err, error_line, fail, out, size_text
 from carma.textfiles import NotText, read_text
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def submit_cmd(
         "mem": mem,
         "estimate": estimate,
         "name": name,
-        "workdir": str(workdir.resolve()) if workdir else None,
+        "workdir": str(absolute(workdir)) if workdir else None,
         "mps_threads": mps_threads,
     }
     given = {k: v for k, v in given.items() if v is not None}
@@ -132,7 +132,7 @@ def submit_cmd(
     elif command:
         spec = {
             "command": [" ".join(command)] if shell else command,
-            "workdir": str(Path.cwd().resolve()),
+            "workdir": given.get("workdir") or str(absolute()),
             **given,
             "env": variables,
             "shell": shell,
