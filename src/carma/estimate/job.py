@@ -37,11 +37,12 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
             raise
         except Exception as exc:
             raise EstimateError(cuda_on_cpu.explained(f"the job function {target} failed: {last_line(exc)}")) from None
+        with_closure = _needs_closure(job.optimizer)  # L-BFGS: the step evaluates the loss itself, maybe often
         with capturing(steps, exact) as session:
             session.start()
             try:
                 for _ in range(steps):
-                    if _needs_closure(job.optimizer):  # L-BFGS: the step evaluates the loss itself, maybe often
+                    if with_closure:
                         job.optimizer.step(lambda: _iteration(job))
                     else:
                         _iteration(job)

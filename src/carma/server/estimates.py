@@ -162,7 +162,8 @@ class Estimates:
                     "task %d (%s) asks for history, which has none yet (%s): unless a run of its command ends "
                     "before it is placed, it runs recovery only", task_id, job.name, why,
                 )  # fmt: skip
-        if method is None or method == "history":
+            return
+        if method is None:
             return
         key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
         self._store.link_estimate(task_id, key)

@@ -19,9 +19,10 @@ def exec_size_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None
     submission, not at launch, where it was a failure naming the daemon's interpreter."""
     strings = [*argv, *(f"{k}={v}" for k, v in env.items())]
     sizes = [len(text.encode(errors="surrogatepass")) + 1 for text in strings]
-    if max(sizes) > ARG_STRLEN_MAX:
-        which = "an argument" if sizes.index(max(sizes)) < len(argv) else "an environment variable"
-        return f"{which} is {max(sizes)} bytes; Linux passes at most {ARG_STRLEN_MAX} bytes each"
+    longest = max(range(len(sizes)), key=sizes.__getitem__)
+    if sizes[longest] > ARG_STRLEN_MAX:
+        which = "an argument" if longest < len(argv) else "an environment variable"
+        return f"{which} is {sizes[longest]} bytes; Linux passes at most {ARG_STRLEN_MAX} bytes each"
     total = sum(sizes) + 8 * len(sizes)  # with a pointer each
     limit = os.sysconf("SC_ARG_MAX") - EXEC_HEADROOM
     if total > limit:
