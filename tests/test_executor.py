@@ -237,6 +237,15 @@ def test_a_file_that_is_not_executable_is_an_exit_126(world, tmp_path):
     assert "Permission denied" in ended.exit.log_tail
 
 
+def test_a_directory_given_as_the_program_is_named_as_one(world, tmp_path):
+    """Linux refuses to execute a directory with EACCES: "Permission denied" would send the user to chmod."""
+    (tmp_path / "tools").mkdir()
+    world.start(("./tools/",), workdir=str(tmp_path))
+    ended = one_exit(world)
+    assert ended.exit.exit_code == 126
+    assert "cannot run './tools/': it is a directory" in ended.exit.log_tail
+
+
 def test_a_missing_workdir_is_reported_as_an_exit_not_raised(world, tmp_path):
     missing = str(tmp_path / "gone")
     task = world.start(py("pass"), workdir=missing)

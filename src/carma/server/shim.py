@@ -99,7 +99,9 @@ def run(run_dir: Path, argv: list[str]) -> int:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
-            err.write(f"carma: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+            directory = isinstance(exc, PermissionError) and "/" in argv[0] and os.path.isdir(argv[0])
+            why = "it is a directory" if directory else exc.strerror  # Linux says only EACCES
+            err.write(f"carma: cannot run {argv[0]!r}: {why}\n".encode())
             record_exit(run_dir, code, None)
             return code
     returncode = child.wait()
