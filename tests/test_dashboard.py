@@ -213,3 +213,14 @@ def test_dashboard_without_tcp_says_how_to_get_one(start_server):  # type: ignor
     server = start_server("--fake-gpus", "1xA100-40GB")
     result = server.cli("dashboard")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--tcp" in result.stderr
+
+
+def test_dashboard_of_a_remote_server_is_its_url(start_server):  # type: ignore[no-untyped-def]
+    """Under CARMA_URL the address is the user's own (no status call, which a missing token would fail)."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    remote = {"CARMA_URL": "http://gpu-box.invalid:8765/carma"}
+    bare = server.cli("dashboard", env=remote)
+    assert (bare.returncode, bare.stdout) == (0, "http://gpu-box.invalid:8765/carma/\n")
+    assert "sign in on the page with your token" in bare.stderr
+    signed = server.cli("dashboard", env={**remote, "CARMA_TOKEN": "tok-1"})
+    assert (signed.returncode, signed.stdout) == (0, "http://gpu-box.invalid:8765/carma/#token=tok-1\n")

@@ -287,6 +287,7 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "--shell", "--", " "], "command: its program is empty"),
         (["submit", "--name", "evil\x1b[31mred", "--", "true"], "name 'evil\\x1b[31mred' holds a control character"),
         (["submit", "--name", "two\nlines", "--", "true"], "holds a control character"),
+        (["history", "--hours", "0"], "--hours must be a positive number; got 0"),  # was the API's query.hours
     ]
     for args, message in cases:
         result = server.cli(*args)
@@ -319,6 +320,18 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
     result = server.cli("submit", "-f", bad_file)
     assert result.returncode == 2 and "unknown key(s) gpu" in result.stderr
     assert server.json("queue", "--all") == before
+
+
+def test_show_escapes_control_characters_of_a_command(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """Anyone's command is shown on the admin's terminal: an escape sequence must not act there."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    server.cli("drain")
+    folder = tmp_path / "a\x1b[2Jb"
+    folder.mkdir()
+    task = server.submit("echo", "\x1b[31mred", "two\nlines", "café", workdir=folder)
+    shown = server.cli("show", task).stdout
+    assert "command: echo '\\x1b[31mred' 'two\\nlines' 'café'\n" in shown
+    assert "workdir: " + str(tmp_path) + "/a\\x1b[2Jb;" in shown and "\x1b" not in shown
 
 
 def _file(folder: Path, name: str, content: bytes) -> Path:

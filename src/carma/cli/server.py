@@ -191,15 +191,17 @@ def dashboard_cmd(home: HomeOption = None) -> None:
     from carma.server.paths import Paths, carma_home
 
     paths = Paths(home or carma_home())
+    remote = os.environ.get("CARMA_URL")
     try:
-        status = Client(paths.socket).status()
+        client = Client(paths.socket)  # CARMA_URL's form is checked here
+        status = None if remote else client.status()  # a remote server is the address the user gave
     except ClientError as e:
         raise fail(e) from None
-    if not status.get("tcp"):
+    if status is not None and not status.get("tcp"):
         raise fail("the server does not listen on TCP: start it with --tcp 127.0.0.1:8765 to use the dashboard")
-    url = f"http://{status['tcp']}/"
+    url = remote.rstrip("/") + "/" if remote else f"http://{status['tcp']}/"
     try:
-        token = os.environ.get("CARMA_TOKEN") or Tokens(paths.tokens).of_uid(os.geteuid())
+        token = os.environ.get("CARMA_TOKEN") or (None if remote else Tokens(paths.tokens).of_uid(os.geteuid()))
     except (OSError, ValueError):  # not ours to read, or edited into a malformed one since the server started
         token = None
     if token:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from carma.cli.common import absolute, app, columns, err, error_line, fail, out, size_text
+from carma.cli.common import UsageError, absolute, app, columns, err, error_line, fail, out, positive, size_text
 from carma.textfiles import NotText, read_text
 
 if TYPE_CHECKING:
@@ -208,10 +208,11 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
         _print_json(task)
         return
     shell = " (shell)" if task["shell"] else ""
+    command = task["command"][0] if task["shell"] else shlex.join(task["command"])
     lines = [
         f"task {task['id']}: {task['name']} ({task['user']}) is {task['state']}",
-        f"command: {task['command'][0] if task['shell'] else shlex.join(task['command'])}{shell}",
-        f"workdir: {task['workdir']}; GPUs: {task['gpus_requested']}; memory need: " + _declared_need(task),
+        f"command: {_escaped(command)}{shell}",
+        f"workdir: {_escaped(task['workdir'])}; GPUs: {task['gpus_requested']}; memory need: " + _declared_need(task),
     ]
     lines += _estimate_lines(task["memory_estimate"])
     if task["waiting_reason"]:
@@ -227,6 +228,12 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
             f"{a['need_source']}) {a['message']}".rstrip()
         )
     out.print("\n".join(lines), highlight=False, markup=False)
+
+
+def _escaped(text: str) -> str:
+    """Text another user wrote, safe for a terminal: control characters (new lines, escape sequences) as
+    Python escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _estimate_lines(estimate: dict[str, Any] | None) -> list[str]:
@@ -387,6 +394,11 @@ def history_cmd(
 ) -> None:
     """Finished runs with what the GPUs saw of them: peak memory beside the memory each was placed with
     (declared or estimated), execution time, mean SMACT/SMOCC/DRAMA."""
+    try:
+        if hours is not None:
+            positive(hours, "--hours")
+    except UsageError as e:
+        raise fail(e) from None
     runs = _call(_client().history, hours)
     if as_json:
         _print_json(runs)
