@@ -195,7 +195,9 @@ def test_the_page_is_public_its_data_is_not(served):  # type: ignore[no-untyped-
         conn.close()
         return response.status, response.getheader("Content-Type", ""), body
 
-    assert get("/", auth=False)[:2] == (200, "text/html; charset=utf-8")
+    status, media_type, page = get("/", auth=False)
+    assert (status, media_type) == (200, "text/html; charset=utf-8") and b"{{" not in page
+    assert get("/static/index.html", auth=False)[0] == 404  # was the page's template, its version unfilled
     assert get("/static/app.js", auth=False)[0] == 200 and get("/static/nothing.js", auth=False)[0] == 404
     for path in ("/v1/timeline", "/v1/series", "/v1/events", "/metrics"):
         assert get(path, auth=False)[0] == 401, path

@@ -82,7 +82,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
 def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
     router = APIRouter()
     assets = _assets()
-    index = assets["index.html"][0].replace(b"{{version}}", __version__.encode())
+    index = assets.pop("index.html")[0].replace(b"{{version}}", __version__.encode())  # served at / only
     cache: dict[str, Any] = {"tick": -1, "data": b""}
 
     @router.get("/", include_in_schema=False)
