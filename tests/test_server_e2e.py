@@ -377,7 +377,7 @@ def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
 def test_a_token_given_twice_in_the_tokens_file_stops_the_start():
     """Pasted for a second user, the same token made every request of the first one the second's."""
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
-    (home / "tokens").write_text("# ops\nsame-token alice 1000\n\nsame-token bob 1001 admin\n")
+    (home / "tokens").write_text("# ops\nsame-token-0123456 alice 1000\n\nsame-token-0123456 bob 1001 admin\n")
     command = [CARMA, "server", "--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{free_port()}"]
     started = subprocess.run(command, capture_output=True, text=True, env=cli_env(CARMA_HOME=str(home)), timeout=30)
     leftover = sorted(p.name for p in home.iterdir())
@@ -427,12 +427,17 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     # uids with accounts: a daemon run as root (as in CI containers) runs each task as its owner
     alice_uid, bob_uid = sorted(p.pw_uid for p in pwd.getpwall() if p.pw_uid != 0)[:2]
-    tokens = f"alice-token alice {alice_uid}\nbob-token bob {bob_uid}\nadmin-token ops 0 admin\nghost-token x 4242\n"
+    tokens = (
+        f"alice-token-0123456 alice {alice_uid}\nbob-token-0123456 bob {bob_uid}\n"
+        "admin-token-0123456 ops 0 admin\nghost-token-0123456 x 4242\n"
+    )
     (home / "tokens").write_text(tokens)
     port = free_port()
     server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", home=home)
     url = f"http://127.0.0.1:{port}"
-    alice, bob, admin, nobody = (Client(url=url, token=t) for t in ("alice-token", "bob-token", "admin-token", "x"))
+    alice, bob, admin, nobody = (
+        Client(url=url, token=t) for t in ("alice-token-0123456", "bob-token-0123456", "admin-token-0123456", "x")
+    )
     admin.drain(True)  # keep the tasks waiting
     task = alice.submit({"command": ["true"], "workdir": "/tmp"})
     assert task["user"] == "alice"
@@ -457,11 +462,11 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
         bob.tasks(state="queud")
     if os.geteuid() == 0:
         with pytest.raises(ClientError, match=r"uid 4242 \(x\) has no account on this machine"):
-            Client(url=url, token="ghost-token").submit({"command": ["true"], "workdir": "/tmp"})
+            Client(url=url, token="ghost-token-0123456").submit({"command": ["true"], "workdir": "/tmp"})
     assert alice.cancel(task["id"])["state"] == "cancelled"
     other = bob.submit({"command": ["true"], "workdir": "/tmp"})
     assert admin.cancel(other["id"])["state"] == "cancelled"  # admins may cancel anyone's
-    via_cli = server.cli("queue", "--all", env={"CARMA_URL": url, "CARMA_TOKEN": "bob-token"})
+    via_cli = server.cli("queue", "--all", env={"CARMA_URL": url, "CARMA_TOKEN": "bob-token-0123456"})
     assert via_cli.returncode == 0 and "alice" in via_cli.stdout
 
 
