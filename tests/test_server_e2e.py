@@ -423,6 +423,22 @@ def test_a_tcp_address_it_cannot_listen_on_is_named_in_one_line():
     shutil.rmtree(home)
 
 
+def test_a_request_body_too_large_is_refused_before_it_is_read(start_server):  # type: ignore[no-untyped-def]
+    """A body is read before its token is checked: anyone reaching the TCP port could fill the daemon's
+    memory (300 MiB sent without a token took it to 970 MiB)."""
+    port = free_port()
+    server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.putrequest("POST", "/v1/tasks")
+    conn.putheader("Content-Length", str(1 << 30))
+    conn.endheaders()  # and no body: the answer must not wait for it
+    assert conn.getresponse().status == 413
+    conn.close()
+    with pytest.raises(ClientError, match=r"^the request is larger than the server at .* takes \(HTTP 413\)$"):
+        server.client.submit({"command": ["true"], "workdir": "/tmp", "env": {"X": "y" * (17 << 20)}})
+    assert server.json("queue", "--all") == []
+
+
 def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # type: ignore[no-untyped-def]
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     # uids with accounts: a daemon run as root (as in CI containers) runs each task as its owner

@@ -27,6 +27,7 @@ from carma.units import parse_mib
 
 LOG_CHUNK = 1 << 20
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
+MAX_BODY_BYTES = 16 << 20  # a task a process could start is a few MiB of JSON; read before auth, so capped
 
 
 class SubmitRequest(BaseModel):
@@ -59,7 +60,12 @@ def _program_name(command: list[str]) -> str:
 
 
 def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
-    app = FastAPI(title="carma", version=__version__, description="Collocation-aware GPU resource manager")
+    app = FastAPI(
+        title="carma",
+        version=__version__,
+        description="Collocation-aware GPU resource manager",
+        max_body_size=MAX_BODY_BYTES,
+    )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+MIN_TOKEN_CHARS = 16  # the tokens carma makes have 43 (32 random bytes)
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -79,6 +81,11 @@ class Tokens:
                     raise ValueError(f"{path}, line {lineno}: write <token> <user> <uid> [admin]")
                 if not (fields[0].isascii() and fields[0].isprintable()):  # a client could not send it in a header
                     raise ValueError(f"{path}, line {lineno}: a token is printable ASCII")
+                if len(fields[0]) < MIN_TOKEN_CHARS:  # a TCP client holding it runs commands as that uid
+                    raise ValueError(
+                        f"{path}, line {lineno}: a token of {len(fields[0])} characters is easy to guess; write one "
+                        f"of at least {MIN_TOKEN_CHARS} (python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+                    )
                 if fields[0] in first_line:  # one token for two users: which one a request is would be a guess
                     raise ValueError(f"{path}, line {lineno}: this token is already on line {first_line[fields[0]]}")
                 first_line[fields[0]] = lineno

@@ -112,6 +112,8 @@ class Client:
         return data
 
     def _refusal(self, status: int, data: Any, payload: bytes) -> str:
+        if status == 413:  # carma's cap (16 MiB), or a proxy's in front of it
+            return f"the request is larger than the server at {self.where} takes (HTTP 413)"
         if isinstance(data, dict) and data.get("detail"):
             hint = " (set CARMA_TOKEN to your token)" if status == 401 and not self._headers else ""
             return f"{data['detail']}{hint}"
