@@ -74,11 +74,12 @@ class Bench:
         total_mib: int = TOTAL_MIB,
         estimator: Estimator | None = None,
         totals: tuple[int, ...] = (),  # GPUs of different sizes (MiB), instead of `gpus` of `total_mib`
+        mig: tuple[int, ...] = (),  # the indices that are MIG instances (exclusive targets)
         **config: object,
     ) -> None:
         self.totals = totals or (total_mib,) * gpus
         gpus = len(self.totals)
-        infos = [GpuInfo(i, f"GPU-{total // 1024}GB", total) for i, total in enumerate(self.totals)]
+        infos = [GpuInfo(i, f"GPU-{total // 1024}GB", total, exclusive=i in mig) for i, total in enumerate(self.totals)]
         self.sched = Scheduler(infos, SchedulerConfig(**config), estimator)
         self.t = 0.0
         self.loads = {i: Load() for i in range(gpus)}

@@ -502,6 +502,30 @@ def test_mig_instances_take_one_task_each():
     assert b.placed() == {second.id: (0,)}
 
 
+def test_a_multi_gpu_task_takes_whole_gpus_never_mig_instances():
+    """CUDA enumerates one MIG instance per process: a 2-GPU task on two instances would see one device."""
+    b = Bench(totals=(20_096, 20_096, TOTAL_MIB, TOTAL_MIB), mig=(0, 1))
+    pair = b.submit("pair", gpus=2)
+    assert b.placed() == {pair.id: (2, 3)}  # not the idle instances 0 and 1, which come first
+    b.first_kernel(pair.id)
+    b.exit(pair.id)
+    b.sched.record_gpu_processes(2, (), 1, b.t)  # someone else's process: the next run shares GPU 2
+    b.advance(30)
+    again = b.submit("again", gpus=2)
+    assert b.placed() == {again.id: (2, 3)}
+    b.first_kernel(again.id)
+    b.sched.record_gpu_processes(2, {again.id}, 1, b.t)  # the other process is still there
+    assert b.oom(again.id) is ExitKind.OOM
+    b.advance(1)
+    assert b.placed() == {}  # recovery waits for two whole idle GPUs: the idle instances are none
+    b.sched.record_gpu_processes(2, (), 0, b.t)
+    b.advance(1)
+    assert b.placed() == {again.id: (2, 3)}
+    with pytest.raises(SpecError, match="needs 3 GPUs but this server has 2 whole one"):
+        b.submit("three", gpus=3)
+    assert Bench(totals=(20_096, 20_096), mig=(0, 1)).submit("one", gpus=1).state is TaskState.QUEUED
+
+
 @pytest.mark.parametrize("policy", list(Policy))
 def test_a_known_need_goes_whole_only_to_a_gpu_that_can_hold_it(policy):
     """On a server of unequal GPUs, an idle GPU too small for a known need is passed over: the task would

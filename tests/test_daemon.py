@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -10,6 +11,7 @@ import pytest
 from carma.core import SchedulerConfig, SpecError, TaskState
 from carma.server.auth import Tokens
 from carma.server.daemon import Daemon, DaemonClock
+from carma.server.mps import MpsControl
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
 from carma.sim.gpus import parse_gpus
@@ -85,6 +87,27 @@ def test_a_cancel_survives_a_crash_of_the_daemon(home):
     second = daemon(home, grace_s=0.3)
     step_until(second, lambda: second.scheduler.task(stubborn.id).state is TaskState.CANCELLED)
     second.close()
+
+
+class MigBackend(FakeGpuBackend):
+    """Fake GPUs whose second one is a MIG instance (an exclusive target)."""
+
+    def gpus(self):  # type: ignore[no-untyped-def]
+        whole, instance = super().gpus()
+        return [whole, dataclasses.replace(instance, name="A100 MIG 3g.20gb", uuid="MIG-x", exclusive=True)]
+
+
+def test_a_task_on_a_mig_instance_is_no_mps_client(home, tmp_path):
+    """carma's one MPS control daemon sees every GPU, and a CUDA process (an MPS server too) enumerates one
+    MIG instance at most: a client on an instance would wait on a server that cannot serve it."""
+    mps = MpsControl(tmp_path / "state")
+    d = Daemon(home, MigBackend(home.fake_gpus), SchedulerConfig(), 10.0, fake_env(home.fake_gpus), mps=mps)
+    show = ("sh", "-c", "env | grep -c ^CUDA_MPS_PIPE_DIRECTORY || true")
+    tasks = [d.submit(job(*show, mem_mib=4096)) for _ in range(2)]
+    step_until(d, lambda: all(d.scheduler.task(t.id).state is TaskState.COMPLETED for t in tasks))
+    seen = {d.scheduler.task(t.id).attempts[0].gpus: d.executor.log_path(t.id, 1, "stdout").read_text() for t in tasks}
+    assert seen == {(0,): "1\n", (1,): "0\n"}
+    d.close()
 
 
 def test_the_scaled_clock_continues_across_restarts(home):

@@ -72,8 +72,12 @@ class Scheduler:
         self.estimator = estimator
         self.gpus: dict[int, GpuInfo] = {g.index: g for g in gpus}
         indices = sorted(self.gpus)
-        # The memory, less the reserve, of the n-th largest GPU (index n - 1): the most an n-GPU task can have.
+        # The memory, less the reserve, of the n-th largest GPU (index n - 1): the most an n-GPU task can have
+        # (a one-GPU task any target's, a multi-GPU task whole GPUs': see `_for`).
         self._usable_mib = sorted((g.total_mib - self.config.reserve_mib for g in gpus), reverse=True)
+        self._usable_whole_mib = sorted(
+            (g.total_mib - self.config.reserve_mib for g in gpus if not g.exclusive), reverse=True
+        )
         self._windows = {g: MonitorWindow(self.config.window_samples, self.config.risk.weights) for g in indices}
         self._ttfk = TtfkTable(indices, self.config.window_s)
         self._rr = RoundRobin(indices)
@@ -90,10 +94,19 @@ class Scheduler:
 
     # ----------------------------------------------------------------- inputs from a world
 
-    def submit(self, spec: TaskSpec, now: float, task_id: TaskId | None = None) -> Task:
-        """Queue a task; a world that numbers tasks itself (the daemon's store) passes the id."""
+    def check(self, spec: TaskSpec) -> None:
+        """Raise SpecError for a task this server can never run (a world checks before it keeps the task)."""
         if spec.gpus > len(self.gpus):
             raise SpecError(f"task {spec.name!r} needs {spec.gpus} GPUs but this server has {len(self.gpus)}")
+        if spec.gpus > 1 and spec.gpus > len(self._usable_whole_mib):
+            raise SpecError(
+                f"task {spec.name!r} needs {spec.gpus} GPUs but this server has {len(self._usable_whole_mib)} whole "
+                "one(s): a process sees one MIG instance at most, so a MIG instance takes one-GPU tasks only"
+            )
+
+    def submit(self, spec: TaskSpec, now: float, task_id: TaskId | None = None) -> Task:
+        """Queue a task; a world that numbers tasks itself (the daemon's store) passes the id."""
+        self.check(spec)
         task_id = self._next_id if task_id is None else task_id
         if task_id in self._tasks:
             raise ValueError(f"task id {task_id} is already taken")
@@ -203,7 +216,7 @@ class Scheduler:
                 outgrown = self._outgrown(task)
                 # After running out alone, the largest idle GPUs that are larger than those it outgrew.
                 idle = sorted(
-                    (g for g in self._idle_gpus() if self.gpus[g].total_mib > outgrown),
+                    (g for g in self._for(task.spec.gpus, self._idle_gpus()) if self.gpus[g].total_mib > outgrown),
                     key=lambda g: -self.gpus[g].total_mib if outgrown else 0,
                 )
                 if len(idle) < task.spec.gpus:
@@ -314,7 +327,16 @@ class Scheduler:
     def _whole_mib(self, need: MemoryNeed, n: int) -> int | None:
         """The memory (MiB, less the reserve) each GPU of an `n`-GPU task must have to hold it whole: its need
         known in MiB with the margin, or the n largest GPUs' for a need larger; None for a need not known."""
-        return None if need.mib is None else min(need.mib + self.config.margin_mib, self._usable_mib[n - 1])
+        return None if need.mib is None else min(need.mib + self.config.margin_mib, self._usable(n))
+
+    def _usable(self, n: int) -> int:
+        """The most memory (MiB, less the reserve) each GPU of an `n`-GPU task can have."""
+        return self._usable_mib[0] if n == 1 else self._usable_whole_mib[n - 1]
+
+    def _for(self, n: int, gpus: list[int]) -> list[int]:
+        """The GPUs among `gpus` an `n`-GPU task may take: a process sees one MIG instance at most (CUDA
+        enumerates a single one), so a multi-GPU task takes whole GPUs only."""
+        return gpus if n == 1 else [g for g in gpus if not self.gpus[g].exclusive]
 
     def _whole(self, gpus: list[int], need: MemoryNeed, n: int) -> list[int]:
         """The GPUs among `gpus` an `n`-GPU task may have whole (`_whole_mib`): on a smaller one it would only
@@ -350,11 +372,11 @@ class Scheduler:
         n = task.spec.gpus
         need = self._needs.get(task.id)
         if need is None:
-            need = resolve_need(task, self.estimator, self._usable_mib[n - 1], cfg.margin_mib)
+            need = resolve_need(task, self.estimator, self._usable(n), cfg.margin_mib)
             if need is None:
                 return ESTIMATING
             self._needs[task.id] = need
-        idle = self._whole(self._idle_gpus(), need, n)
+        idle = self._whole(self._for(n, self._idle_gpus()), need, n)
         if cfg.policy is Policy.EXCLUSIVE or need.kind is NeedKind.WHOLE_GPU:
             if len(idle) >= n:
                 return idle[:n]

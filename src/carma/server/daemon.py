@@ -174,11 +174,11 @@ class Daemon:
             jobs=self.jobs.__getitem__,
             gpu_uuids={g.index: g.uuid for g in self.gpus},
             to_clock=self.clock.to_clock,
-            extra_env={**(extra_env or {}), **(mps.client_env() if mps else {})},
+            extra_env=extra_env,
             run_as_owner=os.geteuid() == 0,
             grace_s=grace_s,
             on_spawn=self._on_spawn,
-            task_env=self._mps_limits if mps else lambda task, launch: {},
+            task_env=self._mps_env if mps else lambda task, launch: {},
         )
         recorder = RunRecorder()
         self.archive = SampleArchive(self.store)
@@ -258,11 +258,20 @@ class Daemon:
         if task.cancel_requested:  # the old daemon's SIGTERM/SIGKILL escalation died with it
             self.executor.kill(task.id)
 
-    def _mps_limits(self, task: Task, launch: Launch) -> dict[str, str]:
+    def _mps_env(self, task: Task, launch: Launch) -> dict[str, str]:
+        """An MPS client's variables with its limits; none on a MIG instance, which is never shared and which
+        carma's one control daemon, started seeing every GPU, could not serve (CUDA enumerates one instance
+        per process, MPS servers included)."""
+        assert self.mps is not None
+        if any(self.scheduler.gpus[g].exclusive for g in launch.gpus):
+            return {}
         need = task.current.need
         known = need.mib if need is not None and need.kind is NeedKind.KNOWN else None
         margin = self.scheduler.config.margin_mib
-        return client_limits(known, margin, len(launch.gpus), self.jobs[task.id].mps_threads)
+        return {
+            **self.mps.client_env(),
+            **client_limits(known, margin, len(launch.gpus), self.jobs[task.id].mps_threads),
+        }
 
     def _on_spawn(self, record: SpawnRecord) -> None:
         self.store.record_spawn(record.task_id, record.attempt, Spawn(record.pid, record.start_ticks, record.run_dir))
@@ -310,8 +319,7 @@ class Daemon:
 
     def submit(self, job: JobSpec) -> Task:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run)."""
-        if job.gpus > len(self.gpus):
-            raise SpecError(f"task {job.name!r} needs {job.gpus} GPUs but this server has {len(self.gpus)}")
+        self.scheduler.check(job.task_spec())
         workdir = Path(job.workdir)
         if not workdir.is_absolute():
             raise SpecError(f"working directory {job.workdir!r} is not an absolute path")
