@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
+import pynvml
 import pytest
 
 from carma.telemetry.dcgm import parse_dmon_line
@@ -13,11 +14,17 @@ from carma.telemetry.nvml import NvmlBackend, NvmlUnavailable, load_nvml
 GIB = 1 << 30
 
 
-class FakeNvml:
-    """The slice of pynvml the backend uses, with devices described by dicts."""
+def nvml_error(code: int) -> Exception:
+    """pynvml's own exception for an NVML return code (e.g. NVMLError_NotSupported), as the library raises it."""
+    return pynvml.NVMLError(code)
 
-    class NVMLError(Exception):
-        pass
+
+class FakeNvml:
+    """The slice of pynvml the backend uses, with devices described by dicts, raising pynvml's exceptions.
+    `raises` maps (function name, device uuid) to what that call raises on that device."""
+
+    NVMLError = pynvml.NVMLError
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
 
     NVML_SUCCESS = 0
     NVML_DEVICE_MIG_ENABLE = 1
@@ -39,11 +46,18 @@ class FakeNvml:
         self.names = names or {}
         self.shut = False
         self.fail = set()
+        self.raises: dict[tuple[str, str], Exception] = {}
+        self.old_driver = False  # no _v3 process queries: nvidia-ml-py's unversioned ones raise a mismatch
+
+    def _check(self, call: str, h) -> None:  # type: ignore[no-untyped-def]
+        if (call, h["uuid"]) in self.raises:
+            raise self.raises[call, h["uuid"]]
 
     def nvmlDeviceGetCount(self):
         return len(self.devices)
 
     def nvmlDeviceGetHandleByIndex(self, i):
+        self._check("nvmlDeviceGetHandleByIndex", self.devices[i])
         return self.devices[i]
 
     def nvmlDeviceGetName(self, h):
@@ -54,12 +68,12 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h):
         if h["uuid"] in self.fail:
-            raise self.NVMLError("GPU is lost")
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
         return SimpleNamespace(total=h["total"], used=h.get("used", 0), free=h["total"] - h.get("used", 0))
 
     def nvmlDeviceGetMigMode(self, h):
         if "mig" not in h:
-            raise self.NVMLError("Not Supported")
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return (1 if h["mig"] is not None else 0, 0)
 
     def nvmlDeviceGetMaxMigDeviceCount(self, h):
@@ -67,7 +81,7 @@ class FakeNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):
         if i >= len(h["mig"]):
-            raise self.NVMLError("Not Found")
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
         return h["mig"][i]
 
     def nvmlDeviceGetArchitecture(self, h):
@@ -80,7 +94,9 @@ class FakeNvml:
         return SimpleNamespace(taken=0)
 
     def nvmlGpmSampleGet(self, h, sample):
+        self._check("nvmlGpmSampleGet", h)
         sample.taken += 1
+        self.gpm_samples = getattr(self, "gpm_samples", 0) + 1
 
     def nvmlGpmMetricsGet(self, query):
         assert query.sample1 is not query.sample2 and query.numMetrics == 3
@@ -94,23 +110,35 @@ class FakeNvml:
         pass
 
     def nvmlDeviceGetPowerUsage(self, h):
+        self._check("nvmlDeviceGetPowerUsage", h)
         return h.get("power_mw", 100_000)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self._check("nvmlDeviceGetTotalEnergyConsumption", h)
         return h.get("energy_mj", 5_000_000)
 
     def nvmlDeviceGetTemperature(self, h, sensor):
         return 40
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h):
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h):
         return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in h.get("procs", [])]
 
-    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, h):
         return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in h.get("mps", [])]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        if self.old_driver:
+            raise self.NVMLLibraryMismatchError("Unversioned function called ...")
+        return self.nvmlDeviceGetComputeRunningProcesses_v2(h)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h):
+        if self.old_driver:
+            raise self.NVMLLibraryMismatchError("Unversioned function called ...")
+        return self.nvmlDeviceGetMPSComputeRunningProcesses_v2(h)
 
     def nvmlSystemGetProcessName(self, pid):
         if pid not in self.names:
-            raise self.NVMLError("Not Found")
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
         return self.names[pid]
 
     def nvmlShutdown(self):
@@ -220,6 +248,75 @@ def test_a_gpu_that_fails_to_read_is_skipped_with_a_warning(caplog):
     readings = backend.read(1.0)
     assert [r.sample.gpu for r in readings] == [0]
     assert "GPU is lost" in caplog.text
+
+
+def test_a_reading_the_gpu_does_not_give_is_unknown_and_the_gpu_stays(caplog):
+    """Power is NotSupported on some vGPUs, energy before Volta, GPM without profiling permission: the GPU
+    was dropped from every reading (so never idle, never used), with a warning each second."""
+    nvml = FakeNvml([hopper(used=10 * GIB, procs=[(100, 2 * GIB)])], gpm_values={2: 45.0, 3: 20.0, 10: 30.0})
+    for call, code in [
+        ("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_NOT_SUPPORTED),
+        ("nvmlDeviceGetTotalEnergyConsumption", pynvml.NVML_ERROR_NOT_SUPPORTED),
+        ("nvmlGpmSampleGet", pynvml.NVML_ERROR_NO_PERMISSION),
+    ]:
+        nvml.raises[call, "GPU-h"] = nvml_error(code)
+    backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
+    for t in (1.0, 2.0, 3.0):
+        (reading,) = backend.read(t)
+    sample = reading.sample
+    assert (sample.used_mib, sample.temperature_c, [p.pid for p in reading.processes]) == (10240, 40, [100])
+    assert (sample.power_w, sample.energy_j, sample.smact, sample.smocc, sample.drama) == (None,) * 5
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3  # one per reading, not one per second
+    assert "NVIDIA H100 80GB HBM3 gives no power (Not Supported): it is left unknown" in warnings
+
+
+def test_gpm_is_sampled_no_faster_than_nvml_refreshes_it():
+    nvml = FakeNvml([hopper()], gpm_values={2: 45.0, 3: 20.0, 10: 30.0})
+    backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
+    backend.read(1.0)
+    second = backend.read(2.0)[0].sample
+    assert backend.read(2.05)[0].sample.smact == second.smact == pytest.approx(0.45)  # the last metrics again
+    assert nvml.gpm_samples == 2
+
+
+def test_an_old_driver_without_v3_process_queries_still_reports_processes():
+    """nvidia-ml-py's unversioned queries call _v3 and raise NVMLLibraryMismatchError, which is no
+    NVMLError, on a driver without it: it escaped the reading and stopped the scheduling loop."""
+    nvml = FakeNvml([ampere(procs=[(100, 2 * GIB)], mps=[(200, GIB)])])
+    nvml.old_driver = True
+    backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
+    for t in (1.0, 2.0):
+        processes = backend.read(t)[0].processes
+    assert sorted((p.pid, p.used_mib) for p in processes) == [(100, 2048), (200, 1024)]
+
+
+def test_a_gpu_nvml_counts_but_cannot_open_is_left_out_with_a_warning(caplog):
+    """NVML counts every GPU, even one a cgroup's device list keeps this process from (NoPermission)."""
+    nvml = FakeNvml([ampere(), ampere(uuid="GPU-b")])
+    nvml.raises["nvmlDeviceGetHandleByIndex", "GPU-b"] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+    backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
+    assert [g.uuid for g in backend.gpus()] == ["GPU-a"]
+    assert "GPU 1 left out: NVML cannot read it (Insufficient Permissions)" in caplog.text
+    nvml.raises["nvmlDeviceGetHandleByIndex", "GPU-a"] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+    with pytest.raises(NvmlUnavailable, match=r"sees no GPU .* it can read"):
+        NvmlBackend(nvml, dcgm_factory=no_dcgm)
+
+
+def test_an_nvml_without_gpm_or_a_gpu_count_is_no_traceback(caplog, monkeypatch):
+    """An old `pynvml` package shadowing nvidia-ml-py has no GPM functions; a failing count was an
+    NVMLError out of `carma server`, which is no NvmlUnavailable and so printed a traceback."""
+    nvml = FakeNvml([hopper()])
+    monkeypatch.delattr(FakeNvml, "nvmlGpmQueryDeviceSupport")
+    assert NvmlBackend(nvml, dcgm_factory=no_dcgm).missing() == {0: ("smact", "smocc", "drama")}
+    assert "`pip uninstall pynvml`" in caplog.text
+
+    def count(self):  # type: ignore[no-untyped-def]
+        raise nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(FakeNvml, "nvmlDeviceGetCount", count)
+    with pytest.raises(NvmlUnavailable, match=r"^NVML cannot count the GPUs \(Unknown Error\)$"):
+        NvmlBackend(nvml, dcgm_factory=no_dcgm)
 
 
 def test_no_gpu_at_all_is_a_clear_error():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from carma.core.types import GpuInfo, GpuSample
 from carma.telemetry import DeviceReading, GpuProcess
@@ -24,8 +24,10 @@ GPM_METRICS = {
     "drama": "NVML_GPM_METRIC_DRAM_BW_UTIL",
 }
 MPS_SERVER = "nvidia-cuda-mps"  # the MPS server's process name starts so: infrastructure, not a foreign job
+GPM_MIN_INTERVAL_S = 0.1  # NVML refreshes GPM samples no faster: two taken closer give no valid metrics
 MIB = 1 << 20
 log = logging.getLogger("carma.nvml")
+T = TypeVar("T")
 
 
 class NvmlUnavailable(RuntimeError):
@@ -58,9 +60,15 @@ class _Gpm:
         self._handle = handle
         self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
         self._primed = False
+        self._sampled_at = -float("inf")
+        self._last: dict[str, float | None] | None = None
 
-    def read(self) -> dict[str, float | None] | None:
+    def read(self, now: float) -> dict[str, float | None] | None:
+        """The metrics since the previous sample (real GPUs: `now` in wall seconds), None for the first."""
         nvml = self._nvml
+        if now - self._sampled_at < GPM_MIN_INTERVAL_S:  # read again too soon (a short sample interval)
+            return self._last
+        self._sampled_at = now
         nvml.nvmlGpmSampleGet(self._handle, self._samples[1])
         if not self._primed:  # the first sample only opens the interval
             self._samples.reverse()
@@ -74,10 +82,11 @@ class _Gpm:
             query.metrics[k].metricId = getattr(nvml, constant)
         nvml.nvmlGpmMetricsGet(query)
         self._samples.reverse()  # this sample opens the next interval
-        return {
+        self._last = {
             name: query.metrics[k].value / 100 if query.metrics[k].nvmlReturn == nvml.NVML_SUCCESS else None
             for k, name in enumerate(GPM_METRICS)
         }
+        return self._last
 
     def close(self) -> None:
         for sample in self._samples:
@@ -102,27 +111,44 @@ class NvmlBackend:
         self._nvml = nvml if nvml is not None else load_nvml()
         self._targets = self._discover()
         self._dcgm = self._start_dcgm(dcgm_factory)
+        self._failing: set[tuple[int, str]] = set()  # (target, reading) whose failure is logged already
+        self._queries = {  # per process list, the function this driver has (see `_processes`)
+            name: getattr(self._nvml, name)
+            for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses")
+        }
 
     # ----------------------------------------------------------------- discovery
 
     def _discover(self) -> list[_Target]:
         nvml = self._nvml
         targets: list[_Target] = []
-        for physical in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(physical)
-            if self._mig_enabled(handle):
-                for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                    try:
-                        mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-                    except nvml.NVMLError:
-                        continue  # an empty slot
-                    info = self._info(len(targets), mig, exclusive=True)
-                    targets.append(_Target(info, mig, physical, handle))
-            else:
-                targets.append(_Target(self._info(len(targets), handle), handle, physical, handle, self._gpm(handle)))
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as e:
+            raise NvmlUnavailable(f"NVML cannot count the GPUs ({e})") from None
+        for physical in range(count):
+            try:  # NVML counts GPUs it may not open (NoPermission under a cgroup's device list, GpuIsLost)
+                targets += self._targets_of(physical, len(targets))
+            except nvml.NVMLError as e:
+                log.warning("GPU %d left out: NVML cannot read it (%s)", physical, e)
         if not targets:
-            raise NvmlUnavailable("NVML sees no GPU (and no MIG instance) on this machine")
+            raise NvmlUnavailable("NVML sees no GPU (and no MIG instance) it can read on this machine")
         return targets
+
+    def _targets_of(self, physical: int, first: int) -> list[_Target]:
+        """The GPU of this NVML index as a placement target, or its MIG instances; `first` numbers them."""
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(physical)
+        if not self._mig_enabled(handle):
+            return [_Target(self._info(first, handle), handle, physical, handle, self._gpm(handle))]
+        found: list[_Target] = []
+        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nvml.NVMLError:
+                continue  # an empty slot
+            found.append(_Target(self._info(first + len(found), mig, exclusive=True), mig, physical, handle))
+        return found
 
     def _info(self, index: int, handle: Any, exclusive: bool = False) -> GpuInfo:
         nvml = self._nvml
@@ -148,6 +174,9 @@ class NvmlBackend:
             return _Gpm(nvml, handle)
         except nvml.NVMLError as e:
             log.info("GPM unavailable: %s", e)
+            return None
+        except AttributeError as e:  # an old `pynvml` package shadowing nvidia-ml-py's module of that name
+            log.warning("GPM unavailable: this pynvml lacks it (%s); `pip uninstall pynvml` leaves nvidia-ml-py's", e)
             return None
 
     def _start_dcgm(self, factory: Callable[[Iterable[int]], Any] | None) -> Any:
@@ -183,10 +212,13 @@ class NvmlBackend:
         return readings
 
     def _read(self, target: _Target, now: float) -> DeviceReading:
+        """Memory and processes, or no reading; power, energy, temperature and the profiling metrics when the
+        GPU gives them (a vGPU may not give power, a GPU before Volta no energy), None otherwise."""
         nvml = self._nvml
         memory = nvml.nvmlDeviceGetMemoryInfo(target.handle)
-        metrics = self._metrics(target)
+        metrics = self._metrics(target, now)
         whole = not target.info.exclusive
+        gpu = target.gpu_handle
         sample = GpuSample(
             gpu=target.info.index,
             t=now,
@@ -195,15 +227,33 @@ class NvmlBackend:
             smact=metrics.get("smact"),
             smocc=metrics.get("smocc"),
             drama=metrics.get("drama"),
-            power_w=nvml.nvmlDeviceGetPowerUsage(target.gpu_handle) / 1000 if whole else None,
-            energy_j=nvml.nvmlDeviceGetTotalEnergyConsumption(target.gpu_handle) / 1000 if whole else None,
-            temperature_c=nvml.nvmlDeviceGetTemperature(target.gpu_handle, nvml.NVML_TEMPERATURE_GPU),
+            power_w=self._optional(target, "power", lambda: nvml.nvmlDeviceGetPowerUsage(gpu) / 1000)
+            if whole
+            else None,
+            energy_j=(
+                self._optional(target, "energy", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(gpu) / 1000)
+                if whole
+                else None
+            ),
+            temperature_c=self._optional(
+                target, "temperature", lambda: nvml.nvmlDeviceGetTemperature(gpu, nvml.NVML_TEMPERATURE_GPU)
+            ),
         )
         return DeviceReading(sample, self._processes(target.handle))
 
-    def _metrics(self, target: _Target) -> dict[str, float | None]:
-        if target.gpm is not None:
-            return target.gpm.read() or {}
+    def _optional(self, target: _Target, reading: str, read: Callable[[], T]) -> T | None:
+        """A reading the GPU may not give: None, and a warning the first time it fails (not every second)."""
+        try:
+            return read()
+        except self._nvml.NVMLError as e:
+            if (target.info.index, reading) not in self._failing:
+                self._failing.add((target.info.index, reading))
+                log.warning("%s gives no %s (%s): it is left unknown", target.info.name, reading, e)
+            return None
+
+    def _metrics(self, target: _Target, now: float) -> dict[str, float | None]:
+        if (gpm := target.gpm) is not None:
+            return self._optional(target, "GPM metrics (SMACT/SMOCC/DRAMA)", lambda: gpm.read(now)) or {}
         if self._dcgm is not None and not target.info.exclusive:
             return self._dcgm.latest(target.physical) or {}
         return {}
@@ -212,15 +262,23 @@ class NvmlBackend:
         """Compute processes and MPS clients on the target, without the MPS server itself."""
         nvml = self._nvml
         found: dict[int, int] = {}
-        for query in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetMPSComputeRunningProcesses):
+        for name in self._queries:
             try:
-                processes = query(handle)
+                processes = self._query(name, handle)
             except nvml.NVMLError:
                 continue  # e.g. MPS queries on a driver without them
             for p in processes:
                 used = (p.usedGpuMemory or 0) // MIB  # None where the driver cannot attribute memory
                 found[p.pid] = max(found.get(p.pid, 0), used)
         return tuple(GpuProcess(pid, used) for pid, used in found.items() if not self._is_mps_server(pid))
+
+    def _query(self, name: str, handle: Any) -> Any:
+        """A process list; on a driver older than nvidia-ml-py's default (_v3) query, its _v2 from then on."""
+        try:
+            return self._queries[name](handle)
+        except self._nvml.NVMLLibraryMismatchError:  # not an NVMLError: it would stop the scheduling loop
+            self._queries[name] = getattr(self._nvml, f"{name}_v2")
+            return self._queries[name](handle)
 
     def _is_mps_server(self, pid: int) -> bool:
         try:
