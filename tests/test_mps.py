@@ -28,6 +28,22 @@ def test_start_status_stop(tmp_path, on_path):
     assert not control.status().running
 
 
+def test_a_stop_while_clients_run_says_it_quits_once_they_end(tmp_path, on_path, monkeypatch):
+    control = MpsControl(tmp_path, timeout_s=0.5)
+    control.start()
+    monkeypatch.setenv("FAKE_MPS_CLIENTS", "1")
+    with pytest.raises(MpsError, match=r"quits once its clients end \(MPS servers: 4242\); it was still running"):
+        control.stop()
+    monkeypatch.delenv("FAKE_MPS_CLIENTS")
+    assert not control.stop().running
+
+
+def test_a_control_daemon_that_does_not_answer_is_one_line_not_a_traceback(tmp_path, on_path, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_HANG", "1")
+    with pytest.raises(MpsError, match=r"^the MPS control daemon did not answer 'get_server_list' within 0\.5 s$"):
+        MpsControl(tmp_path, timeout_s=0.5).status()
+
+
 def test_clients_find_carmas_own_control_daemon(tmp_path):
     env = MpsControl(tmp_path).client_env()
     assert env == {

@@ -30,10 +30,11 @@ class MpsStatus:
 
 
 class MpsControl:
-    def __init__(self, state_dir: Path, binary: str = CONTROL) -> None:
+    def __init__(self, state_dir: Path, binary: str = CONTROL, timeout_s: float = 30.0) -> None:
         self.pipe_dir = state_dir / "mps" / "pipe"
         self.log_dir = state_dir / "mps" / "log"
         self._binary = binary
+        self._timeout_s = timeout_s  # for an answer of the control tool, and for a start or a stop to show
 
     def client_env(self) -> dict[str, str]:
         """What every task must see to become a client of this control daemon."""
@@ -48,9 +49,14 @@ class MpsControl:
     def _ask(self, line: str) -> subprocess.CompletedProcess[str]:
         """Send one command line to the control daemon (the tool exits non-zero if none runs)."""
         env = {**os.environ, **self.client_env()}
-        return subprocess.run(
-            [self._control()], input=line, capture_output=True, text=True, env=env, timeout=30, check=False
-        )
+        try:
+            return subprocess.run(
+                [self._control()], input=line, capture_output=True, text=True, env=env, timeout=self._timeout_s
+            )
+        except subprocess.TimeoutExpired:
+            raise MpsError(
+                f"the MPS control daemon did not answer {line.strip()!r} within {self._timeout_s:g} s"
+            ) from None
 
     def status(self) -> MpsStatus:
         """Running when the control daemon answers on carma's pipe directory (the control tool fails if not)."""
@@ -66,14 +72,17 @@ class MpsControl:
             directory.mkdir(parents=True, exist_ok=True)
         # stderr to a file, not a pipe: a daemonizing child that kept the pipe would block the read forever
         with tempfile.TemporaryFile("w+") as errors:
-            code = subprocess.call(
-                [self._control(), "-d"],
-                env={**os.environ, **self.client_env()},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=errors,
-                timeout=30,
-            )
+            try:
+                code = subprocess.call(
+                    [self._control(), "-d"],
+                    env={**os.environ, **self.client_env()},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    timeout=self._timeout_s,
+                )
+            except subprocess.TimeoutExpired:
+                raise MpsError(f"{self._binary} -d did not return within {self._timeout_s:g} s") from None
             if code != 0:
                 errors.seek(0)
                 raise MpsError(f"could not start the MPS control daemon: {errors.read().strip()}")
@@ -83,10 +92,17 @@ class MpsControl:
         if not self.status().running:
             return MpsStatus(False, ())
         self._ask("quit\n")
-        return self._wait_until(False, "the MPS control daemon did not quit within 30 s")
+        try:
+            return self._wait_until(False, "")
+        except MpsError:  # `quit` waits for the clients: not a failure, but not stopped yet either
+            servers = ", ".join(map(str, self.status().servers)) or "none listed"
+            raise MpsError(
+                f"the MPS control daemon takes no new clients and quits once its clients end (MPS servers: "
+                f"{servers}); it was still running after {self._timeout_s:g} s"
+            ) from None
 
     def _wait_until(self, running: bool, message: str) -> MpsStatus:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self._timeout_s
         while (status := self.status()).running is not running:
             if time.monotonic() > deadline:
                 raise MpsError(message)
