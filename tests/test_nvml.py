@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 
-from carma.telemetry.dcgm import parse_dmon_line
+from carma.telemetry.dcgm import DcgmDmon, parse_dmon_line
 from carma.telemetry.nvml import NvmlBackend, NvmlUnavailable, load_nvml
+from support import wait_until
 
 GIB = 1 << 30
 
@@ -339,6 +341,28 @@ def test_missing_library_and_driver_are_clear_errors(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", Broken())
     with pytest.raises(NvmlUnavailable, match="Driver Not Loaded"):
         load_nvml()
+
+
+DCGMI = str(Path(__file__).parent / "bin" / "dcgmi")  # a stand-in for `dcgmi dmon`
+
+
+def test_dcgm_dmon_streams_the_latest_values_per_gpu():
+    dmon = DcgmDmon([0, 2], interval_ms=50, binary=DCGMI)
+    wait_until(lambda: dmon.latest(2) is not None, 10, "dmon's first values")
+    assert dmon.latest(2) == {"smact": 0.5, "smocc": 0.25, "drama": None} and dmon.latest(1) is None
+    dmon.close()
+    assert not dmon.alive()
+
+
+def test_dcgm_without_a_host_engine_is_reported_missing_saying_why(monkeypatch, caplog):
+    """dmon ends at once then; decided right after its start, it was still alive: no warning of missing
+    metrics at the server's start, and its error message thrown away."""
+    monkeypatch.setenv("FAKE_DCGM_NO_ENGINE", "1")
+    with pytest.raises(OSError, match=r"^dcgmi dmon stopped at once: Error: unable to establish a connection"):
+        DcgmDmon([0], binary=DCGMI)
+    backend = NvmlBackend(FakeNvml([ampere()]), dcgm_factory=lambda gpus: DcgmDmon(gpus, binary=DCGMI))
+    assert backend.missing() == {0: ("smact", "smocc", "drama")}
+    assert "Unable to connect to host engine" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,16 @@ the daemon's lifetime, never one per sample.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import threading
+from collections import deque
 from collections.abc import Iterable
 
 FIELDS = {1002: "smact", 1003: "smocc", 1005: "drama"}
+STARTUP_S = 3.0  # how long the start waits for dmon's first values, or for it to end (no host engine, say)
+log = logging.getLogger("carma.dcgm")
 
 
 def parse_dmon_line(line: str) -> tuple[int, dict[str, float | None]] | None:
@@ -45,12 +49,18 @@ class DcgmDmon:
         self._proc = subprocess.Popen(
             [path, "dmon", "-e", fields, "-i", gpus, "-d", str(interval_ms)],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,  # its errors ("Unable to connect ...") are the reason it stopped
             text=True,
         )
         self._latest: dict[int, dict[str, float | None]] = {}
+        self._said: deque[str] = deque(maxlen=3)  # the last lines that were neither data nor headers
         self._lock = threading.Lock()
+        self._started = threading.Event()  # first values, or the end of the stream
+        self._death_logged = False
         threading.Thread(target=self._read, name="dcgmi-dmon", daemon=True).start()
+        if self._started.wait(STARTUP_S) and not self._latest:  # it ended before giving values
+            self._proc.wait()
+            raise OSError(f"dcgmi dmon stopped at once: {self.reason()}")
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
@@ -59,14 +69,25 @@ class DcgmDmon:
             if parsed:
                 with self._lock:
                     self._latest[parsed[0]] = parsed[1]
+                self._started.set()
+            elif line.strip() and not line.lstrip().startswith(("#", "ID")):
+                self._said.append(" ".join(line.split()))
+        self._started.set()
+
+    def reason(self) -> str:
+        """What dmon said that was no data (its error, when it stopped), or its exit status."""
+        return "; ".join(self._said) or f"exit status {self._proc.poll()}"
 
     def alive(self) -> bool:
         """Whether dmon still streams (it exits at once when, e.g., no DCGM host engine runs)."""
         return self._proc.poll() is None
 
     def latest(self, gpu: int) -> dict[str, float | None] | None:
-        """The newest values for a GPU, or None before dmon's first line or after it died."""
+        """The newest values for a GPU, or None before dmon's first line or after it died (said once)."""
         if not self.alive():
+            if not self._death_logged:
+                self._death_logged = True
+                log.warning("dcgmi dmon stopped (%s): SMACT/SMOCC/DRAMA are missing from now on", self.reason())
             return None
         with self._lock:
             return self._latest.get(gpu)

@@ -188,9 +188,11 @@ class NvmlBackend:
             from carma.telemetry.dcgm import DcgmDmon as factory
         try:
             return factory(needy)
-        except (FileNotFoundError, OSError) as e:
+        except FileNotFoundError as e:  # not installed: the start's warning on missing metrics says enough
             log.info("DCGM unavailable: %s", e)
-            return None
+        except OSError as e:  # installed, but it could not stream (e.g. no host engine runs): say why
+            log.warning("DCGM unavailable: %s", e)
+        return None
 
     # ----------------------------------------------------------------- the GpuBackend protocol
 
