@@ -352,6 +352,20 @@ def test_a_sweep_with_the_risk_filter_switched_off_in_the_config_runs_every_conf
     ]
 
 
+def test_a_setting_no_gpu_can_ever_meet_is_one_line_naming_the_schedulers_reason(tmp_path):
+    """With `prefer_idle` off, a task of unknown need waits for `min_free_mib` on a shareable GPU: above
+    what any GPU has, the simulation ran dry and ended in a traceback."""
+    (tmp_path / "never.toml").write_text("[scheduler]\nprefer_idle = false\nmin_free_mib = 40960\n")
+    (tmp_path / "one.csv").write_text("submit_s,task\n0,resnet\n")
+    for sweep in ([], ["--sweep", "--jobs", "2"]):
+        result = run_carma("simulate", "--config", "never.toml", "--trace", "one.csv", *sweep, cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (2, ""), sweep
+        assert result.stderr == (
+            "error: 1 task(s) never finished on the idle server: 1:resnet(queued); the scheduler says: needs 1 "
+            "GPU(s) with 40960 MiB free; 0 have it (check the [scheduler] settings)\n"
+        )
+
+
 def test_names_print_as_written_and_estimator_runs_say_which_tasks_lack_an_estimate(tmp_path):
     (tmp_path / "mine[b].csv").write_text("submit_s,task,solo_s,mem_mib,horus_mib\n0,a,600,4000,5000\n5,b,600,4000,\n")
     result = run_carma(

@@ -69,6 +69,7 @@ def simulate_cmd(
     from carma.metrics.record import from_run_result, write_records
     from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
     from carma.sim.experiment import RunConfig, simulate
+    from carma.sim.twin import SimulationStalled
     from carma.traces.catalog import load_catalog
     from carma.traces.loaders import TraceError, load_trace
 
@@ -103,7 +104,7 @@ def simulate_cmd(
             write_records([from_run_result(r, source) for r in results], save)
     except SpecError as e:  # a task the simulated server cannot run
         raise fail(f"trace {loaded.name}: {e}") from None
-    except (UsageError, ConfigError, TraceError, PlotsUnavailable, ValueError, OSError) as e:
+    except (UsageError, ConfigError, TraceError, PlotsUnavailable, SimulationStalled, ValueError, OSError) as e:
         raise fail(e) from None
     if as_json:
         print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))

@@ -34,7 +34,9 @@ _SEEN, _FULL, _FINISH, _SUBMIT, _TICK = 0, 1, 2, 3, 4
 
 
 class SimulationStalled(RuntimeError):
-    """The simulation ran out of events with tasks still waiting: a scheduler bug, never a trace's fault."""
+    """The simulation ran out of events with tasks still waiting: the server stayed idle and the scheduler
+    would still not place them, so a scheduler setting can never be met (e.g. `min_free_mib` above what
+    any GPU has) or the scheduler has a bug; never a trace's fault."""
 
 
 @dataclass
@@ -164,10 +166,15 @@ class TwinServer:
             else:
                 self._end(payload, ProcessExit(exit_code=0))
             self._tick_at(self._next_grid(t))
-        stuck = [t for t in self.loop.scheduler.tasks if not t.terminal]
+        scheduler = self.loop.scheduler
+        stuck = [t for t in scheduler.tasks if not t.terminal]
         if stuck:
             names = ", ".join(f"{t.id}:{t.spec.name}({t.state})" for t in stuck[:5])
-            raise SimulationStalled(f"{len(stuck)} task(s) never finished: {names}")
+            why = next((reason for t in stuck if (reason := scheduler.waiting_reason(t.id))), "no reason given")
+            raise SimulationStalled(
+                f"{len(stuck)} task(s) never finished on the idle server: {names}; the scheduler says: {why} "
+                "(check the [scheduler] settings)"
+            )
 
     @property
     def timelines(self) -> list[list[Segment]]:
