@@ -203,8 +203,18 @@ BAD_TRACES = [
     ),
     pytest.param("t.csv", "submit_s,task,gpus\n0,vgg,0\n", "gpus must be at least 1", id="bad-override"),
     pytest.param(
-        "t.sh", "sleep 5\nsubmit vgg\n", "line 2: expected 'sleep N' or a submit.py --task line", id="bad-line"
+        "t.sh",
+        "sleep 5\nsubmit vgg\n",
+        "line 2: expected 'sleep N' or a submit.py --task command, not 'submit vgg'",
+        id="bad-line",
     ),
+    pytest.param(
+        "t.sh",
+        "python submit.py --task vgg.rad | tee log\n",
+        "line 1: '|': a trace script takes commands joined by",
+        id="pipe",
+    ),
+    pytest.param("t.sh", "python submit.py --task 'vgg.rad\n", "line 1: No closing quotation", id="open-quote"),
     pytest.param("t.sh", "sleep soon\n", "line 1: cannot read 'sleep soon'", id="bad-sleep"),
     pytest.param("t.sh", "sleep -5\npython submit.py --task vgg.rad\n", "must not be negative", id="negative-sleep"),
     pytest.param("t.sh", "# nothing\n", "the trace has no tasks", id="empty-script"),
@@ -318,6 +328,24 @@ def test_a_row_that_defines_a_task_too_thinly_is_an_error_even_when_skipping(cat
         load_trace(path, catalog, skip_unknown=True)
     trace = load_trace(write("named.csv", "submit_s,task\n0,vgg\n20,mnist_train\n"), catalog, skip_unknown=True)
     assert trace.skipped == ("mnist_train",)  # a bare unknown name is still skipped
+
+
+def test_script_lines_split_into_commands_as_the_shell_does(catalog, write):
+    """`sleep 3600; python submit.py ...` submitted at the sleep's start, and two submissions on a line
+    were one unknown task named 'a.rad;'."""
+    script = (
+        "python /x/submit.py --task /x/resnet.rad\n"
+        "sleep 3600; python /x/submit.py --task /x/vgg.rad  # the second\n"
+        "sleep 1m && python /x/submit.py --task /x/vgg.rad &\n"
+        "python /x/submit.py --task /x/resnet.rad; python /x/submit.py --task /x/dlrm.rad\n"
+    )
+    assert schedule(load_trace(write("s.sh", script), catalog)) == [
+        (0.0, "resnet"),
+        (3600.0, "vgg"),
+        (3660.0, "vgg"),
+        (3660.0, "resnet"),
+        (3660.0, "dlrm"),
+    ]
 
 
 def test_script_sleeps_take_coreutils_units_and_task_paths_may_be_quoted(catalog, write):

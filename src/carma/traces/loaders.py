@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
+import shlex
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +25,6 @@ from carma.traces.catalog import Catalog, UnknownTaskError, Workload, data_file,
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
 
-_SUBMIT_RE = re.compile(r"--task\s+(\S+)")
 _SLEEP_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # as coreutils' sleep reads them
 _TASK_KEYS = {"at", "task", "repeat", "every"}
 _YAML_KEYS = {"name", "workloads", "tasks"}
@@ -115,19 +114,40 @@ def _read_csv(text: str, b: _Builder) -> None:
 
 
 def _read_script(text: str, b: _Builder) -> None:
+    """Each line's commands, as the shell would split them (quotes, `#` comments, `;`, `&&` and `&`):
+    `sleep N` advances the clock, a `submit... --task PATH/NAME.rad` command submits NAME."""
     t = 0.0
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        words = line.split()
-        if words[0] == "sleep" and len(words) == 2:
-            t += _sleep_s(words[1], f"{b.source}, line {lineno}")
-        elif (match := _SUBMIT_RE.search(line)) and "submit" in line:
-            name = Path(match.group(1).strip("'\"")).name.removesuffix(".rad")
-            b.add(f"line {lineno}", t, name)
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        where = f"{b.source}, line {lineno}"
+        for words in _commands(line, where):
+            if words[0] == "sleep" and len(words) == 2:
+                t += _sleep_s(words[1], where)
+            elif any("submit" in w for w in words) and words.count("--task") == 1 and words[-1] != "--task":
+                b.add(f"line {lineno}", t, Path(words[words.index("--task") + 1]).name.removesuffix(".rad"))
+            else:
+                raise TraceError(
+                    f"{where}: expected 'sleep N' or a submit.py --task command, not {shlex.join(words)!r}"
+                )
+
+
+def _commands(line: str, where: str) -> list[list[str]]:
+    """The commands of a script line: its words split at `;`, `&&` and `&` (submissions go on at once, so a
+    background one is no different); other shell syntax is an error."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()<>")
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError as e:  # an unclosed quote
+        raise TraceError(f"{where}: {e}") from None
+    commands: list[list[str]] = [[]]
+    for token in tokens:
+        if token in (";", "&&", "&"):
+            commands.append([])
+        elif token and set(token) <= set(";&|()<>"):
+            raise TraceError(f"{where}: {token!r}: a trace script takes commands joined by ';', '&&' or '&' only")
         else:
-            raise TraceError(f"{b.source}, line {lineno}: expected 'sleep N' or a submit.py --task line")
+            commands[-1].append(token)
+    return [words for words in commands if words]
 
 
 def _sleep_s(word: str, where: str) -> float:
