@@ -8,10 +8,11 @@ measured is None, never 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -276,8 +277,10 @@ def _numbers(values: Iterable[Any], what: str) -> None:
             raise ValueError(f"{what} holds {value!r}, not a number")
 
 
-def _series(g: str, s: dict[str, Any]) -> Series:
-    columns = {c: list(s[c]) for c in SERIES_COLUMNS}
+def _series(g: int, s: Series) -> Series:
+    columns = {c: s[c] for c in SERIES_COLUMNS if c in s}
+    if missing := [c for c in SERIES_COLUMNS if c not in s]:
+        raise ValueError(f"GPU {g}'s series has no {', '.join(missing)}")
     for column, values in columns.items():
         if len(values) != len(columns["t"]):
             raise ValueError(f"GPU {g}'s {column} and t differ in length ({len(values)} and {len(columns['t'])})")
@@ -285,27 +288,25 @@ def _series(g: str, s: dict[str, Any]) -> Series:
     return columns
 
 
-def _record(data: dict[str, Any]) -> RunRecord:
-    figures = dict(data["figures"])
-    _numbers(figures.values(), "figures")
-    tasks = tuple(
-        TaskRecord(**{**t, "attempts": tuple(AttemptRecord(**{**a, "gpus": tuple(a["gpus"])}) for a in t["attempts"])})
-        for t in data["tasks"]
+@functools.cache
+def _run_adapter() -> Any:
+    from pydantic import TypeAdapter  # here: of the commands importing this module, only `carma report` reads
+
+    return TypeAdapter(RunRecord)
+
+
+def _record(run: Any) -> RunRecord:
+    """A run of a report file, every field of the type the charts draw (strictly: "0" is no number), and
+    every number finite (JSON may hold NaN and Infinity)."""
+    record: RunRecord = _run_adapter().validate_json(json.dumps(run), strict=True)
+    _numbers(record.figures.values(), "figures")
+    _numbers((v for t in record.tasks for v in (t.submit_s, t.end_s)), "a task's submit_s or end_s")
+    _numbers(
+        (v for t in record.tasks for a in t.attempts for v in (a.start_s, a.end_s)), "an attempt's start_s or end_s"
     )
-    _numbers((v for t in tasks for v in (t.submit_s, t.end_s)), "a task's submit_s or end_s")
-    _numbers((v for t in tasks for a in t.attempts for v in (a.start_s, a.end_s)), "an attempt's start_s or end_s")
-    _numbers((data["start_s"], data["end_s"]), "the run's start_s or end_s")
-    return RunRecord(
-        label=str(data["label"]),
-        source=str(data["source"]),
-        start_s=float(data["start_s"]),
-        end_s=float(data["end_s"]),
-        gpus=tuple(GpuRef(**g) for g in data["gpus"]),
-        figures=figures,
-        tasks=tasks,
-        series={int(g): _series(g, s) for g, s in data["series"].items()},
-        ooms=tuple(OomEvent(float(e["t"]), tuple(e["gpus"]), e["task_id"]) for e in data["ooms"]),
-    )
+    _numbers((record.start_s, record.end_s), "the run's start_s or end_s")
+    _numbers((e.t for e in record.ooms), "an out-of-memory crash's t")
+    return replace(record, series={g: _series(g, s) for g, s in record.series.items()})
 
 
 def from_json(text: str) -> list[RunRecord]:
@@ -322,12 +323,20 @@ def from_json(text: str) -> list[RunRecord]:
     runs = doc.get("runs")
     if not isinstance(runs, list) or not runs:
         raise RecordError("the report file holds no runs")
+    from pydantic import ValidationError
+
     records = []
     for number, run in enumerate(runs, 1):
         try:
             records.append(_record(run))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise RecordError(f"run {number} of the report file is malformed ({type(e).__name__}: {e})") from None
+        except ValidationError as e:  # the first problem, as one line: where it is, what is wrong
+            first = e.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "the run"
+            given = "" if isinstance(first["input"], dict | list) else f", got {first['input']!r}"
+            problem = f"{where}: {first['msg']}{given}"
+            raise RecordError(f"run {number} of the report file is malformed ({problem})") from None
+        except ValueError as e:
+            raise RecordError(f"run {number} of the report file is malformed ({e})") from None
     return records
 
 
