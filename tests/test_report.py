@@ -121,6 +121,16 @@ def test_a_twin_timeline_becomes_an_equivalent_step_series(small_run):
             assert integrate(steps, metric, record.start_s, record.end_s) == pytest.approx(expected, rel=1e-3)
 
 
+def test_a_twin_timeline_starts_at_the_first_submission_not_at_zero():
+    """A trace of real timestamps began its series at 0: the charts' axis ran over the idle hours before."""
+    trace = load_trace("carma-t1", load_catalog())
+    late = Trace("late", tuple(replace(e, submit_s=e.submit_s + 36_000) for e in trace.entries[:4]))
+    record = from_run_result(simulate(late, RunConfig(Policy.MAGM)))
+    assert record.start_s == 36_000
+    for series in record.series.values():
+        assert series["t"][0] == 36_000 and series["t"][-1] == pytest.approx(record.end_s, abs=0.05)
+
+
 class _Api:
     """A daemon's API answers as they come over the wire. The window is [1000, 4600]: task 1 ended before it,
     task 2 crashed before it and ran again in it, task 3 waits in it."""

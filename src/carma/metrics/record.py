@@ -119,8 +119,9 @@ def _ooms(tasks: Iterable[TaskRecord], since_s: float = -math.inf) -> tuple[OomE
 # --- from the twin ------------------------------------------------------------------------------------
 
 
-def _segment_series(segments: Sequence[Segment], end_s: float) -> Series:
-    """Step series of a twin timeline: a row where a charted value changes, and one at the end."""
+def _segment_series(segments: Sequence[Segment], start_s: float, end_s: float) -> Series:
+    """Step series of a twin timeline from start to end: a row where a charted value changes (the step in
+    force at the start begins there: a trace of real timestamps starts far from 0), and one at the end."""
     series: Series = {c: [] for c in SERIES_COLUMNS}
     last: tuple[float, ...] | None = None
     for seg in segments:
@@ -128,7 +129,11 @@ def _segment_series(segments: Sequence[Segment], end_s: float) -> Series:
             break
         values = (seg.used_mib, round(seg.smact, 4), round(seg.power_w, 1))
         if values != last:
-            for column, value in zip(SERIES_COLUMNS, (round(seg.t, 1), *values), strict=True):
+            t = round(max(seg.t, start_s), 1)
+            if series["t"] and series["t"][-1] == t:  # a step before the start, replaced by the next
+                for column in SERIES_COLUMNS:
+                    series[column].pop()
+            for column, value in zip(SERIES_COLUMNS, (t, *values), strict=True):
                 series[column].append(value)
             last = values
     if last is not None:
@@ -169,7 +174,7 @@ def from_run_result(result: RunResult, source: str = "digital twin") -> RunRecor
         ),
         figures=asdict(result.metrics),
         tasks=tasks,
-        series={i: _segment_series(segments, end) for i, segments in enumerate(result.timelines)},
+        series={i: _segment_series(segments, start, end) for i, segments in enumerate(result.timelines)},
         ooms=_ooms(tasks),
     )
 
