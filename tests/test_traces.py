@@ -215,6 +215,9 @@ BAD_TRACES = [
         id="pipe",
     ),
     pytest.param("t.sh", "python submit.py --task 'vgg.rad\n", "line 1: No closing quotation", id="open-quote"),
+    pytest.param("t.txt", "submit_s,task\n0,vgg\n", "when its name ends in .csv)", id="csv-named-txt"),
+    pytest.param("t.txt", "tasks:\n  - {at: 0, task: vgg}\n", "ends in .yaml or .yml)", id="yaml-named-txt"),
+    pytest.param("t.csv", "submit_s,task, task\n0,vgg,x\n", "the header names column(s) 'task' twice", id="dup-column"),
     pytest.param("t.sh", "sleep soon\n", "line 1: cannot read 'sleep soon'", id="bad-sleep"),
     pytest.param("t.sh", "sleep -5\npython submit.py --task vgg.rad\n", "must not be negative", id="negative-sleep"),
     pytest.param("t.sh", "# nothing\n", "the trace has no tasks", id="empty-script"),
@@ -328,6 +331,12 @@ def test_a_row_that_defines_a_task_too_thinly_is_an_error_even_when_skipping(cat
         load_trace(path, catalog, skip_unknown=True)
     trace = load_trace(write("named.csv", "submit_s,task\n0,vgg\n20,mnist_train\n"), catalog, skip_unknown=True)
     assert trace.skipped == ("mnist_train",)  # a bare unknown name is still skipped
+
+
+def test_csv_header_names_may_have_spaces_after_the_commas(catalog, write):
+    """`submit_s, task, mem_mib` was 'unknown field(s) mem_mib' (its space hidden) or lacked its columns."""
+    trace = load_trace(write("s.csv", "submit_s, task, mem_mib\n0,vgg,8GiB\n"), catalog)
+    assert schedule(trace) == [(0.0, "vgg")] and trace.entries[0].workload.mem_mib == 8192
 
 
 def test_script_lines_split_into_commands_as_the_shell_does(catalog, write):

@@ -101,6 +101,10 @@ class _Builder:
 
 def _read_csv(text: str, b: _Builder) -> None:
     reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames:  # `submit_s, task` as people write it: the names without their spaces
+        reader.fieldnames = [name.strip() for name in reader.fieldnames]
+        if twice := sorted({name for name in reader.fieldnames if reader.fieldnames.count(name) > 1}):
+            raise TraceError(f"{b.source}: the header names column(s) {', '.join(map(repr, twice))} twice")
     if not reader.fieldnames or not {"submit_s", "task"} <= set(reader.fieldnames):
         raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task")
     for row in reader:
@@ -127,7 +131,17 @@ def _read_script(text: str, b: _Builder) -> None:
             else:
                 raise TraceError(
                     f"{where}: expected 'sleep N' or a submit.py --task command, not {shlex.join(words)!r}"
+                    + _format_hint(line)
                 )
+
+
+def _format_hint(line: str) -> str:
+    """For a script line that looks like another format's: the format is chosen by the file's suffix."""
+    if "submit_s" in line and "," in line:
+        return " (a CSV trace is read as one when its name ends in .csv)"
+    if line.split(":")[0].strip() in _YAML_KEYS:
+        return " (a YAML trace is read as one when its name ends in .yaml or .yml)"
+    return ""
 
 
 def _commands(line: str, where: str) -> list[list[str]]:
