@@ -59,7 +59,7 @@ def sweep_outputs(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], P
 
 
 def test_simulate_json_holds_one_run_with_the_documented_fields(default_run):
-    assert set(default_run) == {"trace", "gpus", "runs"}
+    assert set(default_run) == {"trace", "gpus", "sharing", "runs"}
     assert default_run["trace"] == "carma-t1"
     assert default_run["gpus"] == ["A100-40GB"] * 3
     [run] = default_run["runs"]
@@ -126,7 +126,7 @@ def test_single_run_table():
     result = run_carma("simulate", "--trace", "carma-t1")
     assert result.returncode == 0, result.stderr
     text = unwrapped(result.stdout)
-    assert "trace carma-t1: 60 tasks on 3xA100-40GB, MAGM recovery only" in text
+    assert "trace carma-t1: 60 tasks on 3xA100-40GB (MPS), MAGM recovery only" in text
     for row in ("makespan", "energy", "OOM crashes", "tasks completed / failed", "JCT mean / p95"):
         assert row in result.stdout
 
@@ -152,8 +152,9 @@ def test_mixed_gpus():
 
 
 def test_time_slicing_slows_collocated_tasks_down(default_run):
-    [timeslice] = run_json("--sharing", "timeslice")["runs"]
-    [mps] = default_run["runs"]
+    sliced = run_json("--sharing", "timeslice")
+    [timeslice], [mps] = sliced["runs"], default_run["runs"]
+    assert (sliced["sharing"], default_run["sharing"]) == ("timeslice", "mps")  # so two runs tell which is which
     assert timeslice["makespan_s"] > mps["makespan_s"]
     assert timeslice["smact_mean"] < mps["smact_mean"]
 

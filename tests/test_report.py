@@ -312,7 +312,7 @@ def test_a_saved_sweep_keeps_every_configuration(tmp_path):
     assert saved.returncode == 0, saved.stderr
     records = from_json((tmp_path / "sweep.json").read_text())
     assert len(records) == 15 and records[0].label == "Exclusive"
-    assert all(r.source == "carma simulate, trace tiny on 3xA100-40GB" for r in records)
+    assert all(r.source == "carma simulate, trace tiny on 3xA100-40GB (MPS)" for r in records)
 
 
 def test_the_same_run_twice_gets_labels_that_say_where_each_came_from(tmp_path):
@@ -369,7 +369,7 @@ def test_a_report_from_a_daemon_on_fake_gpus(start_server, tmp_path):  # type: i
     assert both.returncode == 0, both.stderr
     text = (tmp_path / "both" / "report.html").read_text()
     assert text.index("<td>MAGM recovery only</td>") < text.index("<td>server (magm), last 1 h</td>")
-    assert f"{tmp_path / 'tiny.json'}: 1 run(s), carma simulate, trace tiny on 3xA100-40GB" in text
+    assert f"{tmp_path / 'tiny.json'}: 1 run(s), carma simulate, trace tiny on 3xA100-40GB (MPS)" in text
 
 
 @pytest.mark.parametrize(

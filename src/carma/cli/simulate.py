@@ -100,17 +100,17 @@ def simulate_cmd(
             write_csv(rows, csv_path)
         charts = plot_sweep(results, plot) if plot else []
         if save:
-            source = f"carma simulate, trace {loaded.name} on {_server_name(results[0])}"
+            source = f"carma simulate, trace {loaded.name} on {_server_name(results[0], twin)}"
             write_records([from_run_result(r, source) for r in results], save)
     except SpecError as e:  # a task the simulated server cannot run
         raise fail(f"trace {loaded.name}: {e}") from None
     except (UsageError, ConfigError, TraceError, PlotsUnavailable, SimulationStalled, ValueError, OSError) as e:
         raise fail(e) from None
     if as_json:
-        print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "runs": rows}))
+        print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "sharing": twin.sharing, "runs": rows}))
         _note_failures(results)
         return
-    title = f"trace {loaded.name}: {len(loaded.entries)} tasks on {_server_name(results[0])}"
+    title = f"trace {loaded.name}: {len(loaded.entries)} tasks on {_server_name(results[0], twin)}"
     if sweep_all:
         out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
     else:
@@ -153,11 +153,13 @@ def _note_failures(results: Sequence[RunResult], limit: int = 5) -> None:
         err.print(f"note: task {task.id} ({task.spec.name}) failed{where}: {task.reason}")
 
 
-def _server_name(result: RunResult) -> str:
+def _server_name(result: RunResult, twin: TwinConfig) -> str:
+    """The simulated server as titles and report sources name it, e.g. "3xA100-40GB (MPS)"."""
     counts: dict[str, int] = {}
     for name in result.gpus:
         counts[name] = counts.get(name, 0) + 1
-    return ", ".join(f"{n}x{name}" for name, n in counts.items())
+    sharing = "MPS" if twin.sharing == "mps" else "time-slicing"
+    return ", ".join(f"{n}x{name}" for name, n in counts.items()) + f" ({sharing})"
 
 
 def _run_sweep(trace, twin: TwinConfig, jobs: int, quiet: bool) -> list[RunResult]:
