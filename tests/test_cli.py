@@ -263,6 +263,7 @@ BAD_INPUTS = {
     ),
     "gpus-unparsable": (["--gpus", "three A100"], "cannot read GPU group 'three A100'; write e.g. 3xA100-40GB"),
     "gpus-zero": (["--gpus", "0xA100-40GB"], "GPU count must be at least 1 in '0xA100-40GB'"),
+    "gpus-too-many": (["--gpus", "99999999999xA100-40GB"], "a simulated server has at most 1024 GPUs"),  # MemoryError
     "sharing": (["--sharing", "mig"], "--sharing must be one of mps, timeslice; got 'mig'"),
     "unknown-task": (
         ["--trace", "carma-heavy60"],

@@ -139,7 +139,9 @@ def test_weights_must_sum_to_one(weights):
     ("doc", "message"),
     [
         ({"scheduler": {"policy": "fastest"}}, "fastest"),
-        ({"scheduler": {"window_samples": 0}}, "window_samples must be at least 1"),
+        ({"scheduler": {"window_samples": 0}}, "window_samples must be from 1 to 3600, got 0"),
+        ({"scheduler": {"window_samples": 10**8}}, "window_samples must be from 1 to 3600, got 100000000"),  # hung
+        ({"twin": {"gpus": "100000xA100-40GB"}}, "a simulated server has at most 1024 GPUs"),
         ({"scheduler": {"margin_mib": -1}}, "margin_mib must not be negative"),
         ({"twin": {"gpus": "3xB200"}}, "unknown GPU type 'B200'"),
         ({"twin": {"sharing": "mig"}}, "unknown sharing mode 'mig'"),

@@ -216,6 +216,12 @@ BAD_TRACES = [
     ),
     pytest.param("t.sh", "python submit.py --task 'vgg.rad\n", "line 1: No closing quotation", id="open-quote"),
     pytest.param("t.txt", "submit_s,task\n0,vgg\n", "when its name ends in .csv)", id="csv-named-txt"),
+    pytest.param(
+        "t.yaml",
+        "tasks:\n  - {at: 0, task: vgg, repeat: 100000000}\n",
+        "task 1: a trace holds at most 100000 tasks",
+        id="huge",
+    ),
     pytest.param("t.txt", "tasks:\n  - {at: 0, task: vgg}\n", "ends in .yaml or .yml)", id="yaml-named-txt"),
     pytest.param("t.csv", "submit_s,task, task\n0,vgg,x\n", "the header names column(s) 'task' twice", id="dup-column"),
     pytest.param("t.sh", "sleep soon\n", "line 1: cannot read 'sleep soon'", id="bad-sleep"),

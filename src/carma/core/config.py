@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+MAX_WINDOW_SAMPLES = 3600  # an hour of 1-second samples; every decision and risk score reads the whole window
+
 
 class Policy(StrEnum):
     EXCLUSIVE = "exclusive"
@@ -70,8 +72,8 @@ class SchedulerConfig:
     prefer_idle: bool = True
 
     def __post_init__(self) -> None:
-        if self.window_samples < 1:
-            raise ValueError("window_samples must be at least 1")
+        if not 1 <= self.window_samples <= MAX_WINDOW_SAMPLES:  # each decision reads the whole window
+            raise ValueError(f"window_samples must be from 1 to {MAX_WINDOW_SAMPLES}, got {self.window_samples}")
         if self.sample_interval_s <= 0:
             raise ValueError("sample_interval_s must be positive")
         for name in ("margin_mib", "min_free_mib", "reserve_mib", "max_relaunches"):

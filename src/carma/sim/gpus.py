@@ -27,6 +27,7 @@ GPU_TYPES = {
     )
 }
 
+MAX_GPUS = 1024  # one simulated server; each GPU is stepped every tick, so a typo of 10^5 took minutes
 _GROUP_RE = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?([\w.-]+)\s*$")
 
 
@@ -44,5 +45,7 @@ def parse_gpus(text: str) -> tuple[GpuType, ...]:
             raise ValueError(f"unknown GPU type {match.group(2)!r} (known: {known})")
         if count < 1:
             raise ValueError(f"GPU count must be at least 1 in {group!r}")
+        if len(gpus) + count > MAX_GPUS:
+            raise ValueError(f"a simulated server has at most {MAX_GPUS} GPUs; {text!r} asks for more")
         gpus.extend([kind] * count)
     return tuple(gpus)

@@ -27,6 +27,7 @@ BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-m
 
 _SLEEP_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # as coreutils' sleep reads them
 _TASK_KEYS = {"at", "task", "repeat", "every"}
+MAX_ENTRIES = 100_000  # a server's trace (CARMA's have 60 to 90 tasks), bounded so a typo cannot fill memory
 _YAML_KEYS = {"name", "workloads", "tasks"}
 
 
@@ -84,6 +85,8 @@ class _Builder:
             raise TraceError(f"{self.source}, {where}: {err} (use --skip-unknown to leave it out)") from None
         except ValueError as err:
             raise TraceError(f"{self.source}, {where}: {err}") from None
+        if len(self.entries) == MAX_ENTRIES:  # a `repeat: 100000000` filled gigabytes before anything ran
+            raise TraceError(f"{self.source}, {where}: a trace holds at most {MAX_ENTRIES} tasks")
         self.entries.append(TraceEntry(t, workload))
 
     def build(self, name: str) -> Trace:
