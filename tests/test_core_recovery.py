@@ -17,6 +17,10 @@ OOM_LOGS = [
     "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
     "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
     "NCCL WARN Failed to CUDA calloc 1048576 bytes",
+    # these three were errors, not recovered
+    "RuntimeError: CUDA driver error: out of memory",  # PyTorch with expandable segments
+    "XlaRuntimeError: RESOURCE_EXHAUSTED: Failed to allocate request for 2.00GiB (2147483648B) on device ordinal 0",
+    "gpu1:2:2 [1] NCCL WARN Cuda failure 'out of memory'",
 ]
 
 
@@ -40,6 +44,8 @@ def test_every_pattern_is_exercised():
         "ValueError: learning rate must be positive",
         "RuntimeError: CUDA error: an illegal memory access was encountered",
         "MemoryError",  # host memory, not the GPU: relaunching on an idle GPU would not help
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
+        "shape[1024,1024,1024] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu",
         "",
     ],
 )

@@ -274,6 +274,49 @@ def test_oom_while_alone_fails_at_once():
     assert b.sched.recovery_queue == []
 
 
+def test_a_process_of_someone_else_arriving_later_makes_the_task_no_longer_alone():
+    """Sharing was judged at launch only: an OOM caused by a process started beside it afterwards failed
+    the task for good, "out of memory alone", with another GPU idle."""
+    b = Bench(gpus=2)
+    task = b.submit()
+    assert b.placed() == {task.id: (0,)}
+    b.first_kernel(task.id)
+    b.sched.record_gpu_processes(0, {task.id}, 1, b.t)
+    assert task.current.shared and b.sched.take_changes()[-1] is task  # persisted: a restart keeps it
+    b.oom(task.id)
+    assert b.placed() == {task.id: (1,)} and task.state is TaskState.DISPATCHED
+
+
+def test_a_relaunch_goes_only_to_a_gpu_that_holds_the_need_it_was_placed_with():
+    """The relaunch took the lowest idle GPU, 16 GiB for a need of 24000 MiB: it ran out again there."""
+    b = Bench(totals=(16_384, 40_960), max_relaunches=1)
+    filler = b.submit("filler")
+    b.placed()
+    b.set(1, used_mib=4_000, smact=0.3, smocc=0.2, drama=0.2)
+    b.first_kernel(filler.id)
+    b.advance(30)
+    big = b.submit("big", mem_mib=24_000)
+    assert b.placed() == {big.id: (1,)}
+    b.oom(big.id)
+    assert b.placed() == {}
+    assert b.sched.waiting_reason(big.id) == "recovery: waiting for 1 whole idle GPU(s) holding 26048 MiB"
+    b.exit(filler.id)
+    assert b.placed() == {big.id: (1,)}
+
+
+def test_a_multi_gpu_task_that_outgrew_every_whole_gpu_fails_instead_of_holding_the_recovery_queue():
+    """MIG instances were counted as larger GPUs it could relaunch on: it waited forever, and every other
+    task behind it."""
+    b = Bench(totals=(16_384, 16_384, 40_960, 40_960), mig=(2, 3))
+    pair = b.submit("pair", gpus=2)
+    assert b.placed() == {pair.id: (0, 1)}
+    b.first_kernel(pair.id)
+    b.oom(pair.id)
+    small = b.submit("small")
+    assert small.id in b.placed()
+    assert pair.state is TaskState.FAILED and "alone on GPU 0,1" in pair.reason
+
+
 def test_other_errors_fail_with_their_reason_and_success_completes():
     b = Bench(gpus=2)
     bad, good = b.submit("bad"), b.submit("good")
@@ -449,6 +492,25 @@ def test_restored_tasks_take_up_queues_and_gpus_as_they_were():
     assert status[0].tasks == (running.id,) and not status[0].valid  # its TTFK window still runs
     after.t = running.current.first_kernel_s + 30
     assert after.sched.gpu_status(after.t)[0].valid
+
+
+def test_a_restored_multi_gpu_task_counts_as_seen_only_where_it_is_seen_again():
+    """Its first kernel is kept per task: restored as seen on both GPUs, the one it never showed on was
+    open to collocation at once."""
+    b = Bench(gpus=2)
+    pair = b.submit("pair", gpus=2)
+    b.placed()
+    b.sched.record_gpu_processes(0, {pair.id}, 0, b.t)  # seen on GPU 0 only
+    b.advance(31)
+    assert [s.valid for s in b.sched.gpu_status(b.t)] == [True, False]
+    assert [s.awaiting_first_kernel for s in b.sched.gpu_status(b.t)] == [False, True]
+    after = Bench(gpus=2)
+    after.t = b.t
+    after.sched.restore(pair)
+    assert [s.valid for s in after.sched.gpu_status(after.t)] == [False, False]
+    after.sched.record_gpu_processes(0, {pair.id}, 0, after.t)
+    after.advance(30)
+    assert [s.valid for s in after.sched.gpu_status(after.t)] == [True, False]
 
 
 def test_gpu_status_shows_samples_risk_and_waiting_for_a_first_kernel():

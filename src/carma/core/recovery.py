@@ -17,16 +17,19 @@ OOM_PATTERNS: tuple[tuple[str, str], ...] = (
     ("pytorch", r"torch\.(cuda\.)?OutOfMemoryError"),
     ("tensorflow", r"ResourceExhaustedError"),
     ("tensorflow", r"OOM when allocating tensor"),
-    ("jax/xla", r"RESOURCE_EXHAUSTED:.*(out of memory|while trying to allocate)"),
+    ("jax/xla", r"RESOURCE_EXHAUSTED:.*(out of memory|while trying to allocate|Failed to allocate)"),
     ("cuda runtime", r"cudaErrorMemoryAllocation"),
     ("cuda driver", r"CUDA_ERROR_OUT_OF_MEMORY"),
-    ("cuda", r"CUDA error: out of memory"),
+    ("cuda", r"CUDA (driver )?error: out of memory"),  # "driver": PyTorch's expandable segments
     ("cublas", r"CUBLAS_STATUS_ALLOC_FAILED"),
     ("cudnn", r"CUDNN_STATUS_ALLOC_FAILED"),
-    ("nccl", r"NCCL.*(Failed to CUDA calloc|cudaMalloc.*failed)"),
+    ("nccl", r"NCCL.*(Failed to CUDA calloc|cudaMalloc.*failed|Cuda failure '?out of memory)"),
 )
+# The same message about host memory (TensorFlow's CPU allocator): no GPU would help.
+HOST_MEMORY = r"device:CPU|allocator cpu"
 
 _OOM_RE = re.compile("|".join(f"(?:{p})" for _, p in OOM_PATTERNS), re.IGNORECASE)
+_HOST_RE = re.compile(HOST_MEMORY, re.IGNORECASE)
 
 
 def classify_exit(exit: ProcessExit, killed_by_request: bool = False) -> ExitKind:
@@ -34,14 +37,12 @@ def classify_exit(exit: ProcessExit, killed_by_request: bool = False) -> ExitKin
         return ExitKind.KILLED
     if exit.exit_code == 0 and exit.signal is None:
         return ExitKind.SUCCESS
-    if _OOM_RE.search(exit.log_tail):
-        return ExitKind.OOM
-    return ExitKind.ERROR
+    return ExitKind.OOM if oom_message(exit) else ExitKind.ERROR
 
 
 def oom_message(exit: ProcessExit) -> str:
-    """The log line that identified the OOM, for the task's record."""
+    """The log line that identified a GPU out-of-memory error, for the task's record ("" if none did)."""
     for line in reversed(exit.log_tail.splitlines()):
-        if _OOM_RE.search(line):
+        if _OOM_RE.search(line) and not _HOST_RE.search(line):
             return line.strip()
     return ""

@@ -138,8 +138,10 @@ class Scheduler:
             for gpu in attempt.gpus:
                 self._on_gpu[gpu].add(task.id)
                 self._ttfk.dispatched(gpu, task.id, attempt.dispatched_s)
-                if attempt.first_kernel_s is not None:
+                if attempt.first_kernel_s is not None and len(attempt.gpus) == 1:
                     self._ttfk.seen(gpu, task.id, attempt.first_kernel_s)
+                # a multi-GPU task's first kernel is kept for the task, not per GPU: each of its GPUs waits to
+                # see it again in the next process list, rather than counting as seen where it never was
 
     def take_changes(self) -> list[Task]:
         """Tasks changed since the last call, in id order: what a world persists before acting."""
@@ -170,6 +172,11 @@ class Scheduler:
     def record_gpu_processes(self, gpu: int, tasks: Iterable[TaskId], foreign: int, now: float) -> None:
         """What a GPU's process list shows: carma tasks on it (first kernels) and other processes."""
         self._foreign[gpu] = foreign
+        if foreign:  # someone else's process: the tasks here no longer run alone (an OOM may not be theirs)
+            for task_id in self._on_gpu[gpu]:
+                if not self._tasks[task_id].current.shared:
+                    self._tasks[task_id].current.shared = True
+                    self._changed.add(task_id)
         for task_id in tasks:
             if self._ttfk.seen(gpu, task_id, now):
                 task = self._tasks[task_id]
@@ -213,17 +220,23 @@ class Scheduler:
         while True:
             if self._recovery:
                 task = self._tasks[self._recovery[0]]
+                n = task.spec.gpus
                 outgrown = self._outgrown(task)
+                first_need = task.attempts[0].need  # what it was first placed with: a GPU must hold a known one
                 # After running out alone, the largest idle GPUs that are larger than those it outgrew.
                 idle = sorted(
-                    (g for g in self._for(task.spec.gpus, self._idle_gpus()) if self.gpus[g].total_mib > outgrown),
+                    (g for g in self._for(n, self._idle_gpus()) if self.gpus[g].total_mib > outgrown),
                     key=lambda g: -self.gpus[g].total_mib if outgrown else 0,
                 )
-                if len(idle) < task.spec.gpus:
+                if first_need is not None:
+                    idle = self._whole(idle, first_need, n)
+                if len(idle) < n:
                     larger = f" larger than {outgrown} MiB" if outgrown else ""
-                    self._blocked[task.id] = f"recovery: waiting for {task.spec.gpus} whole idle GPU(s){larger}"
+                    required = None if first_need is None else self._whole_mib(first_need, n)
+                    holding = f" holding {required} MiB" if required is not None else ""
+                    self._blocked[task.id] = f"recovery: waiting for {n} whole idle GPU(s){larger}{holding}"
                     break
-                launches.append(self._launch(task, idle[: task.spec.gpus], RECOVERY_NEED, now, recovery=True))
+                launches.append(self._launch(task, idle[:n], RECOVERY_NEED, now, recovery=True))
                 continue
             if not self._queue:
                 break
@@ -274,7 +287,7 @@ class Scheduler:
                     risk=risk,
                     excluded=bool(risk and self.config.risk.enabled and risk.excluded(self.config.risk)),
                     valid=self._ttfk.valid(g, now),
-                    awaiting_first_kernel=any(self._tasks[t].state is TaskState.DISPATCHED for t in self._on_gpu[g]),
+                    awaiting_first_kernel=self._ttfk.awaiting(g),
                     tasks=tuple(sorted(self._on_gpu[g])),
                     foreign=self._foreign[g],
                 )
@@ -300,7 +313,8 @@ class Scheduler:
             relaunches = sum(1 for a in task.attempts if a.recovery)
             gpus = ",".join(map(str, attempt.gpus))
             outgrown = self._outgrown(task)
-            if sum(g.total_mib > outgrown for g in self.gpus.values()) < task.spec.gpus:
+            n = task.spec.gpus
+            if sum(self.gpus[g].total_mib > outgrown for g in self._for(n, list(self.gpus))) < n:
                 reason = f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             elif relaunches >= self.config.max_relaunches:

@@ -39,6 +39,11 @@ class TtfkTable:
         for entries in self._entries.values():
             entries.pop(task, None)
 
+    def awaiting(self, gpu: int) -> bool:
+        """Whether a task dispatched to `gpu` has not yet been seen on it (a multi-GPU task seen on another
+        of its GPUs included)."""
+        return any(entry.first_kernel_s is None for entry in self._entries[gpu].values())
+
     def valid(self, gpu: int, now: float) -> bool:
         """Whether `gpu` may take another task now; expired entries are dropped on the way."""
         entries = self._entries[gpu]
