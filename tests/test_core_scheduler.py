@@ -287,6 +287,15 @@ def test_a_process_of_someone_else_arriving_later_makes_the_task_no_longer_alone
     assert b.placed() == {task.id: (1,)} and task.state is TaskState.DISPATCHED
 
 
+def test_a_task_needing_a_whole_gpu_takes_idle_ones_in_the_policys_order():
+    """A task of unknown size (no usable estimate) took the lowest index, the 16 GiB GPU, not MAGM's 80."""
+    for policy, expected in ((Policy.MAGM, 1), (Policy.BF, 0), (Policy.EXCLUSIVE, 0)):
+        b = Bench(totals=(16_384, 81_920), policy=policy, estimator=FixedEstimator(None))
+        task = b.submit("opaque")
+        assert b.placed() == {task.id: (expected,)}, policy
+        assert task.current.need.kind is NeedKind.WHOLE_GPU
+
+
 def test_a_relaunch_goes_only_to_a_gpu_that_holds_the_need_it_was_placed_with():
     """The relaunch took the lowest idle GPU, 16 GiB for a need of 24000 MiB: it ran out again there."""
     b = Bench(totals=(16_384, 40_960), max_relaunches=1)

@@ -392,8 +392,8 @@ class Scheduler:
             self._needs[task.id] = need
         idle = self._whole(self._for(n, self._idle_gpus()), need, n)
         if cfg.policy is Policy.EXCLUSIVE or need.kind is NeedKind.WHOLE_GPU:
-            if len(idle) >= n:
-                return idle[:n]
+            if len(idle) >= n:  # in the policy's order too (Exclusive's is the index)
+                return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
             required = self._whole_mib(need, n)
             holding = f" holding {required} MiB" if required is not None else ""
             return f"waiting for {n} whole idle GPU(s){holding}"
