@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,6 +110,20 @@ def test_a_task_on_a_mig_instance_is_no_mps_client(home, tmp_path):
     seen = {d.scheduler.task(t.id).attempts[0].gpus: d.executor.log_path(t.id, 1, "stdout").read_text() for t in tasks}
     assert seen == {(0,): "1\n", (1,): "0\n"}
     d.close()
+
+
+def test_an_mps_control_daemon_that_stopped_is_started_again_before_a_client_launches(home, tmp_path, monkeypatch):
+    """A client finding no control daemon runs without MPS, and without its memory limit, silently."""
+    monkeypatch.setenv("PATH", f"{Path(__file__).parent / 'bin'}:{os.environ['PATH']}")  # the stand-in tool
+    mps = MpsControl(tmp_path / "state")
+    mps.start()
+    d = Daemon(home, FakeGpuBackend(home.fake_gpus), SchedulerConfig(), 10.0, fake_env(home.fake_gpus), mps=mps)
+    mps.stop()  # e.g. `carma mps stop` while the server runs
+    task = d.submit(job("true"))
+    step_until(d, lambda: d.scheduler.task(task.id).state is TaskState.COMPLETED)
+    assert mps.status().running
+    d.close()
+    mps.stop()
 
 
 def test_the_scaled_clock_continues_across_restarts(home):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import time
@@ -27,11 +28,13 @@ from carma.server.archive import SampleArchive
 from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
 from carma.server.metrics import decision_histogram
-from carma.server.mps import MpsControl, client_limits
+from carma.server.mps import MpsControl, MpsError, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
 from carma.server.store import Observation, Spawn, Store
 from carma.telemetry import DeviceReading, GpuBackend
+
+log = logging.getLogger("carma.server")
 
 METRICS = ("smact", "smocc", "drama")
 
@@ -265,6 +268,7 @@ class Daemon:
         assert self.mps is not None
         if any(self.scheduler.gpus[g].exclusive for g in launch.gpus):
             return {}
+        self._keep_mps_up()
         need = task.current.need
         known = need.mib if need is not None and need.kind is NeedKind.KNOWN else None
         margin = self.scheduler.config.margin_mib
@@ -272,6 +276,17 @@ class Daemon:
             **self.mps.client_env(),
             **client_limits(known, margin, len(launch.gpus), self.jobs[task.id].mps_threads),
         }
+
+    def _keep_mps_up(self) -> None:
+        """Start carma's MPS control daemon again if it stopped (`carma mps stop`, a crash): a client that
+        finds none runs without MPS, and so without its memory limit, silently."""
+        assert self.mps is not None
+        try:
+            if not self.mps.status().running:
+                log.warning("carma's MPS control daemon had stopped: starting it again")
+                self.mps.start()
+        except MpsError as e:
+            log.error("MPS is unusable (%s): tasks run without it, and without their MPS memory limits", e)
 
     def _on_spawn(self, record: SpawnRecord) -> None:
         self.store.record_spawn(record.task_id, record.attempt, Spawn(record.pid, record.start_ticks, record.run_dir))
