@@ -16,8 +16,10 @@ from carma.server.daemon import Daemon, DaemonClock
 from carma.server.mps import MpsControl
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
+from carma.server.store import Observation
 from carma.sim.gpus import parse_gpus
 from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
+from servers import fakejob
 
 
 @pytest.fixture
@@ -124,6 +126,21 @@ def test_an_mps_control_daemon_that_stopped_is_started_again_before_a_client_lau
     assert mps.status().running
     d.close()
     mps.stop()
+
+
+def test_what_telemetry_saw_of_a_task_outlives_a_stop_of_the_daemon(home):
+    """The peak and metrics lived in memory only: a task that ended while the daemon was down had none in
+    the history, and `--estimate history` then found no earlier run to go by."""
+    first = daemon(home)
+    task = first.submit(job(*fakejob(40, "3GiB", "--smact", "0.4"), mem_mib=4096))
+    step_until(first, lambda: first.recorder.live().get(task.id, Observation(0, None, None, None)).peak_mib == 3072)
+    first.close()  # a clean stop: the task runs on
+    time.sleep(5)  # and ends while no daemon runs (40 s at 10x)
+    second = daemon(home)
+    step_until(second, lambda: second.scheduler.task(task.id).state is TaskState.COMPLETED)
+    (run,) = second.store.history()
+    assert run["peak_mib"] == 3072 and run["smact_mean"] is not None  # the means of the samples seen
+    second.close()
 
 
 def test_the_scaled_clock_continues_across_restarts(home):

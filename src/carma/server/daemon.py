@@ -37,6 +37,7 @@ from carma.telemetry import DeviceReading, GpuBackend
 log = logging.getLogger("carma.server")
 
 METRICS = ("smact", "smocc", "drama")
+OBSERVATIONS_SAVE_S = 60.0  # how often what telemetry saw of live tasks is saved (wall seconds; and at a stop)
 
 
 def placements_held(store: Store) -> int:
@@ -65,15 +66,16 @@ class DaemonClock:
 
 
 class RunRecorder:
-    """Per live task: the most GPU memory its processes held on one GPU, and the metrics it ran under.
+    """Per live task: the most GPU memory its processes held on one GPU, and the metrics it ran under
+    (running sums: a task of weeks costs no more than one of minutes).
 
-    Seen from telemetry once the task shows on its GPUs; a task re-adopted after a restart is observed
-    from then on.
+    Seen from telemetry once the task shows on its GPUs. What was seen so far is saved now and then and
+    when the daemon stops (`live`), and taken up again after a restart (`resume`).
     """
 
     def __init__(self) -> None:
         self._peak: dict[TaskId, int] = {}
-        self._sums: dict[TaskId, dict[str, list[float]]] = {}
+        self._sums: dict[TaskId, dict[str, list[float]]] = {}  # metric -> [sum, samples with a value]
 
     def observe(self, readings: Sequence[DeviceReading], owner_of: Mapping[int, TaskId]) -> None:
         used: dict[TaskId, dict[int, int]] = {}
@@ -85,20 +87,38 @@ class RunRecorder:
         samples = {r.sample.gpu: r.sample for r in readings}
         for task_id, per_gpu in used.items():
             self._peak[task_id] = max(self._peak.get(task_id, 0), *per_gpu.values())
-            sums = self._sums.setdefault(task_id, {m: [] for m in METRICS})
+            sums = self._sums.setdefault(task_id, {m: [0.0, 0] for m in METRICS})
             for gpu in per_gpu:
                 for metric in METRICS:
                     value = getattr(samples[gpu], metric)
                     if value is not None:
-                        sums[metric].append(value)
+                        sums[metric][0] += value
+                        sums[metric][1] += 1
+
+    def resume(self, task_id: TaskId, seen: Observation) -> None:
+        """Go on from what an earlier daemon saw of the task's live attempt."""
+        self._peak[task_id] = seen.peak_mib
+        means = (seen.smact_mean, seen.smocc_mean, seen.drama_mean)
+        self._sums[task_id] = {
+            m: [0.0, 0] if v is None else [v * seen.samples, seen.samples] for m, v in zip(METRICS, means, strict=True)
+        }
+
+    def live(self) -> dict[TaskId, Observation]:
+        """What has been seen so far of each live task."""
+        return {task_id: self._seen(task_id) for task_id in self._peak}
 
     def finish(self, task_id: TaskId) -> Observation | None:
         """What was seen of the task's attempt that just ended (None if it never showed on a GPU)."""
         if task_id not in self._peak:
             return None
-        sums = self._sums.pop(task_id)
-        means = [sum(v) / len(v) if v else None for v in (sums[m] for m in METRICS)]
-        return Observation(self._peak.pop(task_id), *means)
+        seen = self._seen(task_id)
+        del self._peak[task_id], self._sums[task_id]
+        return seen
+
+    def _seen(self, task_id: TaskId) -> Observation:
+        sums = self._sums[task_id]
+        means = [total / n if n else None for total, n in (sums[m] for m in METRICS)]
+        return Observation(self._peak[task_id], *means, max(int(n) for _, n in sums.values()))
 
 
 class Journal:
@@ -183,7 +203,8 @@ class Daemon:
             on_spawn=self._on_spawn,
             task_env=self._mps_env if mps else lambda task, launch: {},
         )
-        recorder = RunRecorder()
+        recorder = self.recorder = RunRecorder()
+        self._observations_saved = time.monotonic()
         self.archive = SampleArchive(self.store)
         telemetry = BackendTelemetry(backend, self.executor.shim_pids, [recorder.observe, self.archive.observe])
         journal = Journal(self.store, recorder)
@@ -239,6 +260,8 @@ class Daemon:
             self.jobs[task.id] = stored.job
             if task.state in ACTIVE_STATES:
                 self._readopt(task, stored.spawns.get(task.current.number))
+            if task.state in ACTIVE_STATES and (seen := stored.observed.get(task.current.number)):
+                self.recorder.resume(task.id, seen)
             self.scheduler.restore(task)
             if task.state is TaskState.QUEUED:
                 self.estimates.request(task.id, stored.job)
@@ -300,6 +323,15 @@ class Daemon:
 
     def step(self) -> None:
         self.loop.step(place=not self.draining)
+        if time.monotonic() - self._observations_saved >= OBSERVATIONS_SAVE_S:
+            self._save_observations()
+
+    def _save_observations(self) -> None:
+        """Keep what telemetry saw of the live tasks so far: a restart goes on from it, and a task that ends
+        while no daemon runs still has its peak in the history."""
+        self._observations_saved = time.monotonic()
+        for task_id, seen in self.recorder.live().items():
+            self.store.record_observation(task_id, self.scheduler.task(task_id).current.number, seen)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -326,6 +358,7 @@ class Daemon:
         self._ticked = asyncio.Event()
 
     def close(self) -> None:
+        self._save_observations()
         self.estimates.close()
         self.backend.close()
         self.store.close()

@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     smact_mean REAL,
     smocc_mean REAL,
     drama_mean REAL,
+    observed_samples INTEGER,
     PRIMARY KEY (task_id, number)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -91,7 +92,13 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
 """
 # columns added since the first release, for databases that predate them
 ADDED_COLUMNS = {
-    "attempts": {"peak_mib": "INTEGER", "smact_mean": "REAL", "smocc_mean": "REAL", "drama_mean": "REAL"},
+    "attempts": {
+        "peak_mib": "INTEGER",
+        "smact_mean": "REAL",
+        "smocc_mean": "REAL",
+        "drama_mean": "REAL",
+        "observed_samples": "INTEGER",
+    },
     "estimates": {"notes": "TEXT NOT NULL DEFAULT '[]'"},
 }
 SERIES_FIELDS = ("used_mib", "total_mib", "smact", "smocc", "drama", "power_w", "energy_j", "temperature_c")
@@ -114,6 +121,7 @@ class Observation:
     smact_mean: float | None
     smocc_mean: float | None
     drama_mean: float | None
+    samples: int = 0  # the samples the means are over: a restarted daemon goes on averaging from there
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,7 @@ class StoredTask:
     task: Task
     job: JobSpec
     spawns: dict[int, Spawn]  # attempt number -> its process
+    observed: dict[int, Observation]  # attempt number -> what telemetry saw of it (so far, for a live one)
 
 
 class Store:
@@ -224,9 +233,9 @@ class Store:
     def record_observation(self, task_id: TaskId, attempt: int, seen: Observation) -> None:
         with self._transaction() as db:
             db.execute(
-                """UPDATE attempts SET peak_mib = ?, smact_mean = ?, smocc_mean = ?, drama_mean = ?
-                   WHERE task_id = ? AND number = ?""",
-                (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, task_id, attempt),
+                """UPDATE attempts SET peak_mib = ?, smact_mean = ?, smocc_mean = ?, drama_mean = ?,
+                   observed_samples = ? WHERE task_id = ? AND number = ?""",
+                (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, seen.samples, task_id, attempt),
             )
 
     def add_gpu_samples(self, rows: Sequence[tuple[int, float, dict[str, float | None]]], keep_after_s: float) -> None:
@@ -348,7 +357,7 @@ class Store:
 
     def load(self) -> list[StoredTask]:
         """Every task with its job and attempts, in submission order (to restore the scheduler)."""
-        attempts: dict[TaskId, list[tuple[Attempt, Spawn | None]]] = {}
+        attempts: dict[TaskId, list[tuple[Attempt, Spawn | None, Observation | None]]] = {}
         for row in self._db.execute("SELECT * FROM attempts ORDER BY task_id, number"):
             attempts.setdefault(row[0], []).append(_attempt(row))
         out = []
@@ -361,13 +370,14 @@ class Store:
                 _job(job).task_spec(),
                 submit_s,
                 TaskState(state),
-                [a for a, _ in rows],
+                [a for a, _, _ in rows],
                 reason,
                 bool(cancel),
                 ended_s,
             )
-            spawns = {a.number: s for a, s in rows if s is not None}
-            out.append(StoredTask(task, _job(job), spawns))
+            spawns = {a.number: s for a, s, _ in rows if s is not None}
+            observed = {a.number: o for a, _, o in rows if o is not None}
+            out.append(StoredTask(task, _job(job), spawns, observed))
         return out
 
 
@@ -383,9 +393,9 @@ def _need(text: str | None) -> MemoryNeed | None:
     return MemoryNeed(NeedKind(data["kind"]), data["mib"], data["source"])
 
 
-def _attempt(row: tuple) -> tuple[Attempt, Spawn | None]:
+def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:
     (_, number, gpus, dispatched_s, exclusive, recovery, first_kernel_s, ended_s, outcome, message, need, shared,
-     pid, start_ticks, run_dir, *_observed) = row  # fmt: skip
+     pid, start_ticks, run_dir, peak, smact, smocc, drama, samples) = row  # fmt: skip
     attempt = Attempt(
         number=number,
         gpus=tuple(json.loads(gpus)),
@@ -400,7 +410,8 @@ def _attempt(row: tuple) -> tuple[Attempt, Spawn | None]:
         shared=bool(shared),
     )
     spawn = Spawn(pid, start_ticks, run_dir) if pid is not None else None
-    return attempt, spawn
+    observed = Observation(peak, smact, smocc, drama, samples or 0) if peak is not None else None
+    return attempt, spawn, observed
 
 
 def _last_time(task: Task) -> float:
