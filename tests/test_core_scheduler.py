@@ -254,6 +254,27 @@ def test_oom_crashed_task_is_recovered_on_a_whole_idle_gpu():
     assert [a.outcome for a in victim.attempts] == [ExitKind.OOM, ExitKind.SUCCESS]
 
 
+def test_a_relaunch_keeps_its_gpu_to_itself_while_it_runs():
+    """A task joined on the GPU of its relaunch ran out of memory again, using up its relaunches."""
+    b = Bench(gpus=2)
+    busy(b, [0, 1])
+    victim = b.submit("victim")
+    assert b.placed() == {victim.id: (0,)}
+    b.oom(victim.id)
+    b.exit(next(t.id for t in b.sched.tasks if t.spec.name == "filler1"))
+    assert b.placed() == {victim.id: (1,)}
+    b.first_kernel(victim.id)
+    b.set(1, used_mib=5_000)
+    b.advance(60)  # its TTFK window is long over, and its GPU has the most free memory
+    newcomer = b.submit("newcomer")
+    assert b.placed() == {newcomer.id: (0,)}  # beside the filler, not beside the relaunch
+    b.exit(victim.id)
+    b.advance(1)
+    assert b.sched.task(victim.id).state is TaskState.COMPLETED
+    later = b.submit("later")
+    assert b.placed() == {later.id: (1,)}  # shareable again once it ended
+
+
 def test_relaunches_are_bounded():
     b = Bench(gpus=1, max_relaunches=0)
     _, victim = collocated_oom(b)

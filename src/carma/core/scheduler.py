@@ -347,6 +347,11 @@ class Scheduler:
         """The most memory (MiB, less the reserve) each GPU of an `n`-GPU task can have."""
         return self._usable_mib[0] if n == 1 else self._usable_whole_mib[n - 1]
 
+    def _shareable(self, gpu: int) -> bool:
+        """Whether another task may join `gpu`: not a MIG instance, and not holding a relaunch after an OOM
+        crash, which keeps its GPUs to itself so that the crash does not recur (CARMA section 2.5)."""
+        return not self.gpus[gpu].exclusive and not any(self._tasks[t].current.recovery for t in self._on_gpu[gpu])
+
     def _for(self, n: int, gpus: list[int]) -> list[int]:
         """The GPUs among `gpus` an `n`-GPU task may take: a process sees one MIG instance at most (CUDA
         enumerates a single one), so a multi-GPU task takes whole GPUs only."""
@@ -402,7 +407,7 @@ class Scheduler:
         gpus = [
             g
             for g in self._windows
-            if not self.gpus[g].exclusive and self._windows[g].latest is not None and self._ttfk.valid(g, now)
+            if self._shareable(g) and self._windows[g].latest is not None and self._ttfk.valid(g, now)
         ]
         if len(gpus) < n:
             return f"needs {n} GPU(s); {len(gpus)} shareable and not awaiting a first kernel (TTFK)"

@@ -101,7 +101,8 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
                 "outcome": a.outcome.value if a.outcome else None,
                 "message": a.message,
                 "recovery": a.recovery,
-                "exclusive": a.exclusive,
+                "exclusive": a.exclusive,  # started alone on its GPUs
+                "shared": a.shared,  # another task or process was on them at some point
                 "need_mib": a.need.mib if a.need else None,
                 "need": a.need.kind.value if a.need else None,
                 "need_source": a.need.source if a.need else None,
