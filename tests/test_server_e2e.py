@@ -105,6 +105,19 @@ def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped
     )
 
 
+def test_a_task_file_given_by_a_relative_path_runs_in_its_folder(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """`submit -f proj/task.yaml` without a workdir took proj/proj, which does not exist."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    server.cli("drain")
+    (tmp_path / "proj" / "sub").mkdir(parents=True)
+    (tmp_path / "proj" / "plain.yaml").write_text("command: [pwd]\n")
+    (tmp_path / "proj" / "nested.yaml").write_text("command: [pwd]\nworkdir: sub\n")
+    for name, workdir in (("plain", tmp_path / "proj"), ("nested", tmp_path / "proj" / "sub")):
+        result = run_carma("submit", "--json", "-f", f"proj/{name}.yaml", cwd=tmp_path, env=server.env)
+        assert result.returncode == 0, result.stderr
+        assert server.task(json.loads(result.stdout)["id"])["workdir"] == str(workdir)
+
+
 def test_tasks_inherit_the_submitters_environment_unless_clean(start_server, tmp_path):  # type: ignore[no-untyped-def]
     """As sbatch exports it: a task finds its user's HOME, PATH and settings, never their carma token."""
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
@@ -406,6 +419,18 @@ def test_submitting_from_a_deleted_directory_is_one_line_or_takes_the_workdir_gi
     assert submit_from_gone("--workdir", "/tmp").returncode == 0
 
 
+def test_a_state_directory_too_deep_for_its_socket_is_refused_before_anything_is_made(tmp_path):
+    """The bind failed with "AF_UNIX path too long", after the database and fake GPUs had been made."""
+    home = tmp_path / ("x" * 100)
+    started = run_carma("server", "--fake-gpus", "1xA100-40GB", env=cli_env(CARMA_HOME=str(home)))
+    assert started.returncode == 2 and started.stderr.count("\n") == 1
+    assert (
+        f"the server's socket {home / 'carma.sock'} would be" in started.stderr
+        and "shorter CARMA_HOME" in started.stderr
+    )
+    assert not home.exists()
+
+
 def test_a_tcp_address_it_cannot_listen_on_is_named_in_one_line():
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     with socket.socket() as taken:
@@ -505,6 +530,13 @@ def test_an_oom_crashed_task_is_recovered_and_completes(start_server):  # type: 
     assert not attempts[0]["exclusive"] and attempts[1]["recovery"] and attempts[1]["exclusive"]
     assert "CUDA out of memory" in attempts[0]["message"]
     assert "CUDA out of memory" in server.cli("logs", late, "--stderr", "--attempt", "1").stdout
+    latest = server.cli("logs", late, "--stderr")  # the relaunch's: it says where the crash's output is
+    assert "CUDA out of memory" not in latest.stdout
+    assert latest.stderr == f"carma: task {late} was relaunched: this is attempt 2's output (--attempt 1: before)\n"
+    shown = server.cli("show", late).stdout
+    assert (
+        "attempt 1 on GPU 0 (collocated, oom;" in shown and "attempt 2 on GPU 0 (recovery, exclusive, success;" in shown
+    )
 
 
 def test_a_log_of_several_chunks_is_printed_whole(start_server):  # type: ignore[no-untyped-def]

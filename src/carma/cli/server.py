@@ -43,7 +43,7 @@ def server_cmd(
     from carma.server.executor import closed_to_others
     from carma.server.mps import MpsControl, MpsError
     from carma.server.paths import Paths, carma_home
-    from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, refuse_if_running, serve
+    from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, check_socket_path, refuse_if_running, serve
     from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -56,6 +56,7 @@ def server_cmd(
         if time_scale != 1.0 and not fake_gpus:
             raise ValueError("--time-scale only applies to fake GPUs (--fake-gpus)")
         positive(time_scale, "--time-scale")  # before the state directory keeps a clock of that scale
+        check_socket_path(paths.socket)
         paths.create()
         refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
         tokens = Tokens(paths.tokens)  # a malformed file stops the start before an MPS daemon or GPU is touched

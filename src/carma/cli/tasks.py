@@ -67,8 +67,8 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
         spec["command"] = [spec["command"]] if spec.get("shell") is True else _split(spec["command"], path)
     if not isinstance(spec.get("workdir") or "", str):
         raise fail(f"{path}: workdir must be a path, not {spec['workdir']!r}")
-    workdir = Path(spec.get("workdir") or path.parent).expanduser()
-    spec["workdir"] = str((path.parent / workdir).resolve() if not workdir.is_absolute() else workdir)
+    given = Path(spec.get("workdir") or ".").expanduser()  # relative to the file's folder, by default that
+    spec["workdir"] = str(given if given.is_absolute() else absolute(path.parent / given))
     return spec
 
 
@@ -220,7 +220,7 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
     if task["reason"]:
         lines.append(f"reason: {task['reason']}")
     for a in task["attempt_list"]:
-        how = "recovery, exclusive" if a["recovery"] else ("exclusive" if a["exclusive"] else "collocated")
+        how = "recovery, exclusive" if a["recovery"] else ("collocated" if a["shared"] else "alone")
         end = f", {a['outcome']}" if a["outcome"] else ""
         need = f"{a['need_mib']} MiB" if a["need_mib"] else a["need"]
         lines.append(
@@ -266,6 +266,9 @@ def logs_cmd(
     offset, number = 0, attempt
     while True:
         chunk = _call(client.logs, task_id, "stderr" if stderr else "stdout", number, offset)
+        if number is None and (latest := chunk["attempt"] or 0) > 1:  # the earlier output (an OOM, say) is elsewhere
+            earlier = "--attempt 1" if latest == 2 else f"--attempt 1 to {latest - 1}"
+            err.print(f"carma: task {task_id} was relaunched: this is attempt {latest}'s output ({earlier}: before)")
         number = number or chunk["attempt"]
         sys.stdout.write(chunk["text"])
         sys.stdout.flush()

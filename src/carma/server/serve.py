@@ -22,6 +22,8 @@ from carma.server.api import create_app
 from carma.server.auth import PeerCredProtocol, Tokens
 from carma.server.daemon import Daemon
 
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
+
 
 class AlreadyRunning(RuntimeError):
     pass
@@ -40,6 +42,17 @@ def refuse_if_running(path: Path) -> None:
             raise AlreadyRunning(f"a carma server is already running at {path}")
         finally:
             probe.close()
+
+
+def check_socket_path(path: Path) -> None:
+    """Refuse, before anything is made, a state directory too deep for its socket: Linux takes at most
+    107 bytes for a unix socket's path (the bind failed after the state and the MPS daemon were set up)."""
+    size = len(os.fsencode(path))
+    if size > UNIX_PATH_MAX:
+        raise ValueError(
+            f"the server's socket {path} would be {size} bytes long, and a unix socket's path takes at most "
+            f"{UNIX_PATH_MAX}: choose a shorter CARMA_HOME (or --home)"
+        )
 
 
 def bind_unix(path: Path) -> socket.socket:
