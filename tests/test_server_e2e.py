@@ -526,6 +526,7 @@ def test_an_oom_crashed_task_is_recovered_and_completes(start_server):  # type: 
     assert follow.returncode == 0 and "step 10/10" in followed
     assert said == f"carma: task {late} was relaunched: attempt 2's output follows\n"
     attempts = server.task(late)["attempt_list"]
+    assert server.task(late)["start_s"] == attempts[1]["dispatched_s"]  # queue's TIME: the relaunch's run
     assert [a["outcome"] for a in attempts] == ["oom", "success"]
     assert not attempts[0]["exclusive"] and attempts[1]["recovery"] and attempts[1]["exclusive"]
     assert "CUDA out of memory" in attempts[0]["message"]

@@ -48,7 +48,7 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         **_need_view(daemon, task),
         "gpus": list(a.gpus) if a and a.ended_s is None else [],
         "submit_s": task.submit_s,
-        "start_s": task.attempts[0].dispatched_s if task.attempts else None,
+        "start_s": a.dispatched_s if a else None,  # the latest attempt's: a relaunch's run starts anew
         "ended_s": task.ended_s,
         "attempts": len(task.attempts),
         "waiting_reason": _waiting_reason(daemon, task.id),
