@@ -142,6 +142,11 @@ def test_failing_task_fails_with_its_reason(start_server):  # type: ignore[no-un
     assert result.returncode == 1
     task = server.task(task_id)
     assert task["state"] == "failed" and task["reason"].startswith("exit code 3")
+    quiet = server.submit("sh", "-c", "echo env looks fine; exit 4")  # no errors written: stdout's last line
+    loud = server.submit("sh", "-c", "echo working; echo no such file: data.csv >&2; exit 5")
+    server.cli("wait", quiet, loud)
+    assert server.task(quiet)["reason"] == "exit code 4 (its last output: env looks fine)"  # not read as the cause
+    assert server.task(loud)["reason"] == "exit code 5: no such file: data.csv"
 
 
 def test_status_reports_the_caller_from_the_socket(start_server):  # type: ignore[no-untyped-def]

@@ -462,4 +462,6 @@ def _error_reason(exit: ProcessExit) -> str:
         status = f"exit code {exit.exit_code}"
     else:  # it never started (the last line says why), or vanished unobserved
         return last or "ended without an exit status"
-    return f"{status}: {last}" if last else status
+    if not last:
+        return status
+    return f"{status} (its last output: {last})" if exit.tail_is_output else f"{status}: {last}"

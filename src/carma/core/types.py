@@ -101,6 +101,7 @@ class ProcessExit:
     exit_code: int | None
     log_tail: str = ""
     signal: int | None = None
+    tail_is_output: bool = False  # the tail is of its standard output: it wrote no errors
 
 
 @dataclass(frozen=True)

@@ -256,7 +256,8 @@ class ProcessExecutor:
         else:
             (code, sig), ended_at = _status_without_record(run), None
         wall = ended_at if isinstance(ended_at, int | float) else time.time()
-        exit = ProcessExit(code, _log_tail(run.run_dir), sig)
+        tail, of_output = _log_tail(run.run_dir)
+        exit = ProcessExit(code, tail, sig, tail_is_output=of_output)
         return TaskExit(run.record.task_id, exit, self.to_clock(wall))
 
 
@@ -294,10 +295,10 @@ def _read_tail(path: Path, size: int) -> str:
         return ""
 
 
-def _log_tail(run_dir: Path) -> str:
-    """What the classifier reads: the end of stderr, or of stdout when the task wrote no errors."""
+def _log_tail(run_dir: Path) -> tuple[str, bool]:
+    """What the classifier reads: the end of stderr, or of stdout when the task wrote no errors (and so)."""
     tail = _read_tail(run_dir / STDERR_FILE, LOG_TAIL_BYTES)
-    return tail if tail.strip() else _read_tail(run_dir / STDOUT_FILE, LOG_TAIL_BYTES)
+    return (tail, False) if tail.strip() else (_read_tail(run_dir / STDOUT_FILE, LOG_TAIL_BYTES), True)
 
 
 def _int(value: object) -> int | None:
