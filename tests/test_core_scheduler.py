@@ -254,9 +254,11 @@ def test_oom_crashed_task_is_recovered_on_a_whole_idle_gpu():
     assert [a.outcome for a in victim.attempts] == [ExitKind.OOM, ExitKind.SUCCESS]
 
 
-def test_a_relaunch_keeps_its_gpu_to_itself_while_it_runs():
-    """A task joined on the GPU of its relaunch ran out of memory again, using up its relaunches."""
-    b = Bench(gpus=2)
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_a_relaunch_keeps_its_gpu_to_itself_while_it_runs_if_configured(exclusive):
+    """A task joined on the GPU of its relaunch can make it run out of memory again, using up its relaunches;
+    `exclusive_relaunch` keeps the relaunch alone (by default others join once its TTFK window is over)."""
+    b = Bench(gpus=2, exclusive_relaunch=exclusive)
     busy(b, [0, 1])
     victim = b.submit("victim")
     assert b.placed() == {victim.id: (0,)}
@@ -267,7 +269,9 @@ def test_a_relaunch_keeps_its_gpu_to_itself_while_it_runs():
     b.set(1, used_mib=5_000)
     b.advance(60)  # its TTFK window is long over, and its GPU has the most free memory
     newcomer = b.submit("newcomer")
-    assert b.placed() == {newcomer.id: (0,)}  # beside the filler, not beside the relaunch
+    assert b.placed() == {newcomer.id: (0,) if exclusive else (1,)}  # beside the filler, or the relaunch (MAGM)
+    if not exclusive:
+        return
     b.exit(victim.id)
     b.advance(1)
     assert b.sched.task(victim.id).state is TaskState.COMPLETED

@@ -220,7 +220,7 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
     if task["reason"]:
         lines.append(f"reason: {task['reason']}")
     for a in task["attempt_list"]:
-        how = "recovery, exclusive" if a["recovery"] else ("collocated" if a["shared"] else "alone")
+        how = ("recovery, " if a["recovery"] else "") + ("collocated" if a["shared"] else "alone")
         end = f", {a['outcome']}" if a["outcome"] else ""
         need = f"{a['need_mib']} MiB" if a["need_mib"] else a["need"]
         lines.append(

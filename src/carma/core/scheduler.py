@@ -348,9 +348,11 @@ class Scheduler:
         return self._usable_mib[0] if n == 1 else self._usable_whole_mib[n - 1]
 
     def _shareable(self, gpu: int) -> bool:
-        """Whether another task may join `gpu`: not a MIG instance, and not holding a relaunch after an OOM
-        crash, which keeps its GPUs to itself so that the crash does not recur (CARMA section 2.5)."""
-        return not self.gpus[gpu].exclusive and not any(self._tasks[t].current.recovery for t in self._on_gpu[gpu])
+        """Whether another task may join `gpu`: not a MIG instance, nor (with `exclusive_relaunch`) holding a
+        relaunch after an OOM crash, which then keeps its GPUs to itself so that the crash cannot recur."""
+        if self.gpus[gpu].exclusive:
+            return False
+        return not (self.config.exclusive_relaunch and any(self._tasks[t].current.recovery for t in self._on_gpu[gpu]))
 
     def _for(self, n: int, gpus: list[int]) -> list[int]:
         """The GPUs among `gpus` an `n`-GPU task may take: a process sees one MIG instance at most (CUDA

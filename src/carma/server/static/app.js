@@ -262,7 +262,7 @@ async function showTask(id, reveal = false) {
     : "";
   const attempts = t.attempt_list.map((a) => {
     const need = a.need_mib ? `${a.need_mib} MiB` : a.need;
-    const how = a.recovery ? "recovery, exclusive" : a.shared ? "collocated" : "alone";
+    const how = (a.recovery ? "recovery, " : "") + (a.shared ? "collocated" : "alone");
     return `<li>attempt ${a.number} on GPU ${a.gpus.join(",")} (${how}; ${a.outcome || (a.ended_s === null ? t.state : "ended")}; need ${esc(need)} from ${esc(a.need_source)}) ${esc(a.message || "")}</li>`;
   }).join("");
   panel.innerHTML = `<h3>task ${t.id}: ${esc(t.name)} <span class="muted">${esc(t.user)} · ${t.state}</span>
