@@ -364,6 +364,15 @@ def test_other_errors_fail_with_their_reason_and_success_completes():
     assert b.exit(good.id) is None  # a second report of the same exit changes nothing
 
 
+def test_a_failure_reason_is_one_line_of_bounded_length():
+    """200 kB written without a new line made an 8 kB reason: 42 rows of `carma history` for one task."""
+    b = Bench(gpus=1)
+    task = b.submit()
+    b.decide()
+    b.exit(task.id, 3, "E" * 200_000)
+    assert task.reason == "exit code 3: " + "E" * 299 + "…"
+
+
 def test_a_task_that_never_started_fails_with_why_not_an_exit_code():
     b = Bench(gpus=1)
     task = b.submit()

@@ -369,6 +369,25 @@ def test_cancel_goes_on_past_an_id_it_cannot_cancel(start_server):  # type: igno
     assert server.cli("queue", "--state", "queued").stdout.count("\n") == 1  # the header alone
 
 
+def test_cancelling_many_tasks_starts_none_of_the_waiting_ones(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """One request per id: each running task's cancel freed its GPU, and a waiting task was placed there
+    before its own cancel came (18 of 100 ran their command)."""
+    server = start_server("--fake-gpus", "2xA100-40GB", "--time-scale", "600")
+    running = [server.submit("sleep", "1000") for _ in range(2)]
+    for t in running:
+        server.wait_state(t, "dispatched", "running")
+    waiting = [server.submit("touch", str(tmp_path / f"ran-{i}")) for i in range(40)]
+    result = server.cli("cancel", *running, *waiting, 999)
+    assert (result.returncode, result.stderr) == (2, "error: no task with id 999\n")
+    lines = result.stdout.splitlines()
+    assert lines[:2] == [f"task {t}: stopping (SIGTERM sent)" for t in running]
+    assert lines[2:] == [f"task {t}: cancelled" for t in waiting]
+    time.sleep(2)
+    assert list(tmp_path.glob("ran-*")) == [] and all(server.task(t)["attempts"] == 0 for t in waiting)
+    many = server.cli("wait", *running, *waiting, "--json")  # beyond a few ids, one listing per poll
+    assert many.returncode == 1 and {t["state"] for t in json.loads(many.stdout)} == {"cancelled"}
+
+
 def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB")
     server.cli("drain")

@@ -65,7 +65,7 @@ def replay_cmd(
                 "the trace's arrivals and run times are not kept on one clock"
             )
         _submit_all(client, entries, time_scale or server_scale, memory == "oracle", quiet=as_json, ids=ids)
-        figures = run_figures(client.wait(ids)) if wait else None
+        figures = run_figures([client.task(t["id"]) for t in client.wait(ids)]) if wait else None  # with attempts
     except ClientError as e:
         raise fail(f"{e} ({_submitted(ids, len(entries))})") from None
     except KeyboardInterrupt:

@@ -53,6 +53,7 @@ class GpuStatus:
 
 RECOVERY_FIRST = "recovery queue has priority"
 ESTIMATING = "waiting for its memory estimate"
+REASON_CHARS = 300  # a failed task's reason is one line of `carma queue`: its log holds the rest
 
 
 class SpecError(ValueError):
@@ -295,12 +296,14 @@ class Scheduler:
         return out
 
     def waiting_reason(self, task_id: TaskId) -> str | None:
-        """Why a waiting task was not placed at the last decision."""
+        """Why a waiting task was not placed at the last decision (by its state, not a scan of the queues:
+        listing thousands of waiting tasks asks this of each)."""
         if task_id in self._blocked:
             return self._blocked[task_id]
-        if task_id in self._recovery:
+        state = self._tasks[task_id].state if task_id in self._tasks else None
+        if state is TaskState.RECOVERING:
             return HEAD_OF_LINE
-        if task_id in self._queue:
+        if state is TaskState.QUEUED:
             return RECOVERY_FIRST if self._recovery else HEAD_OF_LINE
         return None
 
@@ -457,7 +460,10 @@ class Scheduler:
 
 
 def _error_reason(exit: ProcessExit) -> str:
+    """The exit and the last line of the log's tail, that line cut to `REASON_CHARS` (the log has it whole)."""
     last = next((line.strip() for line in reversed(exit.log_tail.splitlines()) if line.strip()), "")
+    if len(last) > REASON_CHARS:
+        last = last[: REASON_CHARS - 1] + "…"
     if exit.signal is not None:
         status = f"killed by signal {exit.signal}"
     elif exit.exit_code is not None:

@@ -47,6 +47,14 @@ class SubmitRequest(BaseModel):
     estimate: str | None = Field(None, description=f"memory estimator when mem is not given: {', '.join(METHODS)}")
 
 
+class CancelRequest(BaseModel):
+    """Tasks to cancel together."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[StrictInt] = Field(min_length=1, max_length=1_000_000)
+
+
 def _one_line(exc: RequestValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
@@ -179,13 +187,29 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             view["env"] = None  # the queue is everyone's; a task's environment (tokens, keys) its owner's
         return view
 
-    @app.post("/v1/tasks/{task_id}/cancel")
-    async def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
+    def cancel_one(task_id: TaskId, who: Caller) -> Task:
         task = task_or_404(task_id)
         owned(task, who)
         if task.state in TERMINAL_STATES:
             raise HTTPException(409, f"task {task_id} already ended ({task.state.value})")
-        return task_view(daemon, daemon.cancel(task_id))
+        return daemon.cancel(task_id)
+
+    @app.post("/v1/tasks/{task_id}/cancel")
+    async def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
+        return task_view(daemon, cancel_one(task_id, who))
+
+    @app.post("/v1/cancel")
+    async def cancel_many(body: CancelRequest, who: Who) -> dict[str, Any]:
+        """Cancel several tasks at once, each on its own (one refused stops none of the others). No
+        placement comes between them: one at a time, a waiting task was started on the GPU a running one
+        just freed, before its own cancel came."""
+        results: list[dict[str, Any]] = []
+        for task_id in body.ids:
+            try:
+                results.append({"id": task_id, "state": cancel_one(task_id, who).state.value})
+            except HTTPException as e:
+                results.append({"id": task_id, "error": e.detail})
+        return {"results": results}
 
     @app.get("/v1/tasks/{task_id}/logs")
     async def logs(

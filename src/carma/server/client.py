@@ -21,6 +21,7 @@ from carma.server.paths import Paths, carma_home
 TIMEOUT_S = 30.0
 RECONNECT_S = 60.0  # how long `wait` keeps polling a server that stopped answering (a restart takes seconds)
 ENDED = frozenset({"completed", "failed", "cancelled"})
+FEW_TASKS = 20  # up to this many, `wait` asks for each task; beyond, it lists them all once per poll
 
 
 class ClientError(Exception):
@@ -143,27 +144,39 @@ class Client:
         (an upgrade, a service manager's restart) re-adopts running tasks, so a script's wait should outlive it.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        tasks = [self.task(t) for t in task_ids]  # a server not running at all is an error at once
+        tasks = self._states(task_ids)  # a server not running at all is an error at once
         down_since: float | None = None
         while True:
-            pending = [str(t["id"]) for t in tasks if t["state"] not in ENDED]
+            pending = [t["id"] for t in tasks if t["state"] not in ENDED]
             if not pending:
                 return tasks
             if deadline is not None and time.monotonic() > deadline:
-                raise WaitTimeout(f"timed out waiting for task(s) {', '.join(pending)}", tasks)
+                raise WaitTimeout(f"timed out waiting for {_ids(pending)}", tasks)
             time.sleep(poll_s)
             try:
-                tasks = [self.task(t) for t in task_ids]
+                tasks = self._states(task_ids)
                 down_since = None
             except ServerDown as e:
                 down_since = down_since or time.monotonic()
                 if time.monotonic() - down_since > reconnect_s:
-                    raise ServerDown(
-                        f"{e}; gave up waiting for task(s) {', '.join(pending)} after {reconnect_s:g} s"
-                    ) from None
+                    raise ServerDown(f"{e}; gave up waiting for {_ids(pending)} after {reconnect_s:g} s") from None
+
+    def _states(self, task_ids: list[int]) -> list[dict[str, Any]]:
+        """The tasks (id, state, reason and more), in the order given: one request each for a few, one listing
+        for many (a thousand requests per poll kept the daemon busy)."""
+        if len(task_ids) <= FEW_TASKS:
+            return [self.task(t) for t in task_ids]
+        by_id = {t["id"]: t for t in self.tasks(all=True)}
+        if missing := next((t for t in task_ids if t not in by_id), None):
+            raise ClientError(f"no task with id {missing}")
+        return [by_id[t] for t in task_ids]
 
     def cancel(self, task_id: int) -> dict[str, Any]:
         return self.request("POST", f"/v1/tasks/{task_id}/cancel")
+
+    def cancel_many(self, task_ids: list[int]) -> list[dict[str, Any]]:
+        """Per id, in order: {"id", "state"} once cancelled (or stopping), {"id", "error"} if refused."""
+        return self.request("POST", "/v1/cancel", json_body={"ids": task_ids})["results"]
 
     def logs(self, task_id: int, stream: str = "stdout", attempt: int | None = None, offset: int = 0) -> dict[str, Any]:
         params: dict[str, Any] = {"stream": stream, "offset": offset}
@@ -182,6 +195,13 @@ class Client:
 
     def drain(self, on: bool) -> dict[str, Any]:
         return self.request("POST", "/v1/drain" if on else "/v1/resume")
+
+
+def _ids(ids: list[int]) -> str:
+    """Task ids for a message: all of a few, the first ones of many."""
+    if len(ids) <= FEW_TASKS:
+        return "task(s) " + ", ".join(map(str, ids))
+    return f"{len(ids)} tasks ({', '.join(map(str, ids[:5]))}, ...)"
 
 
 def run_figures(tasks: list[dict[str, Any]]) -> dict[str, float | int]:
