@@ -99,6 +99,18 @@ def test_metrics_export_gpus_tasks_and_decisions_and_leave_missing_metrics_out(d
     assert families["carma_gpu_risk_excluded"][0].value in (0.0, 1.0)
 
 
+def test_a_live_event_holds_the_running_tasks_and_the_first_waiting_ones(daemon, tmp_path, monkeypatch):
+    """With 10,000 queued, each event of the dashboard's stream was 3.7 MB: the whole queue, every second."""
+    from carma.server import dashboard
+
+    monkeypatch.setattr(dashboard, "SNAPSHOT_TASKS", 3)
+    daemon.draining = True
+    ids = [daemon.submit(JobSpec(f"t{i}", ("true",), str(tmp_path))).id for i in range(5)]
+    event = dashboard.snapshot(daemon)
+    assert [t["id"] for t in event["tasks"]] == ids[:3] and event["tasks_not_shown"] == 2
+    assert event["status"]["tasks"]["queued"] == 5  # what the page counts
+
+
 def test_a_database_from_the_first_release_is_upgraded_in_place(tmp_path):
     path = tmp_path / "carma.db"
     Store(path).close()

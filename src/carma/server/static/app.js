@@ -218,8 +218,9 @@ function needText(t) {
 function renderQueue(s) {
   const order = { running: 0, dispatched: 1, oom_crashed: 2, recovering: 3, queued: 4 };
   const tasks = [...s.tasks].sort((a, b) => (order[a.state] ?? 9) - (order[b.state] ?? 9) || a.id - b.id);
-  const waiting = tasks.filter((t) => !["running", "dispatched"].includes(t.state)).length;
-  $("#queue-count").textContent = `${tasks.length - waiting} running, ${waiting} waiting`;
+  const count = (name) => s.status.tasks[name] || 0;  // every task, also those the event leaves out
+  const waiting = count("queued") + count("recovering") + count("oom_crashed");
+  $("#queue-count").textContent = `${count("running") + count("dispatched")} running, ${waiting} waiting`;
   const rows = tasks.map((t) => {
     const running = t.state === "running" || t.state === "dispatched";
     const since = running ? t.start_s : t.submit_s;
@@ -229,6 +230,9 @@ function renderQueue(s) {
       <td>${t.state}</td><td>${gpus}</td><td title="${esc(t.need_source ?? "")}">${needText(t)}</td>
       <td>${since !== null ? duration(s.now_s - since) : ""}</td><td class="why">${esc(why)}</td></tr>`;
   });
+  if (s.tasks_not_shown) {
+    rows.push(`<tr class="empty"><td colspan="8">and ${s.tasks_not_shown} more waiting: <code>carma queue</code> lists them all</td></tr>`);
+  }
   $("#queue tbody").innerHTML = rows.join("") || `<tr class="empty"><td colspan="8">no tasks waiting or running</td></tr>`;
 }
 
