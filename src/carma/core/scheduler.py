@@ -139,10 +139,10 @@ class Scheduler:
             for gpu in attempt.gpus:
                 self._on_gpu[gpu].add(task.id)
                 self._ttfk.dispatched(gpu, task.id, attempt.dispatched_s)
-                if attempt.first_kernel_s is not None and len(attempt.gpus) == 1:
-                    self._ttfk.seen(gpu, task.id, attempt.first_kernel_s)
                 # a multi-GPU task's first kernel is kept for the task, not per GPU: each of its GPUs waits to
                 # see it again in the next process list, rather than counting as seen where it never was
+                if attempt.first_kernel_s is not None and len(attempt.gpus) == 1:
+                    self._ttfk.seen(gpu, task.id, attempt.first_kernel_s)
 
     def take_changes(self) -> list[Task]:
         """Tasks changed since the last call, in id order: what a world persists before acting."""

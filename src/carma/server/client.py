@@ -167,7 +167,7 @@ class Client:
         if len(task_ids) <= FEW_TASKS:
             return [self.task(t) for t in task_ids]
         by_id = {t["id"]: t for t in self.tasks(all=True)}
-        if missing := next((t for t in task_ids if t not in by_id), None):
+        if (missing := next((t for t in task_ids if t not in by_id), None)) is not None:
             raise ClientError(f"no task with id {missing}")
         return [by_id[t] for t in task_ids]
 

@@ -296,7 +296,8 @@ def _read_tail(path: Path, size: int) -> str:
 
 
 def _log_tail(run_dir: Path) -> tuple[str, bool]:
-    """What the classifier reads: the end of stderr, or of stdout when the task wrote no errors (and so)."""
+    """What the classifier reads: the end of stderr, or of stdout when the task wrote no errors; and whether
+    it is stdout's."""
     tail = _read_tail(run_dir / STDERR_FILE, LOG_TAIL_BYTES)
     return (tail, False) if tail.strip() else (_read_tail(run_dir / STDOUT_FILE, LOG_TAIL_BYTES), True)
 

@@ -66,8 +66,8 @@ class MpsControl:
         return MpsStatus(True, tuple(int(w) for w in answer.stdout.split() if w.isdigit()))
 
     def start(self) -> MpsStatus:
-        if self.status().running:
-            return self.status()
+        if (status := self.status()).running:
+            return status
         for directory in (self.pipe_dir, self.log_dir):
             directory.mkdir(parents=True, exist_ok=True)
         # stderr to a file, not a pipe: a daemonizing child that kept the pipe would block the read forever
@@ -86,26 +86,28 @@ class MpsControl:
             if code != 0:
                 errors.seek(0)
                 raise MpsError(f"could not start the MPS control daemon: {errors.read().strip()}")
-        return self._wait_until(True, f"the MPS control daemon did not come up (see {self.log_dir / 'control.log'})")
+        if (status := self._wait_until(True)) is None:
+            raise MpsError(f"the MPS control daemon did not come up (see {self.log_dir / 'control.log'})")
+        return status
 
     def stop(self) -> MpsStatus:
         if not self.status().running:
             return MpsStatus(False, ())
         self._ask("quit\n")
-        try:
-            return self._wait_until(False, "")
-        except MpsError:  # `quit` waits for the clients: not a failure, but not stopped yet either
-            servers = ", ".join(map(str, self.status().servers)) or "none listed"
-            raise MpsError(
-                f"the MPS control daemon takes no new clients and quits once its clients end (MPS servers: "
-                f"{servers}); it was still running after {self._timeout_s:g} s"
-            ) from None
+        if (status := self._wait_until(False)) is not None:
+            return status
+        servers = ", ".join(map(str, self.status().servers)) or "none listed"  # `quit` waits for the clients
+        raise MpsError(
+            f"the MPS control daemon takes no new clients and quits once its clients end (MPS servers: "
+            f"{servers}); it was still running after {self._timeout_s:g} s"
+        )
 
-    def _wait_until(self, running: bool, message: str) -> MpsStatus:
+    def _wait_until(self, running: bool) -> MpsStatus | None:
+        """The status once the control daemon runs (or not) as asked; None if it did not within the timeout."""
         deadline = time.monotonic() + self._timeout_s
         while (status := self.status()).running is not running:
             if time.monotonic() > deadline:
-                raise MpsError(message)
+                return None
             time.sleep(0.1)
         return status
 

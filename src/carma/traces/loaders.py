@@ -27,6 +27,7 @@ BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-m
 
 _SLEEP_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # as coreutils' sleep reads them
 _TASK_KEYS = {"at", "task", "repeat", "every"}
+_SHELL_PUNCTUATION = ";&|()<>"  # the shell's operator characters: a script line's commands are split at them
 MAX_ENTRIES = 100_000  # a server's trace (CARMA's have 60 to 90 tasks), bounded so a typo cannot fill memory
 _YAML_KEYS = {"name", "workloads", "tasks"}
 
@@ -150,7 +151,7 @@ def _format_hint(line: str) -> str:
 def _commands(line: str, where: str) -> list[list[str]]:
     """The commands of a script line: its words split at `;`, `&&` and `&` (submissions go on at once, so a
     background one is no different); other shell syntax is an error."""
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()<>")
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=_SHELL_PUNCTUATION)
     lexer.whitespace_split = True
     try:
         tokens = list(lexer)
@@ -160,7 +161,7 @@ def _commands(line: str, where: str) -> list[list[str]]:
     for token in tokens:
         if token in (";", "&&", "&"):
             commands.append([])
-        elif token and set(token) <= set(";&|()<>"):
+        elif token and set(token) <= set(_SHELL_PUNCTUATION):
             raise TraceError(f"{where}: {token!r}: a trace script takes commands joined by ';', '&&' or '&' only")
         else:
             commands[-1].append(token)
