@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from carma.core import SchedulerConfig, SpecError, TaskState
 from carma.server.auth import Tokens
 from carma.server.daemon import Daemon, DaemonClock
+from carma.server.metrics import Metrics
 from carma.server.mps import MpsControl
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
@@ -37,6 +39,10 @@ def daemon(paths: Paths, grace_s: float = 10.0) -> Daemon:
 
 def job(*argv: str, **fields: object) -> JobSpec:
     return JobSpec(fields.pop("name", "job"), argv, fields.pop("workdir", "/tmp"), **fields)  # type: ignore[arg-type]
+
+
+def scrape(d: Daemon) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(Metrics(d).render().decode())}
 
 
 def step_until(d: Daemon, predicate, timeout: float = 20.0):  # type: ignore[no-untyped-def]
@@ -141,6 +147,30 @@ def test_what_telemetry_saw_of_a_task_outlives_a_stop_of_the_daemon(home):
     (run,) = second.store.history()
     assert run["peak_mib"] == 3072 and run["smact_mean"] is not None  # the means of the samples seen
     second.close()
+
+
+def test_ended_tasks_past_the_retention_are_forgotten_with_their_logs_and_counted_still(home, monkeypatch):
+    monkeypatch.setattr("carma.server.daemon.FORGET_EVERY_S", 1.0)
+    d = Daemon(home, FakeGpuBackend(home.fake_gpus), SchedulerConfig(), 10.0, fake_env(home.fake_gpus),
+               keep_ended_s=20.0)  # fmt: skip
+    quick = d.submit(job("sh", "-c", "echo done; exit 3"))
+    slow = d.submit(job("sleep", "30"))
+    step_until(d, lambda: d.scheduler.task(quick.id).state is TaskState.FAILED)
+    logs = d.executor.run_dir(quick.id, 1)
+    assert logs.is_dir()
+    step_until(d, lambda: quick.id not in {t.id for t in d.scheduler.tasks})  # 20 s of its clock after it ended
+    assert not logs.exists() and quick.id not in d.jobs
+    assert [s.task.id for s in d.store.load()] == [slow.id]  # running: kept
+    assert "it ended over 0.000231481 day(s) ago and was forgotten" in d.no_task(quick.id)
+    assert d.no_task(99) == "no task with id 99"
+    ended = {s.labels["outcome"]: s.value for s in scrape(d)["carma_tasks_ended"] if s.name.endswith("_total")}
+    assert ended["failed"] == 1.0  # a counter never goes down
+    d.loop.cancel(slow.id)
+    step_until(d, lambda: d.scheduler.tasks == [])
+    d.close()
+    again = daemon(home)  # every task forgotten: ids go on
+    assert again.submit(job("true")).id == slow.id + 1
+    again.close()
 
 
 def test_the_scaled_clock_continues_across_restarts(home):

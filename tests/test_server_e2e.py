@@ -686,3 +686,18 @@ def test_history_records_what_the_gpus_saw_of_a_run(start_server):  # type: igno
     shown = dict(zip(header, row, strict=True))
     assert table.returncode == 0
     assert (shown["PEAK"], shown["PLACED WITH"], shown["FROM"]) == ("3.00 GiB", "4.00 GiB", "user")
+
+
+def test_ended_tasks_are_forgotten_after_the_configured_days(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    config = tmp_path / "carma.toml"
+    config.write_text("[server]\nkeep_ended_days = 0.01  # 864 s of the daemon's clock: 1.4 s at 600x\n")
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "600", "--config", str(config))
+    done = server.submit("true")
+    assert server.cli("wait", done).returncode == 0
+    assert (server.home / "tasks" / str(done)).is_dir()
+    gone = wait_until(lambda: (r := server.cli("show", done)).returncode != 0 and r, 30, "the task to be forgotten")
+    assert gone.stderr.strip() == (
+        f"error: no task with id {done}: it ended over 0.01 day(s) ago and was forgotten ([server] keep_ended_days)"
+    )
+    assert not (server.home / "tasks" / str(done)).exists() and server.json("history") == []
+    assert server.submit("true") == done + 1

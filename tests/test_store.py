@@ -104,3 +104,37 @@ def test_estimates_keep_their_notes_and_older_databases_gain_the_column(path):
     store.add_estimate("new", noted, 1.0)
     store.close()
     assert Store(path).estimate("new") == noted
+
+
+def _ended(store: Store, task_id: int, state: TaskState, ended_s: float) -> None:
+    task = next(s.task for s in store.load() if s.task.id == task_id)
+    task.attempts.append(Attempt(1, (0,), ended_s - 1, exclusive=True, recovery=False, ended_s=ended_s))
+    task.state, task.ended_s = state, ended_s
+    store.save([task])
+
+
+def test_forgotten_tasks_leave_every_table_and_their_ids_are_not_reused(path):
+    store = Store(path)
+    old, shared, kept = (store.add(JOB, 0.0) for _ in range(3))
+    estimate = Estimate("xmem", 1024, Breakdown(parameters=1024), "a100-40gb", 1.0)
+    store.add_estimate("mine", estimate, 0.0)
+    store.add_estimate("ours", estimate, 0.0)
+    store.link_estimate(old, "mine")
+    store.link_estimate(shared, "ours")
+    store.link_estimate(kept, "ours")
+    _ended(store, old, TaskState.COMPLETED, 10.0)
+    _ended(store, shared, TaskState.FAILED, 20.0)
+    store.forget([old, shared], {"completed": 1, "failed": 1, "oom_crashes": 2})
+    store.forget([], {"completed": 1})
+    assert [s.task.id for s in store.load()] == [kept]
+    assert store.history() == [] and store.task_estimate(kept) == estimate
+    assert store.estimate("mine") is None  # no task left uses it
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT DISTINCT task_id FROM events").fetchall() == [(kept,)]
+    assert db.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
+    _ended(store, kept, TaskState.CANCELLED, 30.0)
+    store.forget([kept], {"cancelled": 1})
+    store.close()
+    reopened = Store(path)  # every task forgotten: the next id still follows the last one given
+    assert reopened.add(JOB, 40.0) == kept + 1
+    assert reopened.forgotten() == {"completed": 2, "failed": 1, "cancelled": 1, "oom_crashes": 2}

@@ -1,5 +1,5 @@
 """carma's configuration file (TOML): scheduler settings (with the paper's defaults), the twin, and the
-daemon's memory estimates.
+daemon's memory estimates and housekeeping.
 
 ```toml
 [scheduler]
@@ -21,6 +21,9 @@ power_exponent = 0.81   # overrides the fitted exponent (see docs/fidelity.md)
 [estimate]
 timeout_s = 600
 captures = 1
+
+[server]
+keep_ended_days = 0
 ```
 
 Every key is optional; unknown keys are an error, so a typo never passes silently.
@@ -62,10 +65,27 @@ class EstimateConfig:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """The daemon's housekeeping: how many days (of its clock) an ended task is kept, with its logs and
+    history, before it is forgotten; 0 keeps every task."""
+
+    keep_ended_days: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.keep_ended_days < 0:
+            raise ValueError(f"keep_ended_days must be 0 (keep every task) or more, not {self.keep_ended_days}")
+
+    @property
+    def keep_ended_s(self) -> float | None:
+        return self.keep_ended_days * 86400 if self.keep_ended_days else None
+
+
+@dataclass(frozen=True)
 class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     twin: TwinConfig = field(default_factory=TwinConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 _TWIN_KEYS = {"gpus": "", "sharing": "", "fragmentation": 0.0, "power_exponent": 0.0}
@@ -105,12 +125,13 @@ def _defaults(obj: object) -> dict[str, object]:
 
 
 def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
-    top = _section(doc, {"scheduler": {}, "twin": {}, "estimate": {}}, source)
+    top = _section(doc, {"scheduler": {}, "twin": {}, "estimate": {}, "server": {}}, source)
     sched = _section(top.get("scheduler", {}), _defaults(SchedulerConfig()) | {"risk": {}}, f"{source} [scheduler]")
     risk_where = f"{source} [scheduler.risk]"
     risk = _section(sched.pop("risk", {}), _defaults(RiskConfig()) | {"weights": {}}, risk_where)
     twin = _section(top.get("twin", {}), _TWIN_KEYS, f"{source} [twin]")
     estimate = _section(top.get("estimate", {}), _defaults(EstimateConfig()), f"{source} [estimate]")
+    server = _section(top.get("server", {}), _defaults(ServerConfig()), f"{source} [server]")
     weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), f"{source} [scheduler.risk.weights]")
     try:
         if "policy" in sched:
@@ -127,7 +148,7 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
         for key in ("sharing", "fragmentation"):
             if key in twin:
                 twin_args[key] = twin[key]
-        return Config(scheduler, TwinConfig(**twin_args), EstimateConfig(**estimate))
+        return Config(scheduler, TwinConfig(**twin_args), EstimateConfig(**estimate), ServerConfig(**server))
     except ValueError as err:
         raise ConfigError(f"{source}: {err}") from None
 

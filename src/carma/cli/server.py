@@ -22,7 +22,7 @@ def server_cmd(
     sharing: Annotated[str, typer.Option(help="With fake GPUs: how they share, mps or timeslice.")] = "mps",
     policy: Annotated[str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm).")] = None,
     config: Annotated[
-        Path | None, typer.Option(help="TOML configuration file (\\[scheduler] and \\[estimate] sections).")
+        Path | None, typer.Option(help="TOML configuration file (\\[scheduler], \\[estimate] and \\[server] sections).")
     ] = None,
     tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (bearer tokens required).")] = None,
     home: Annotated[
@@ -64,7 +64,9 @@ def server_cmd(
         control = MpsControl(paths.home) if mps else None
         if control is not None:
             control.start()
-        daemon = Daemon(paths, backend, scheduler, time_scale, env, grace, control, settings.estimate)
+        daemon = Daemon(
+            paths, backend, scheduler, time_scale, env, grace, control, settings.estimate, settings.server.keep_ended_s
+        )
         daemon.tcp = tcp
         sockets = [bind_unix(paths.socket)]
         if tcp:

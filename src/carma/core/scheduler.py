@@ -144,6 +144,16 @@ class Scheduler:
                 if attempt.first_kernel_s is not None and len(attempt.gpus) == 1:
                     self._ttfk.seen(gpu, task.id, attempt.first_kernel_s)
 
+    def forget(self, task_ids: Iterable[TaskId]) -> None:
+        """Drop ended tasks a world no longer keeps (its retention): they hold no GPU and wait for nothing."""
+        ids = list(task_ids)
+        for task_id in ids:
+            if not self.task(task_id).terminal:
+                raise ValueError(f"task {task_id} has not ended: only ended tasks can be forgotten")
+        for task_id in ids:
+            del self._tasks[task_id]
+            self._changed.discard(task_id)
+
     def take_changes(self) -> list[Task]:
         """Tasks changed since the last call, in id order: what a world persists before acting."""
         changed = [self._tasks[t] for t in sorted(self._changed)]

@@ -102,7 +102,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         try:
             return daemon.scheduler.task(task_id)
         except KeyError:
-            raise HTTPException(404, f"no task with id {task_id}") from None
+            raise HTTPException(404, daemon.no_task(task_id)) from None
 
     def is_theirs(task: Task, who: Caller) -> bool:
         return who.admin or daemon.jobs[task.id].uid == who.uid

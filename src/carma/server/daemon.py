@@ -27,7 +27,7 @@ from carma.server import proctree
 from carma.server.archive import SampleArchive
 from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
-from carma.server.metrics import decision_histogram
+from carma.server.metrics import counted, decision_histogram
 from carma.server.mps import MpsControl, MpsError, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
@@ -38,6 +38,7 @@ log = logging.getLogger("carma.server")
 
 METRICS = ("smact", "smocc", "drama")
 OBSERVATIONS_SAVE_S = 60.0  # how often what telemetry saw of live tasks is saved (wall seconds; and at a stop)
+FORGET_EVERY_S = 60.0  # how often ended tasks past their retention are looked for (the daemon's clock seconds)
 
 
 def placements_held(store: Store) -> int:
@@ -179,8 +180,10 @@ class Daemon:
         grace_s: float = 10.0,
         mps: MpsControl | None = None,
         estimate: EstimateConfig | None = None,
+        keep_ended_s: float | None = None,
     ) -> None:
         self.paths = paths
+        self.keep_ended_s = keep_ended_s  # None: every task is kept
         self.backend = backend
         self.store = Store(paths.database)
         self.clock = self._clock(time_scale)
@@ -205,6 +208,7 @@ class Daemon:
         )
         recorder = self.recorder = RunRecorder()
         self._observations_saved = time.monotonic()
+        self._forget_at = -math.inf  # the daemon's clock time of the next look for tasks to forget
         self.archive = SampleArchive(self.store)
         telemetry = BackendTelemetry(backend, self.executor.shim_pids, [recorder.observe, self.archive.observe])
         journal = Journal(self.store, recorder)
@@ -325,6 +329,28 @@ class Daemon:
         self.loop.step(place=not self.draining)
         if time.monotonic() - self._observations_saved >= OBSERVATIONS_SAVE_S:
             self._save_observations()
+        if self.keep_ended_s is not None and self.clock.now() >= self._forget_at:
+            self._forget_ended()
+
+    def _forget_ended(self) -> None:
+        """Forget the tasks that ended longer ago than the retention (`[server] keep_ended_days`): their
+        rows, logs and history go; the metrics' counters keep what they counted."""
+        assert self.keep_ended_s is not None
+        now = self.clock.now()
+        self._forget_at = now + FORGET_EVERY_S
+        cutoff = now - self.keep_ended_s
+        old = [t for t in self.scheduler.tasks if t.terminal and t.ended_s is not None and t.ended_s < cutoff]
+        if not old:
+            return
+        ids = [t.id for t in old]
+        self.store.forget(ids, counted(old))
+        self.scheduler.forget(ids)
+        for task_id in ids:
+            del self.jobs[task_id]
+            self.estimates.drop(task_id)
+            self.executor.remove_runs(task_id)
+        log.info("forgot %d task(s) that ended over %g day(s) ago (ids %d to %d)", len(ids),
+                 self.keep_ended_s / 86400, min(ids), max(ids))  # fmt: skip
 
     def _save_observations(self) -> None:
         """Keep what telemetry saw of the live tasks so far: a restart goes on from it, and a task that ends
@@ -378,6 +404,13 @@ class Daemon:
         self.jobs[task_id] = job
         self.estimates.request(task_id, job)
         return self.loop.submit(job.task_spec(), task_id)
+
+    def no_task(self, task_id: TaskId) -> str:
+        """Why there is no task with that id: it never was, or it ended and the retention forgot it."""
+        if not 0 < task_id < self.store.next_id:
+            return f"no task with id {task_id}"
+        kept = f" over {self.keep_ended_s / 86400:g} day(s) ago" if self.keep_ended_s is not None else ""
+        return f"no task with id {task_id}: it ended{kept} and was forgotten ([server] keep_ended_days)"
 
     def cancel(self, task_id: TaskId) -> Task:
         self.loop.cancel(task_id)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pwd
+import shutil
 import signal
 import stat
 import subprocess
@@ -39,6 +41,8 @@ from carma.core.types import Launch, ProcessExit, Task, TaskId
 from carma.server import proctree
 from carma.server.shim import ABANDONED, EXIT_FILE, SHIM_FILE, STDERR_FILE, STDOUT_FILE, claim
 from carma.server.spec import JobSpec
+
+log = logging.getLogger("carma.server")
 
 LOG_TAIL_BYTES = 8192
 Stream = Literal["stdout", "stderr"]
@@ -170,6 +174,15 @@ class ProcessExecutor:
 
     def run_dir(self, task_id: TaskId, attempt: int) -> Path:
         return self.home / "tasks" / str(task_id) / str(attempt)
+
+    def remove_runs(self, task_id: TaskId) -> None:
+        """Delete an ended task's run dirs (its logs), when the daemon forgets the task."""
+        try:
+            shutil.rmtree(self.home / "tasks" / str(task_id))
+        except FileNotFoundError:
+            pass  # it never started
+        except OSError as e:
+            log.warning("could not delete the logs of forgotten task %d: %s", task_id, e)
 
     def log_path(self, task_id: TaskId, attempt: int, stream: Stream) -> Path:
         return self.run_dir(task_id, attempt) / {"stdout": STDOUT_FILE, "stderr": STDERR_FILE}[stream]

@@ -8,14 +8,15 @@ crashes and recoveries. The scheduler's decision latency is a histogram.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from carma.core.types import ExitKind, TaskState
+from carma.core.types import ExitKind, Task, TaskState
 
 if TYPE_CHECKING:
     from carma.server.daemon import Daemon
@@ -72,25 +73,39 @@ class DaemonCollector(Collector):
         yield from _task_metrics(d)
 
 
+ENDED = (TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED)
+
+
+def counted(tasks: Iterable[Task]) -> Counter[str]:
+    """What the counters count of these tasks: the ended ones by outcome, OOM crashes, recoveries. The
+    daemon keeps these sums for the tasks it forgets, so its counters never go down."""
+    counts: Counter[str] = Counter()
+    for task in tasks:
+        if task.state in ENDED:
+            counts[task.state.value] += 1
+        counts["oom_crashes"] += sum(a.outcome is ExitKind.OOM for a in task.attempts)
+        counts["recovered"] += task.state is TaskState.COMPLETED and any(a.recovery for a in task.attempts)
+    return counts
+
+
 def _task_metrics(d: Daemon) -> Iterator[Metric]:
     tasks = d.scheduler.tasks
-    by_state = dict.fromkeys(TaskState, 0)
-    for task in tasks:
-        by_state[task.state] += 1
+    by_state = Counter(task.state for task in tasks)
     states = GaugeMetricFamily("carma_tasks", "Tasks by state", labels=["state"])
-    for state, count in by_state.items():
-        states.add_metric([state.value], count)
+    for state in TaskState:
+        states.add_metric([state.value], by_state[state])
     queues = GaugeMetricFamily("carma_queue_length", "Tasks waiting, by queue", labels=["queue"])
     queues.add_metric(["fifo"], len(d.scheduler.queue))
     queues.add_metric(["recovery"], len(d.scheduler.recovery_queue))
+    totals = counted(tasks) + Counter(d.store.forgotten())
     ended = CounterMetricFamily("carma_tasks_ended", "Tasks that ended, by outcome", labels=["outcome"])
-    for state in (TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED):
-        ended.add_metric([state.value], by_state[state])
-    ooms = sum(1 for t in tasks for a in t.attempts if a.outcome is ExitKind.OOM)
-    recovered = sum(1 for t in tasks if t.state is TaskState.COMPLETED and any(a.recovery for a in t.attempts))
+    for state in ENDED:
+        ended.add_metric([state.value], totals[state.value])
     yield from (states, queues, ended)
-    yield CounterMetricFamily("carma_oom_crashes", "Attempts that ended out of memory", value=ooms)
-    yield CounterMetricFamily("carma_tasks_recovered", "Tasks completed after an OOM relaunch", value=recovered)
+    yield CounterMetricFamily("carma_oom_crashes", "Attempts that ended out of memory", value=totals["oom_crashes"])
+    yield CounterMetricFamily(
+        "carma_tasks_recovered", "Tasks completed after an OOM relaunch", value=totals["recovered"]
+    )
 
 
 class Metrics:

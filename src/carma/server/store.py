@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -147,7 +148,8 @@ class Store:
         self._db.executescript(SCHEMA)
         self._migrate()
         self._states: dict[TaskId, str] = dict(self._db.execute("SELECT id, state FROM tasks"))
-        self._next_id = (self._db.execute("SELECT max(id) FROM tasks").fetchone()[0] or 0) + 1
+        newest = self._db.execute("SELECT max(id) FROM tasks").fetchone()[0] or 0
+        self._next_id = max(newest + 1, int(self.meta("next_id", 1)))  # forgotten tasks' ids are not reused
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -291,9 +293,35 @@ class Store:
             db.execute("DELETE FROM attempts WHERE task_id = ? AND number = ?", (task.id, number))
         self.save([task])
 
+    def forget(self, task_ids: Sequence[TaskId], counted: Mapping[str, int]) -> None:
+        """Delete ended tasks: their rows in every table, and the estimates no task left uses. What they
+        counted is added to `forgotten()`, so the metrics' counters never go down; one transaction."""
+        totals = Counter(self.forgotten()) + Counter(counted)
+        with self._transaction() as db:
+            for table, column in (("events", "task_id"), ("task_estimates", "task_id"), ("attempts", "task_id")):
+                db.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(i,) for i in task_ids])
+            db.executemany("DELETE FROM tasks WHERE id = ?", [(i,) for i in task_ids])
+            db.execute("DELETE FROM estimates WHERE fingerprint NOT IN (SELECT fingerprint FROM task_estimates)")
+            self._set_meta(db, "forgotten", dict(totals))
+            self._set_meta(db, "next_id", self._next_id)
+        for task_id in task_ids:
+            self._states.pop(task_id, None)
+
+    @property
+    def next_id(self) -> TaskId:
+        return self._next_id
+
+    def forgotten(self) -> dict[str, int]:
+        """What the tasks forgotten so far counted (by `forget`'s caller's keys)."""
+        return dict(self.meta("forgotten", {}))  # type: ignore[call-overload]
+
     def set_meta(self, key: str, value: object) -> None:
         with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+            self._set_meta(db, key, value)
+
+    @staticmethod
+    def _set_meta(db: sqlite3.Connection, key: str, value: object) -> None:
+        db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     # ----------------------------------------------------------------- reading
 
