@@ -28,6 +28,7 @@ bench: setup
 	$(BIN)/python benchmarks/twin_speed.py
 	$(BIN)/python benchmarks/server_bench.py
 	$(BIN)/python benchmarks/dashboard_bench.py
+	$(BIN)/python benchmarks/fake_gpu_bench.py
 	$(BIN)/python benchmarks/estimators.py
 
 clean:

@@ -158,6 +158,25 @@ def test_dead_processes_are_forgotten(device: FakeDevice) -> None:
 # ----------------------------------------------------------------- the GPU model
 
 
+def test_a_speed_asked_again_follows_every_change_of_the_registry(device: FakeDevice, live_pids) -> None:  # type: ignore[no-untyped-def]
+    """A job's speed is worked out again only when the registry changed (N jobs asking 20 times a wall
+    second each read all N files each time); a change by another process must show at once, and a
+    co-runner killed without releasing once the daemon's next reading has removed it."""
+    g0, _ = uuids(device)
+    other = FakeDevice.open(device.root)  # another process's view of the device
+    mine, killed = live_pids(), subprocess.Popen(["sleep", "60"])
+    assert device.allocate(mine, [g0], 1024)[0]
+    device.set_load(mine, BUSY)
+    assert device.speed(mine) == 1.0
+    assert other.allocate(killed.pid, [g0], 1024)[0]
+    other.set_load(killed.pid, BUSY)
+    assert device.speed(mine) < 1.0
+    killed.kill()
+    killed.wait()
+    other.readings(0.0)  # the daemon reads every step
+    assert device.speed(mine) == 1.0
+
+
 @pytest.mark.parametrize("sharing", ["mps", "timeslice"])
 def test_speed_and_sample_follow_the_calibrated_models(
     tmp_path: Path, live_pids: Callable[[], int], sharing: str

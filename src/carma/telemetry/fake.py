@@ -8,6 +8,8 @@ a real GPU through its driver:
     root/device.lock      taken exclusively (flock) by every change, so allocations never over-commit
     root/procs/<pid>.json one registration per process: its memory on each GPU (by UUID) and its load
                           while computing (null before); written atomically, read without the lock
+    root/generation       a token written anew after every change of the registry: a computing job asks
+                          for its speed many times a second, and reads the registry only when it changed
 
 The model is the twin's (see `carma.sim.twin`): an allocation fails when it exceeds the free memory less
 a fragmentation allowance of what the co-runners hold; a computing process runs at its solo speed divided
@@ -68,6 +70,7 @@ class FakeDevice:
         self._kinds = list(gpus)
         self._uuids = list(uuids)
         self._procs = root / "procs"
+        self._speeds: tuple[str, dict[int, float]] = ("", {})  # the generation they were computed at
 
     # ----------------------------------------------------------------- creating and opening
 
@@ -99,6 +102,7 @@ class FakeDevice:
         gpu_list = [{"index": i, "uuid": u, **asdict(k)} for i, (k, u) in enumerate(zip(gpus, uuids, strict=True))]
         description = {"gpus": gpu_list, "sharing": sharing, "time_scale": time_scale, "fragmentation": fragmentation}
         _write_atomic(root / "device.json", description)
+        device._changed()
         return device
 
     @classmethod
@@ -161,6 +165,7 @@ class FakeDevice:
         """Free everything `pid` holds, as the driver does when a process exits."""
         with self._locked():
             (self._procs / f"{pid}.json").unlink(missing_ok=True)
+            self._changed()
 
     # ----------------------------------------------------------------- what the device shows
 
@@ -170,8 +175,13 @@ class FakeDevice:
         return [(r.pid, r.mib[uuid], r.load) for r in self._live() if r.mib.get(uuid, 0) > 0]
 
     def speed(self, pid: int) -> float:
-        """`pid`'s speed as a fraction of its solo speed; 1 while it is not computing."""
-        return _speeds(self._live(), self._uuids, self.sharing).get(pid, 1.0)
+        """`pid`'s speed as a fraction of its solo speed; 1 while it is not computing. Worked out again only
+        when the registry changed: each job asks several times a wall second, and reading every job's file
+        each time made N jobs cost N^2 reads."""
+        generation = self._generation()
+        if generation != self._speeds[0] or not generation:
+            self._speeds = (generation, _speeds(self._live(), self._uuids, self.sharing))
+        return self._speeds[1].get(pid, 1.0)
 
     def sample(self, uuid: str, now: float) -> GpuSample:
         regs = self._live()
@@ -216,8 +226,9 @@ class FakeDevice:
                 data = json.loads(path.read_text())
             except FileNotFoundError:
                 continue  # released while we listed
-            if not _alive(data["pid"]):
+            if not _alive(data["pid"]):  # killed without releasing: its co-runners speed up
                 path.unlink(missing_ok=True)
+                self._changed()
                 continue
             load = Load(**data["load"]) if data["load"] is not None else None
             regs.append(_Registration(data["pid"], data["mib"], load))
@@ -226,6 +237,17 @@ class FakeDevice:
     def _write(self, reg: _Registration) -> None:
         load = asdict(reg.load) if reg.load is not None else None
         _write_atomic(self._procs / f"{reg.pid}.json", {"pid": reg.pid, "mib": reg.mib, "load": load})
+        self._changed()
+
+    def _changed(self) -> None:
+        """Mark the registry changed, after the change (a reader that saw the old token reads again)."""
+        _write_atomic(self.root / "generation", secrets.token_hex(8))
+
+    def _generation(self) -> str:
+        try:
+            return (self.root / "generation").read_text()
+        except FileNotFoundError:  # a device made before the token: read the registry every time
+            return ""
 
 
 class FakeGpuBackend:
