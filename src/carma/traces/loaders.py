@@ -83,7 +83,8 @@ class _Builder:
             if self.skip_unknown and not fields:  # a row that defines the task too thinly is a mistake, not a skip
                 self.skipped.append(name)
                 return
-            raise TraceError(f"{self.source}, {where}: {err} (use --skip-unknown to leave it out)") from None
+            hint = "" if fields else " (use --skip-unknown to leave it out)"
+            raise TraceError(f"{self.source}, {where}: {err}{hint}") from None
         except ValueError as err:
             raise TraceError(f"{self.source}, {where}: {err}") from None
         if len(self.entries) == MAX_ENTRIES:  # a `repeat: 100000000` filled gigabytes before anything ran
@@ -122,21 +123,26 @@ def _read_csv(text: str, b: _Builder) -> None:
 
 
 def _read_script(text: str, b: _Builder) -> None:
-    """Each line's commands, as the shell would split them (quotes, `#` comments, `;`, `&&` and `&`):
-    `sleep N` advances the clock, a `submit... --task PATH/NAME.rad` command submits NAME."""
+    """Each line's commands, as the shell would run them (quotes, `#` comments, `;`, `&&` and `&`): `sleep N`
+    advances the clock, a `submit... --task PATH/NAME.rad` command submits NAME. Commands sent to the
+    background (`sleep 60 && submit ... &`) keep a clock of their own: the next ones do not wait for them."""
     t = 0.0
     for lineno, line in enumerate(text.splitlines(), start=1):
         where = f"{b.source}, line {lineno}"
-        for words in _commands(line, where):
-            if words[0] == "sleep" and len(words) == 2:
-                t += _sleep_s(words[1], where)
-            elif any("submit" in w for w in words) and words.count("--task") == 1 and words[-1] != "--task":
-                b.add(f"line {lineno}", t, Path(words[words.index("--task") + 1]).name.removesuffix(".rad"))
-            else:
-                raise TraceError(
-                    f"{where}: expected 'sleep N' or a submit.py --task command, not {shlex.join(words)!r}"
-                    + _format_hint(line)
-                )
+        for commands, background in _lists(line, where):
+            clock = t
+            for words in commands:
+                if words[0] == "sleep" and len(words) == 2:
+                    clock += _sleep_s(words[1], where)
+                elif any("submit" in w for w in words) and words.count("--task") == 1 and words[-1] != "--task":
+                    b.add(f"line {lineno}", clock, Path(words[words.index("--task") + 1]).name.removesuffix(".rad"))
+                else:
+                    raise TraceError(
+                        f"{where}: expected 'sleep N' or a submit.py --task command, not {shlex.join(words)!r}"
+                        + _format_hint(line)
+                    )
+            if not background:
+                t = clock
 
 
 def _format_hint(line: str) -> str:
@@ -148,24 +154,29 @@ def _format_hint(line: str) -> str:
     return ""
 
 
-def _commands(line: str, where: str) -> list[list[str]]:
-    """The commands of a script line: its words split at `;`, `&&` and `&` (submissions go on at once, so a
-    background one is no different); other shell syntax is an error."""
+def _lists(line: str, where: str) -> list[tuple[list[list[str]], bool]]:
+    """A script line's command lists as the shell runs them: each one's commands (joined by `&&`), and
+    whether it goes to the background (ended by `&`, not `;` or the line's end); other syntax is an error."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=_SHELL_PUNCTUATION)
     lexer.whitespace_split = True
     try:
         tokens = list(lexer)
     except ValueError as e:  # an unclosed quote
         raise TraceError(f"{where}: {e}") from None
+    lists: list[tuple[list[list[str]], bool]] = []
     commands: list[list[str]] = [[]]
-    for token in tokens:
-        if token in (";", "&&", "&"):
+    for token in [*tokens, ";"]:
+        if token in (";", "&"):
+            if words := [c for c in commands if c]:
+                lists.append((words, token == "&"))
+            commands = [[]]
+        elif token == "&&":
             commands.append([])
         elif token and set(token) <= set(_SHELL_PUNCTUATION):
             raise TraceError(f"{where}: {token!r}: a trace script takes commands joined by ';', '&&' or '&' only")
         else:
             commands[-1].append(token)
-    return [words for words in commands if words]
+    return lists
 
 
 def _sleep_s(word: str, where: str) -> float:
