@@ -315,11 +315,27 @@ def test_a_plot_folder_that_cannot_be_made_is_refused_before_the_simulation(tmp_
     assert not (tmp_path / "sweep.csv").exists()  # nothing simulated, nothing half-written
 
 
-def test_an_unknown_option_is_a_usage_error():
-    result = run_carma("simulate", "--polcy", "rr")
-    assert result.returncode == 2
-    assert "No such option: --polcy" in result.stderr
-    assert "Traceback" not in result.stderr
+PARSER_MISTAKES = {
+    "unknown-option": (["simulate", "--polcy", "rr"], "No such option: --polcy (Possible options: --plot, --policy)"),
+    "out-of-range": (["simulate", "--jobs", "0"], "Invalid value for '--jobs': 0 is not in the range x>=1."),
+    "not-a-number": (["show", "abc"], "Invalid value for 'task_id': 'abc' is not a valid int."),
+    "missing-argument": (["show"], "Missing argument 'task_id'."),
+    "unknown-command": (["simulte"], "No such command 'simulte'. Did you mean 'simulate', 'estimate'?"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), PARSER_MISTAKES.values(), ids=PARSER_MISTAKES.keys())
+def test_a_mistake_the_option_parser_finds_is_one_error_line_too(args, message):
+    """Click printed the usage, a hint and a framed message over five lines."""
+    result = run_carma(*args)
+    where = "carma" if "No such command" in message else f"carma {args[0]}"
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"error: {message} (see {where} --help)\n"
+
+
+def test_carma_alone_prints_its_help():
+    result = run_carma()
+    assert result.returncode == 2 and "Usage: carma [OPTIONS] COMMAND" in result.stdout and result.stderr == ""
 
 
 def test_a_long_error_message_stays_on_one_line():

@@ -1,8 +1,28 @@
 """The `carma` command: one Typer app, its commands in one module per area."""
 
+import sys
+
+import typer
+
 from carma.cli import estimate, replay, report, server, simulate, tasks, twin  # noqa: F401  (they register their commands)
-from carma.cli.common import app
+from carma.cli.common import app, error_line
 
 
 def main() -> None:
-    app()
+    """Run the app. A mistake the option parser finds (an unknown option, a value of the wrong type) is one
+    `error:` line as well, where Click would print the usage, a hint and a framed message."""
+    from typer import _click  # Typer 0.28 carries its own Click (pyproject keeps Typer below 0.29)
+
+    try:
+        sys.exit(typer.main.get_command(app).main(prog_name="carma", standalone_mode=False))
+    except _click.exceptions.NoArgsIsHelpError as e:  # `carma`, `carma twin`: the help, as before
+        print(e.ctx.get_help())
+        sys.exit(e.exit_code)
+    except _click.exceptions.UsageError as e:
+        error_line(f"{e.format_message()} (see {e.ctx.command_path if e.ctx else 'carma'} --help)")
+        sys.exit(e.exit_code)
+    except _click.exceptions.ClickException as e:  # a file option that cannot be opened, say
+        error_line(e.format_message())
+        sys.exit(e.exit_code)
+    except typer.Abort:  # end of input at a prompt
+        sys.exit(1)
