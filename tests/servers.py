@@ -26,7 +26,7 @@ class Server:
     def __init__(self, home: Path, *options: str, env: dict[str, str] | None = None) -> None:
         self.home = home
         self.options = options
-        self.env = cli_env(CARMA_HOME=str(home), **(env or {}))
+        self.env = cli_env(**{"CARMA_HOME": str(home), **(env or {})})
         self.client = Client(home / "carma.sock")
         self.proc: subprocess.Popen[bytes] | None = None
 

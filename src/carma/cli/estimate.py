@@ -69,8 +69,10 @@ def estimate_cmd(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
 ) -> None:
-    """Estimate a training job's peak GPU memory on the CPU: `carma estimate -- python train.py ...` runs the
-    script's first steps with CUDA hidden; `carma estimate --job module:function` runs a job function."""
+    """Estimate a training job's peak GPU memory on the CPU, before it runs.
+
+    `carma estimate -- python train.py ...` runs the script's first steps with CUDA hidden; `carma estimate
+    --job module:function` runs a job function."""
     if ctx.invoked_subcommand:
         return
     script = ctx.meta.get(_SCRIPT)
@@ -184,8 +186,9 @@ def calibrate_cmd(
     ] = None,
     gpu: Annotated[int, typer.Option(help="Index of the local GPU to measure.", min=0)] = 0,
 ) -> None:
-    """Measure the CUDA context and library workspaces of an empty PyTorch process on a local GPU, and store
-    it (in $CARMA_HOME or the XDG config dir) so that estimates for that device use it."""
+    """Measure an empty PyTorch process's GPU memory on a local GPU, for estimates on that device.
+
+    The CUDA context and library workspaces, stored in $CARMA_HOME or the XDG config dir."""
     from carma.estimate.devices import calibrate
 
     try:

@@ -28,8 +28,10 @@ def report_cmd(
         "results/report"
     ),
 ) -> None:
-    """Write an HTML report with charts: makespan and energy per configuration, completion and waiting time
-    CDFs, per-GPU memory and SMACT over time with out-of-memory crashes marked."""
+    """Write an HTML report with charts of simulated runs or the server's history.
+
+    Makespan and energy per configuration, completion and waiting time CDFs, per-GPU memory and SMACT over
+    time with out-of-memory crashes marked."""
     from carma.metrics.htmlreport import write_report
     from carma.metrics.plots import PlotsUnavailable
     from carma.metrics.record import RecordError, from_server, read_records

@@ -20,7 +20,9 @@ def server_cmd(
     ] = None,
     time_scale: Annotated[float, typer.Option(help="With fake GPUs: simulated seconds per wall second.")] = 1.0,
     sharing: Annotated[str, typer.Option(help="With fake GPUs: how they share, mps or timeslice.")] = "mps",
-    policy: Annotated[str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm).")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(help="TOML configuration file (\\[scheduler], \\[estimate] and \\[server] sections).")
     ] = None,
@@ -44,6 +46,7 @@ def server_cmd(
     from carma.server.mps import MpsControl, MpsError
     from carma.server.paths import Paths, carma_home
     from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, check_socket_path, refuse_if_running, serve
+    from carma.sim.experiment import TwinConfig
     from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -76,6 +79,10 @@ def server_cmd(
                 err.print(f"created an admin token for TCP clients in {paths.tokens}")
     except (UsageError, ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
         raise fail(e) from None
+    if settings.twin != replace(TwinConfig(), scheduler=settings.scheduler):
+        err.print(
+            f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus and --sharing"
+        )
     missing = scheduler.risk.missing
     for gpu, names in backend.missing().items():
         effect = "kept out of collocation" if missing == "risky" else "judged without them"
@@ -91,6 +98,7 @@ def server_cmd(
         f"policy {daemon.scheduler.config.policy.value}; GPUs {gpus}"
         + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
         + ("; tasks run under MPS" if mps else "")
+        + (f"; clients reach it with CARMA_HOME={paths.home}" if paths.home != carma_home() else "")
     )
     asyncio.run(serve(daemon, sockets, tokens))
 

@@ -44,8 +44,12 @@ def simulate_cmd(
     ] = None,
     memory: Annotated[str, typer.Option(help=f"Memory-need source: {', '.join(MEMORY_SOURCES)}.")] = "none",
     no_risk_filter: Annotated[bool, typer.Option("--no-risk-filter", help="Switch the risk filter off.")] = False,
-    gpus: Annotated[str | None, typer.Option(help="Simulated GPUs, e.g. 3xA100-40GB.")] = None,
-    sharing: Annotated[str | None, typer.Option(help="GPU sharing mode: mps or timeslice.")] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="Simulated GPUs, e.g. 4xH100-80GB (default: 3xA100-40GB, or the config's).")
+    ] = None,
+    sharing: Annotated[
+        str | None, typer.Option(help="GPU sharing mode: mps or timeslice (default: mps, or the config's).")
+    ] = None,
     sweep_all: Annotated[
         bool, typer.Option("--sweep", help="Run CARMA's whole configuration list and compare with Exclusive.")
     ] = False,

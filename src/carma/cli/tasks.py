@@ -100,8 +100,10 @@ def submit_cmd(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Submit a training task: `carma submit --gpus 1 --mem 8GiB -- python train.py` or `carma submit -f task.yaml`
-    (whose values the options override, as sbatch's options do its #SBATCH lines)."""
+    """Submit a training task: a command after --, or a task file (-f).
+
+    `carma submit --gpus 1 --mem 8GiB -- python train.py` or `carma submit -f task.yaml` (whose values the
+    options override, as sbatch's options do its #SBATCH lines)."""
     if file and command:
         raise fail("give either a command (after --) or a task file (-f), not both")
     variables = {}
@@ -260,8 +262,9 @@ def logs_cmd(
     stderr: Annotated[bool, typer.Option("--stderr", help="The error stream instead of stdout.")] = False,
     attempt: Annotated[int | None, typer.Option(help="An earlier attempt's log (default: the latest).", min=1)] = None,
 ) -> None:
-    """Print a task's output (all of it, chunk by chunk); following the latest attempt goes on to the
-    attempts that relaunch it after an out-of-memory crash."""
+    """Print a task's output; with -f, follow it, into the relaunches after an out-of-memory crash.
+
+    All of it, chunk by chunk; following the latest attempt goes on to the attempts that relaunch it."""
     client = _client()
     offset, number = 0, attempt
     while True:
@@ -390,8 +393,9 @@ def history_cmd(
     hours: Annotated[float | None, typer.Option(help="Only attempts that ended in the last H hours.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Finished runs with what the GPUs saw of them: peak memory beside the memory each was placed with
-    (declared or estimated), execution time, mean SMACT/SMOCC/DRAMA."""
+    """Finished runs with what the GPUs saw of them: peak memory, time, mean SMACT/SMOCC/DRAMA.
+
+    The peak is shown beside the memory each was placed with (declared or estimated)."""
     try:
         if hours is not None:
             positive(hours, "--hours")
