@@ -58,6 +58,18 @@ def test_the_mini_trace_replays_under_each_configuration_on_a_fake_gpu(tmp_path)
     assert "dry run" in report and report.count("| magm-mps |") == 1 + 4
 
 
+def test_a_dry_run_without_nvidias_mps_tools_leaves_the_mps_configuration_out(tmp_path):
+    """It ran the other configurations and then failed on magm-mps: "no GPU needed" but MPS tools were."""
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if Path(d) != STAND_IN)
+    result = run(
+        "run.py", "--dry-run", "--limit", "1", "--time-scale", "200", "--steps-scale", "0.2", "--out", tmp_path,
+        env={"PATH": path},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "note: the dry run leaves out magm-mps: nvidia-cuda-mps-control is not on the PATH" in result.stderr
+    assert sorted(f.name for f in tmp_path.glob("*.json")) == ["exclusive.json", "magm.json"]
+
+
 def test_an_unknown_configuration_is_one_clear_error(tmp_path):
     result = run("run.py", "--dry-run", "--configs", "exclusive,fastest", "--out", tmp_path)
     assert result.returncode == 2 and "unknown configuration(s) fastest" in result.stderr

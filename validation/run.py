@@ -2,7 +2,8 @@
 
     python validation/run.py                          # every configuration, results in docs/validation/
     python validation/run.py --configs magm-mps       # one (e.g. to stay within a time limit per command)
-    python validation/run.py --dry-run                # the same on a fake H100 (carma.fakejob tasks)
+    python validation/run.py --dry-run                # the same on a fake H100 (carma.fakejob tasks; magm-mps
+                                                      # only where nvidia-cuda-mps-control is on the PATH)
 
 For each configuration it starts `carma server` (the NVML backend; fake GPUs with --dry-run) in a fresh
 state directory, submits the mini-trace's tasks (validation/workloads.py) at their arrival times, waits
@@ -296,7 +297,7 @@ def _num(value: float | None, fmt: str = "g") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
+    parser.add_argument("--configs", help=f"comma list of {', '.join(CONFIGS)} (default: all)")
     parser.add_argument("--trace", type=Path, default=HERE / "minitrace.toml")
     parser.add_argument("--out", type=Path, help="results directory (default docs/validation, or a temporary one)")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="scale every task's steps (or fake seconds)")
@@ -308,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on a configuration after S seconds")
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    names = [n.strip() for n in (args.configs or ",".join(CONFIGS)).split(",") if n.strip()]
+    if args.dry_run and args.configs is None and shutil.which("nvidia-cuda-mps-control") is None:
+        names = [n for n in names if not CONFIGS[n].mps]  # a machine without a GPU seldom has NVIDIA's MPS tools
+        print("note: the dry run leaves out magm-mps: nvidia-cuda-mps-control is not on the PATH", file=sys.stderr)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
         parser.error(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
