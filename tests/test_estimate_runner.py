@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -224,6 +227,38 @@ def test_a_script_that_catches_the_stop_and_goes_on_is_not_waited_for(workdir: P
     assert (workdir / "caught.log").read_text() == "went on\n"
 
 
+def test_a_helper_the_script_leaves_running_holds_nothing_up(workdir: Path) -> None:
+    """The capture read the script's error output to its end: a helper process that inherited it (here in a
+    session of its own, out of reach of the capture's kill) kept the estimate waiting past its timeout."""
+    body = """
+    import subprocess, sys, torch
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(90)"], start_new_session=True)
+    open("helper.pid", "w").write(str(helper.pid))
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10):
+        optimizer.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+    """
+    try:
+        assert estimate(["python", script(workdir, "with_helper.py", body)], timeout_s=30).peak_bytes > 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int((workdir / "helper.pid").read_text()), signal.SIGKILL)
+
+
+def test_error_output_that_is_not_utf8_is_read_all_the_same(workdir: Path) -> None:
+    """It was a UnicodeDecodeError: in the server, after the estimate had been made."""
+    latin1 = "import sys; sys.stderr.buffer.write(bytes([99, 97, 102, 233, 10])); sys.stderr.flush()"
+    trains = tiny_script(workdir, "trains.py", 10)
+    (workdir / trains).write_text(latin1 + "\n" + (workdir / trains).read_text())
+    assert estimate(["python", trains]).peak_bytes > 0
+    fails = script(workdir, "fails.py", latin1 + "; sys.exit(3)\n")
+    with pytest.raises(EstimateError, match=r"the script exited with status 3 after 0 optimizer steps: caf\ufffd$"):
+        estimate(["python", fails])
+
+
 def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> None:
     """Scripts often print a model summary first (torchsummary, torchinfo: a forward pass of a tiny batch);
     the captured batch is still the training batch and the estimate is the same."""
@@ -294,6 +329,9 @@ def test_script_that_never_steps_is_a_clear_error(workdir: Path) -> None:
     )
     with pytest.raises(EstimateError, match="never reached an optimizer step; the capture needs 3 training steps"):
         estimate(["python", train])
+    helps = script(workdir, "helps.py", "import argparse\nargparse.ArgumentParser().parse_args()\n")
+    with pytest.raises(EstimateError, match=r"^the script exited \(status 0\) before its first optimizer step"):
+        estimate(["python", helps, "--help"])  # it said the script never reached one
 
 
 def test_a_script_training_tensors_no_module_holds_is_stopped_and_told_why(workdir: Path) -> None:

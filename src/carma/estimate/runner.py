@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError
 from carma.estimate.job import capture_job, job_parts
@@ -37,6 +37,7 @@ from carma.estimate.script import ScriptExited, ScriptFailed, ShortBatchEnded, c
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read back for its last line
 REGISTRY = "carma.estimate.registry:estimate_captured"
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
 # package from its folder, without putting the folder's neighbours (another environment's packages) on its path.
@@ -143,39 +144,46 @@ def _estimate_in_child(
         package = str(Path(__file__).resolve().parent.parent / "__init__.py")
 
         def run(short_second: bool, exact: bool) -> tuple[dict[str, Any], str]:
-            """The child's payload and stderr."""
+            """The child's payload and the tail of its stderr.
+
+            Its stderr goes to a file, not a pipe: reading a pipe to its end waited for every process that
+            inherited it (a helper the script started, in a session of its own too) past the timeout, and
+            held all the script's error output in memory where only the last line is read."""
             result.unlink(missing_ok=True)
-            try:
-                child = subprocess.Popen(
-                    [
-                        python or sys.executable,
-                        "-c",
-                        _CHILD,
-                        package,
-                        json.dumps({**spec, "short_second": short_second, "exact": exact}),
-                    ],
-                    stdin=subprocess.DEVNULL,  # a prompt, unseen with the output, would wait until the timeout
-                    stdout=subprocess.DEVNULL,  # the script's own output
-                    stderr=subprocess.PIPE,  # for the last error line when the child dies
-                    text=True,
-                    cwd=cwd,
-                    env=capture_environment(env),
-                    user=user,
-                    group=group,
-                    extra_groups=extra_groups,
-                    start_new_session=True,  # its own process group, so a timeout ends DataLoader workers too
-                )
-            except OSError as e:
-                raise EstimateError(f"could not start {python or sys.executable} to capture {what}: {e}") from None
-            if on_start is not None:
-                on_start(child.pid)
-            try:
-                _, err = child.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_group(child.pid)
-                child.communicate()
-                raise EstimateError(f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s") from None
-            kill_group(child.pid)  # whatever the job left running
+            with open(Path(tmp) / "stderr", "w+b") as stderr:
+                try:
+                    child = subprocess.Popen(
+                        [
+                            python or sys.executable,
+                            "-c",
+                            _CHILD,
+                            package,
+                            json.dumps({**spec, "short_second": short_second, "exact": exact}),
+                        ],
+                        stdin=subprocess.DEVNULL,  # a prompt, unseen with the output, would wait until the timeout
+                        stdout=subprocess.DEVNULL,  # the script's own output
+                        stderr=stderr,  # for the last error line when the child dies
+                        cwd=cwd,
+                        env=capture_environment(env),
+                        user=user,
+                        group=group,
+                        extra_groups=extra_groups,
+                        start_new_session=True,  # its own process group, so a timeout ends DataLoader workers too
+                    )
+                except OSError as e:
+                    raise EstimateError(f"could not start {python or sys.executable} to capture {what}: {e}") from None
+                if on_start is not None:
+                    on_start(child.pid)
+                try:
+                    child.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    kill_group(child.pid)
+                    child.wait()
+                    raise EstimateError(
+                        f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s"
+                    ) from None
+                kill_group(child.pid)  # whatever the job left running
+                err = _tail(stderr)
             if not result.exists():
                 raise EstimateError(_death(child.returncode, err))
             return json.loads(result.read_text()), err
@@ -209,6 +217,13 @@ def _death(returncode: int, err: str) -> str:
     if returncode < 0:
         return f"the estimating process was killed by {signal.Signals(-returncode).name}"
     return f"the estimating process died (exit status {returncode}): {_last_line(err) or 'no error output'}"
+
+
+def _tail(file: BinaryIO) -> str:
+    """The end of a capture's stderr (its last lines are the reason it gives), as text whatever its bytes."""
+    size = file.seek(0, os.SEEK_END)
+    file.seek(max(0, size - STDERR_TAIL_BYTES))
+    return file.read().decode(errors="replace")
 
 
 def _last_line(err: str) -> str | None:

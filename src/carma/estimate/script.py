@@ -370,6 +370,11 @@ def capture_script(
                 raise ScriptExited(
                     f"the script exited with status {exc.code} after {len(session.order)} optimizer steps"
                 ) from None
+            if not session.order:  # `train.py --help`, say
+                raise ScriptFailed(
+                    f"the script exited (status {exc.code or 0}) before its first optimizer step; the capture needs "
+                    f"{steps} training steps"
+                ) from None
         except Exception as exc:
             crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
             if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
@@ -384,7 +389,11 @@ def capture_script(
                 "(hold the trained tensors as parameters of a module the loop calls)"
             )
         if not session.order:
-            raise ScriptFailed(f"the script never reached an optimizer step; the capture needs {steps} training steps")
+            raise ScriptFailed(
+                f"the script never reached an optimizer step; the capture needs {steps} training steps (one that "
+                "trains in processes it starts, with torch.multiprocessing.spawn say, is captured from a job "
+                "function: --job)"
+            )
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             ended = f"the script ended after {len(session.order)} optimizer steps"
