@@ -259,6 +259,21 @@ def test_error_output_that_is_not_utf8_is_read_all_the_same(workdir: Path) -> No
         estimate(["python", fails])
 
 
+def test_the_device_constants_are_the_asking_processs_not_the_jobs_environments(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server captures a task with its owner's environment, which has no CARMA_HOME: the capture read
+    the owner's calibration (or none) where the server's was meant, and the cache kept the result."""
+    monkeypatch.setenv("CARMA_HOME", str(workdir / "home"))
+    (workdir / "home").mkdir()
+    (workdir / "home" / "devices.toml").write_text(
+        '["a100-40gb"]\ncontext_bytes = 104857600\ntotal_bytes = 42949672960\nsource = "calibrated"\n'
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(workdir)}  # the job's: no CARMA_HOME
+    result = estimate_script(["python", tiny_script(workdir, "t.py", 10)], "horus", "A100-40GB", env=env)
+    assert (result.device, result.breakdown.context) == ("a100-40gb", 100 * MIB)  # any case names the device
+
+
 def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> None:
     """Scripts often print a model summary first (torchsummary, torchinfo: a forward pass of a tiny batch);
     the captured batch is still the training batch and the estimate is the same."""

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from carma.config import EstimateConfig
-from carma.core.types import NeedKind, Task, TaskSpec
+from carma.core.types import GpuInfo, NeedKind, Task, TaskSpec
 from carma.estimate.base import Breakdown, Estimate, EstimateError
-from carma.server.estimates import Estimates, fingerprint
+from carma.server.estimates import Estimates, device_for, fingerprint
 from carma.server.spec import JobSpec
 from carma.server.store import Observation, Store
 from support import wait_until
@@ -264,7 +264,7 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
     estimates = service(store, {}, Runner())
     assert estimates._history(spec).source == "history: no earlier successful run of this command"
     estimates.request(7, spec)
-    assert "task 7 (train.py) asks for history, which has none yet (no earlier successful run" in caplog.text
+    assert "task 7 (train.py) asks for history, which gives it no memory need yet (no earlier successful" in caplog.text
     for peak, outcome in ((None, "success"), (5000, "success"), (7000, "success"), (9000, "oom")):
         task_id = store.add(spec, 0.0)
         (stored,) = [s for s in store.load() if s.task.id == task_id]
@@ -279,6 +279,30 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
     need = estimates._history(spec)
     assert (need.kind, need.mib, need.source) == (NeedKind.KNOWN, 7000, "history")  # the OOM run does not count
     estimates.close()
+
+
+def test_history_with_device_constants_it_cannot_read_runs_recovery_only(tmp_path, workdir, monkeypatch):
+    """It raised out of the submission (HTTP 500, the task stored but never queued) and out of the restart."""
+    monkeypatch.setenv("CARMA_HOME", str(tmp_path))
+    (tmp_path / "devices.toml").write_text('["a100-40gb"]\ncontext_bytes = -1\ntotal_bytes = 42949672960\n')
+    store = Store(tmp_path / "carma.db")
+    spec = job(workdir, estimator="history")
+    task_id = store.add(spec, 0.0)
+    _end(store, store.load()[0].task, "success")
+    store.record_observation(task_id, 1, Observation(5000, None, None, None))
+    estimates = service(store, {}, Runner())
+    estimates.request(2, spec)
+    need = estimates._history(spec)
+    assert need.kind is NeedKind.UNKNOWN and need.source.startswith(f"history: cannot read {tmp_path}/devices.toml")
+    estimates.close()
+
+
+def test_a_gpu_type_without_constants_takes_those_of_the_nearest_known_device_and_says_so(caplog):
+    """Every estimate on an L40S server ran its whole capture, then failed on the unknown device."""
+    l40s = GpuInfo(0, "NVIDIA L40S", 46068, "GPU-1")
+    assert device_for([l40s]) == "a100-40gb"
+    assert "use the constants of a100-40gb: run `carma estimate calibrate --device nvidia-l40s-45gb`" in caplog.text
+    assert device_for([GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559, "GPU-2")]) == "h100-80gb"
 
 
 def _end(store: Store, task: Task, outcome: str) -> None:

@@ -90,7 +90,7 @@ def calibrated() -> dict[str, Device]:
     try:
         tables = tomllib.loads(path.read_text())
         return {
-            name: Device(name, int(t["context_bytes"]), int(t["total_bytes"]), str(t["source"]))
+            name.lower(): Device(name.lower(), int(t["context_bytes"]), int(t["total_bytes"]), str(t["source"]))
             for name, t in tables.items()
         }
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError, OSError) as e:
@@ -104,10 +104,11 @@ def devices() -> dict[str, Device]:
 
 
 def get_device(name: str) -> Device:
+    """A device by its name, in any case (`A100-40GB`, as `carma gpus` shows it, is `a100-40gb`)."""
     known = devices()
-    if name not in known:
+    if name.lower() not in known:
         raise EstimateError(f"unknown device {name!r}; known devices: {', '.join(sorted(known))}")
-    return known[name]
+    return known[name.lower()]
 
 
 def save_calibrated(device: Device) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carma.estimate.base import Breakdown, Estimate, EstimateError, optimizer_parameters
-from carma.estimate.devices import get_device
+from carma.estimate.devices import Device, get_device
 from carma.estimate.session import CPU_AUTOCAST, CUDA_AUTOCAST
 
 if TYPE_CHECKING:
@@ -23,12 +23,16 @@ _EMULATED = (
 _LEFT_OUT = "{} counts activations in float32: it leaves out the job's mixed precision ({}), which xmem follows"
 
 
-def estimate_captured(method: str, capture: Capture, device: str, *, timeline: str | Path | None = None) -> Estimate:
-    """Estimate a captured job's peak on `device` by `method`; `timeline` (xmem only) is a PNG to draw.
+def estimate_captured(
+    method: str, capture: Capture, device: str | Device, *, timeline: str | Path | None = None
+) -> Estimate:
+    """Estimate a captured job's peak on `device` (its name, looked up here, or its constants as the process
+    that asked for the estimate found them) by `method`; `timeline` (xmem only) is a PNG to draw.
 
     `seconds` is the whole cost of the estimate: the capture's CPU run plus the method's own work.
     """
-    known = get_device(device)
+    known = device if isinstance(device, Device) else get_device(device)
+    device = known.name
     if method == "history":
         raise EstimateError(
             "history is no CPU estimate: it is the observed peak of an earlier run of the same task, "

@@ -26,11 +26,12 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError
+from carma.estimate.devices import Device, devices
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptExited, ScriptFailed, ShortBatchEnded, capture_script, parse_argv
@@ -134,6 +135,9 @@ def _estimate_in_child(
             "exact": exact,
             "method": method,
             "device": device,
+            # the constants as this process finds them: the child runs with the job's environment, as its
+            # user, and would read that user's calibration (or none), not the one the estimate is asked under
+            "constants": asdict(known) if (known := devices().get(device.lower())) else None,
             "estimator": estimator,
             "timeline": str(Path(timeline).resolve()) if timeline else None,
             "result": str(result),
@@ -284,7 +288,8 @@ def _finish(spec: dict[str, Any], capture: Callable[[], Capture]) -> NoReturn:
         module, _, name = spec["estimator"].partition(":")
         estimate_captured = getattr(importlib.import_module(module), name)
         options = {"timeline": spec["timeline"]} if spec["timeline"] else {}
-        estimate = estimate_captured(spec["method"], captured, spec["device"], **options)
+        device = Device(**spec["constants"]) if spec["constants"] else spec["device"]
+        estimate = estimate_captured(spec["method"], captured, device, **options)
         payload: dict[str, Any] = {"estimate": replace(estimate, notes=(*captured.notes, *estimate.notes)).to_json()}
     except EstimateError as exc:
         payload = {

@@ -402,8 +402,9 @@ class Daemon:
             raise SpecError(f"working directory {job.workdir!r} {what}")
         task_id = self.store.add(job, self.clock.now())
         self.jobs[task_id] = job
+        task = self.loop.submit(job.task_spec(), task_id)  # queued before anything else can fail
         self.estimates.request(task_id, job)
-        return self.loop.submit(job.task_spec(), task_id)
+        return task
 
     def no_task(self, task_id: TaskId) -> str:
         """Why there is no task with that id: it never was, or it ended and the retention forgot it."""

@@ -50,11 +50,26 @@ Runner = Callable[..., Estimate]  # carma.estimate.runner.estimate_script's sign
 
 
 def device_for(gpus: list[GpuInfo]) -> str:
-    """The estimator's device name for this server: its largest GPU's type."""
-    from carma.estimate.devices import device_name_for
+    """The estimator's device for this server: its largest GPU's type. A type carma has no constants for
+    (an L40S, say, until `carma estimate calibrate` has measured it) takes those of the known device
+    nearest in memory, said once: without, every estimate would fail after its capture."""
+    from carma.estimate.devices import BUILTIN, device_name_for, devices
 
     largest = max(gpus, key=lambda g: g.total_mib)
-    return device_name_for(largest.name, largest.total_mib * MIB)
+    name, total = device_name_for(largest.name, largest.total_mib * MIB), largest.total_mib * MIB
+    try:
+        known = devices()
+    except EstimateError as e:  # each estimate says so too; the name must still be chosen
+        log.error("%s: estimates fail until it is fixed", e)
+        known = BUILTIN
+    if name in known:
+        return name
+    nearest = min(known.values(), key=lambda d: abs(d.total_bytes - total)).name
+    log.warning(
+        "estimates for this server's %s use the constants of %s: run `carma estimate calibrate --device %s` "
+        "on it (as the server's user, with its CARMA_HOME) to measure its own", largest.name, nearest, name,
+    )  # fmt: skip
+    return nearest
 
 
 def fingerprint(job: JobSpec, method: str, device: str) -> str:
@@ -159,8 +174,8 @@ class Estimates:
             if need.kind is NeedKind.UNKNOWN:
                 why = need.source.removeprefix("history: ")
                 log.warning(
-                    "task %d (%s) asks for history, which has none yet (%s): unless a run of its command ends "
-                    "before it is placed, it runs recovery only", task_id, job.name, why,
+                    "task %d (%s) asks for history, which gives it no memory need yet (%s): unless a run of its "
+                    "command ends before it is placed, it runs recovery only", task_id, job.name, why,
                 )  # fmt: skip
             return
         if method is None:
@@ -303,7 +318,10 @@ class Estimates:
                 else "no earlier successful run of this command"
             )
             return MemoryNeed(NeedKind.UNKNOWN, source=f"history: {why}")
-        return _need(history_estimate(max(peaks) * MIB, self.device))
+        try:
+            return _need(history_estimate(max(peaks) * MIB, self.device))
+        except EstimateError as e:  # the device's constants cannot be read (a devices.toml edited by hand)
+            return MemoryNeed(NeedKind.UNKNOWN, source=f"history: {e}")
 
 
 class _Capture:
