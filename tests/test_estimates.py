@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import subprocess
@@ -61,7 +62,7 @@ def service(store: Store, jobs: dict, runner: Runner, **options: object) -> Esti
     return Estimates(store, jobs, "a100-40gb", run_as_owner=False, runner=runner, **options)  # type: ignore[arg-type]
 
 
-def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, workdir):
+def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, workdir, caplog):
     store, runner = Store(tmp_path / "carma.db"), Runner(peak_mib=3000, notes=("CUDA autocast ran in float32",))
     bin_dir = str(Path(sys.executable).parent)
     spec = job(workdir, env={"PATH": bin_dir})
@@ -88,7 +89,9 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     estimates.close()
 
     again = service(store, queued(store, spec), Runner())  # a restarted daemon finds it in the store
+    caplog.set_level(logging.INFO, "carma.estimate")
     again.request(3, spec)
+    assert "task 3 (train.py) takes the xmem estimate made for the same job before: 3000 MiB" in caplog.text
     assert again.settled(3) == need  # known from the store before the scheduler asks
     assert again.need(Task(3, TaskSpec("train"), 0.0)).mib == 3000
     assert again._runner.calls == []
@@ -359,6 +362,25 @@ def test_the_fingerprint_follows_the_modules_beside_the_script_but_not_its_data(
     (workdir / "models" / "mlp.py").write_text("WIDTH = 4096\n")  # the model made wider
     after = [fingerprint(s, "xmem", "a100-40gb") for s in (spec, module)]
     assert after[0] != before[0] and after[1] != before[1]
+
+
+def test_the_fingerprint_follows_the_environment_and_the_files_the_command_names(workdir):
+    """`HIDDEN=256` and `HIDDEN=16384`, or a config file made larger, shared one estimate (an OOM waiting to
+    happen); a login session's variables, which differ from shell to shell, do not count."""
+    (workdir / "cfg.yaml").write_text("width: 256\n")
+    base = {"PATH": "/usr/bin", "HIDDEN": "256"}
+    specs = {
+        "base": job(workdir, env=base),
+        "session": job(workdir, env={**base, "SSH_TTY": "/dev/pts/3", "PWD": "/x", "TERM": "tmux", "SHLVL": "2"}),
+        "hidden": job(workdir, env={**base, "HIDDEN": "16384"}),
+    }
+    prints = {name: fingerprint(spec, "xmem", "a100-40gb") for name, spec in specs.items()}
+    assert prints["base"] == prints["session"] != prints["hidden"]
+    for argv in (("python", "train.py", "cfg.yaml"), ("python", "train.py", f"--config={workdir}/cfg.yaml")):
+        spec = JobSpec("train", argv, str(workdir), estimator="xmem", env=base)
+        before = fingerprint(spec, "xmem", "a100-40gb")
+        (workdir / "cfg.yaml").write_text((workdir / "cfg.yaml").read_text() + "depth: 8\n")
+        assert fingerprint(spec, "xmem", "a100-40gb") != before
 
 
 def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir):

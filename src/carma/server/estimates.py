@@ -44,6 +44,14 @@ SOURCE_DEPTH = 3  # how many folders below the script's its modules are looked f
 FOLDER_ENTRIES = 1000  # a folder with more entries holds data, not code
 SCANNED = 20_000  # the most folder entries looked at for one fingerprint
 SKIPPED = {"__pycache__", "node_modules", "site-packages", "build", "dist"}  # folders of no training code
+NAMED_FILES = 64  # how many of a command's arguments are looked at as files it may read its settings from
+# A login session's variables, which no training job reads for its settings: left out of the fingerprint
+SESSION_VARIABLES = {
+    "PATH", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "COLORTERM", "DISPLAY", "WINDOWID", "XAUTHORITY", "LS_COLORS",
+    "PS1", "PS2", "PROMPT_COMMAND", "MAIL", "STY", "WINDOW", "DBUS_SESSION_BUS_ADDRESS", "GPG_AGENT_INFO",
+    "INVOCATION_ID", "JOURNAL_STREAM", "MOTD_SHOWN", "LESSOPEN", "LESSCLOSE", "COLUMNS", "LINES",
+}  # fmt: skip
+SESSION_PREFIXES = ("SSH_", "TERM_", "TMUX", "XDG_SESSION_", "XDG_SEAT", "XDG_VTNR", "VTE_", "VSCODE_", "HIST")
 log = logging.getLogger("carma.estimate")
 
 Runner = Callable[..., Estimate]  # carma.estimate.runner.estimate_script's signature
@@ -73,11 +81,14 @@ def device_for(gpus: list[GpuInfo]) -> str:
 
 
 def fingerprint(job: JobSpec, method: str, device: str) -> str:
-    """Same command, interpreter, directory, script, method and device: the same estimate. The script is
-    its contents and the size and time of each Python file around it (its folder and below, or the
-    working directory's for `python -m`): a model edited in `model.py` beside `train.py` is estimated
-    again."""
-    identity = [list(job.argv), _interpreter(job), job.workdir, job.shell, method, device]
+    """Same command, interpreter, directory, environment, script, method and device: the same estimate.
+
+    The script is its contents and the size and time of each Python file around it (its folder and below,
+    or the working directory's for `python -m`): a model edited in `model.py` beside `train.py` is
+    estimated again. So is a job whose environment (`HIDDEN=4096`), less a login session's variables, or a
+    file its command names (`--config big.yaml`) changed: a stale estimate is an OOM crash, a needless one
+    a capture."""
+    identity = [list(job.argv), _interpreter(job), job.workdir, job.shell, method, device, _settings(job.env)]
     digest = hashlib.sha256(json.dumps(identity).encode())
     found = None if job.shell else _script(job)
     if found is not None:
@@ -88,7 +99,33 @@ def fingerprint(job: JobSpec, method: str, device: str) -> str:
             with suppress(OSError):
                 stat = path.stat()
                 digest.update(f"{path.relative_to(root)} {stat.st_size} {stat.st_mtime_ns}".encode())
+    for path in _named_files(job):
+        with suppress(OSError):
+            stat = path.stat()
+            digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:32]
+
+
+def _settings(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The environment a job could read its settings from: less the variables of a login session (each
+    shell has its own) and PATH (the interpreter it resolves to counts instead)."""
+    return sorted(
+        (name, value)
+        for name, value in env.items()
+        if name not in SESSION_VARIABLES and not name.startswith(SESSION_PREFIXES)
+    )
+
+
+def _named_files(job: JobSpec) -> list[Path]:
+    """The files the command's arguments name (`config.yaml`, `--config=big.yaml`), relative to its folder."""
+    found = []
+    for word in job.argv[1:NAMED_FILES]:
+        name = word.partition("=")[2] if word.startswith("-") else word
+        path = Path(job.workdir, name) if name else None
+        with suppress(OSError, ValueError):
+            if path is not None and path.is_file():
+                found.append(path)
+    return found
 
 
 def _script(job: JobSpec) -> tuple[Path, Path] | None:
@@ -186,11 +223,13 @@ class Estimates:
             self._running[key].waiters.add(task_id)
             return
         if key in self._done and self._done[key].kind is not NeedKind.UNKNOWN:
+            self._reused(task_id, job, self._done[key])
             return
         self._done.pop(key, None)
         cached = self._store.estimate(key)
         if cached is not None:
             self._done[key] = _need(cached)
+            self._reused(task_id, job, self._done[key])
             return
         capture = self._running[key] = _Capture(task_id)
         capture.future = self._pool.submit(self._estimate, capture, job, method)
@@ -296,6 +335,13 @@ class Estimates:
         for note in result.notes:
             log.warning("estimate of %s: %s", who, note)
         return _need(result)
+
+    @staticmethod
+    def _reused(task_id: TaskId, job: JobSpec, need: MemoryNeed) -> None:
+        log.info(
+            "task %d (%s) takes the %s estimate made for the same job before: %s MiB (`carma show` has it)",
+            task_id, job.name, job.estimator, need.mib,
+        )  # fmt: skip
 
     def _failed(self, who: str, job: JobSpec, reason: str) -> MemoryNeed:
         log.warning("could not estimate %s with %s (%s); it runs recovery only", who, job.estimator, reason)
