@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from carma.estimate import cuda_on_cpu, libraries  # noqa: E402
 from carma.estimate.base import Capture, EstimateError  # noqa: E402
 from carma.estimate.job import capture_job  # noqa: E402
-from carma.estimate.runner import COMPUTED_NOTE, estimate_job, estimate_script  # noqa: E402
+from carma.estimate.runner import COMPUTED_NOTE, _read_result, estimate_job, estimate_script  # noqa: E402
 from carma.estimate.session import module_window  # noqa: E402
 from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
 from carma.server import proctree  # noqa: E402
@@ -272,6 +272,19 @@ def test_the_device_constants_are_the_asking_processs_not_the_jobs_environments(
     env = {"PATH": os.environ["PATH"], "HOME": str(workdir)}  # the job's: no CARMA_HOME
     result = estimate_script(["python", tiny_script(workdir, "t.py", 10)], "horus", "A100-40GB", env=env)
     assert (result.device, result.breakdown.context) == ("a100-40gb", 100 * MIB)  # any case names the device
+
+
+def test_a_result_swapped_for_a_link_or_a_fifo_is_no_result(tmp_path: Path) -> None:
+    """The capture's folder is the job owner's (the child runs as them) and a root daemon reads the result
+    from it: a link there must not be followed (to any file root can read), nor a FIFO waited on."""
+    secret = tmp_path / "secret"
+    secret.write_text('{"estimate": "not the child\'s"}')
+    (tmp_path / "link.json").symlink_to(secret)
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "real.json").write_text('{"error": "x"}')
+    assert _read_result(tmp_path / "link.json") is None and _read_result(tmp_path / "fifo.json") is None
+    assert _read_result(tmp_path / "none.json") is None
+    assert _read_result(tmp_path / "real.json") == '{"error": "x"}'
 
 
 def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> None:

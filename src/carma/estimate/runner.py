@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from carma.estimate.session import DEFAULT_STEPS, last_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read back for its last line
+RESULT_BYTES = 16 << 20  # the most of a capture's JSON result read back (an estimate is a few hundred bytes)
 REGISTRY = "carma.estimate.registry:estimate_captured"
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
 # package from its folder, without putting the folder's neighbours (another environment's packages) on its path.
@@ -152,9 +154,10 @@ def _estimate_in_child(
 
             Its stderr goes to a file, not a pipe: reading a pipe to its end waited for every process that
             inherited it (a helper the script started, in a session of its own too) past the timeout, and
-            held all the script's error output in memory where only the last line is read."""
+            held all the script's error output in memory where only the last line is read. The file has no
+            name (the folder is the job owner's: a name there could be swapped for a link to any file)."""
             result.unlink(missing_ok=True)
-            with open(Path(tmp) / "stderr", "w+b") as stderr:
+            with tempfile.TemporaryFile() as stderr:
                 try:
                     child = subprocess.Popen(
                         [
@@ -188,9 +191,10 @@ def _estimate_in_child(
                     ) from None
                 kill_group(child.pid)  # whatever the job left running
                 err = _tail(stderr)
-            if not result.exists():
+            payload = _read_result(result)
+            if payload is None:
                 raise EstimateError(_death(child.returncode, err))
-            return json.loads(result.read_text()), err
+            return json.loads(payload), err
 
         short_second = True
         payload, err = run(short_second, exact)
@@ -221,6 +225,19 @@ def _death(returncode: int, err: str) -> str:
     if returncode < 0:
         return f"the estimating process was killed by {signal.Signals(-returncode).name}"
     return f"the estimating process died (exit status {returncode}): {_last_line(err) or 'no error output'}"
+
+
+def _read_result(path: Path) -> str | None:
+    """The child's JSON result, if it wrote one. The folder is the job owner's (the child runs as them): a
+    link or a FIFO put there in place of the file is no result, never followed or waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # none, or a link
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(RESULT_BYTES).decode(errors="replace")
 
 
 def _tail(file: BinaryIO) -> str:
