@@ -284,6 +284,25 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
     estimates.close()
 
 
+def test_an_estimate_the_store_forgot_is_made_again_not_served_from_memory(tmp_path, workdir):
+    """A task of the same job got the forgotten estimate from memory, and `carma show` could not show it."""
+    store, spec = Store(tmp_path / "carma.db"), job(workdir)
+    store.add_estimate(
+        fingerprint(spec, "xmem", "a100-40gb"), Estimate("xmem", 5 << 30, Breakdown(), "a100-40gb", 1), 0
+    )
+    jobs = queued(store, spec, spec)
+    estimates = service(store, jobs, runner := Runner())
+    estimates.request(1, spec)
+    assert estimates.settled(1).mib == 5120 and runner.calls == []
+    estimates.forget(store.forget([1], {}))  # task 1 ended long ago: no task left uses the estimate
+    runner.release.set()
+    need = estimates.need(Task(2, TaskSpec("train"), 0.0)) or wait_until(
+        lambda: estimates.need(Task(2, TaskSpec("train"), 0.0))
+    )
+    assert (need.mib, len(runner.calls)) == (3000, 1) and estimates.made(2).peak_bytes == 3000 * MIB
+    estimates.close()
+
+
 def test_history_with_device_constants_it_cannot_read_runs_recovery_only(tmp_path, workdir, monkeypatch):
     """It raised out of the submission (HTTP 500, the task stored but never queued) and out of the restart."""
     monkeypatch.setenv("CARMA_HOME", str(tmp_path))
@@ -304,7 +323,7 @@ def test_a_gpu_type_without_constants_takes_those_of_the_nearest_known_device_an
     """Every estimate on an L40S server ran its whole capture, then failed on the unknown device."""
     l40s = GpuInfo(0, "NVIDIA L40S", 46068, "GPU-1")
     assert device_for([l40s]) == "a100-40gb"
-    assert "use the constants of a100-40gb: run `carma estimate calibrate --device nvidia-l40s-45gb`" in caplog.text
+    assert "use the constants of a100-40gb: `carma estimate calibrate --device nvidia-l40s-45gb`" in caplog.text
     assert device_for([GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559, "GPU-2")]) == "h100-80gb"
 
 

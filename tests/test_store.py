@@ -124,8 +124,8 @@ def test_forgotten_tasks_leave_every_table_and_their_ids_are_not_reused(path):
     store.link_estimate(kept, "ours")
     _ended(store, old, TaskState.COMPLETED, 10.0)
     _ended(store, shared, TaskState.FAILED, 20.0)
-    store.forget([old, shared], {"completed": 1, "failed": 1, "oom_crashes": 2})
-    store.forget([], {"completed": 1})
+    assert store.forget([old, shared], {"completed": 1, "failed": 1, "oom_crashes": 2}) == ["mine"]
+    assert store.forget([], {"completed": 1}) == []
     assert [s.task.id for s in store.load()] == [kept]
     assert store.history() == [] and store.task_estimate(kept) == estimate
     assert store.estimate("mine") is None  # no task left uses it

@@ -50,7 +50,9 @@ def server_cmd(
     from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    paths = Paths(home or carma_home())
+    paths = Paths(home.expanduser().resolve() if home else carma_home())
+    if home:  # what the daemon reads from its CARMA_HOME (the devices' calibration) is read from there too
+        os.environ["CARMA_HOME"] = str(paths.home)
     try:
         settings = load_config(config)
         scheduler = settings.scheduler
@@ -98,7 +100,7 @@ def server_cmd(
         f"policy {daemon.scheduler.config.policy.value}; GPUs {gpus}"
         + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
         + ("; tasks run under MPS" if mps else "")
-        + (f"; clients reach it with CARMA_HOME={paths.home}" if paths.home != carma_home() else "")
+        + (f"; clients reach it with CARMA_HOME={paths.home}" if home else "")
     )
     asyncio.run(serve(daemon, sockets, tokens))
 

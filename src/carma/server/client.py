@@ -153,8 +153,9 @@ class Client:
             if deadline is not None and time.monotonic() > deadline:
                 raise WaitTimeout(f"timed out waiting for {_ids(pending)}", tasks)
             time.sleep(poll_s)
-            try:
-                tasks = self._states(task_ids)
+            try:  # the ended ones are not asked again: the server may forget them (its retention)
+                polled = {t["id"]: t for t in self._states(pending)}
+                tasks = [polled.get(t["id"], t) for t in tasks]
                 down_since = None
             except ServerDown as e:
                 down_since = down_since or time.monotonic()

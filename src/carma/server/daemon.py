@@ -39,6 +39,7 @@ log = logging.getLogger("carma.server")
 METRICS = ("smact", "smocc", "drama")
 OBSERVATIONS_SAVE_S = 60.0  # how often what telemetry saw of live tasks is saved (wall seconds; and at a stop)
 FORGET_EVERY_S = 60.0  # how often ended tasks past their retention are looked for (the daemon's clock seconds)
+FORGET_BATCH = 500  # the most tasks forgotten in one scheduling step (their rows and log folders deleted)
 
 
 def placements_held(store: Store) -> int:
@@ -342,8 +343,10 @@ class Daemon:
         old = [t for t in self.scheduler.tasks if t.terminal and t.ended_s is not None and t.ended_s < cutoff]
         if not old:
             return
+        if len(old) > FORGET_BATCH:  # a retention set on a server of years: a batch per step, not one long stop
+            old, self._forget_at = old[:FORGET_BATCH], now
         ids = [t.id for t in old]
-        self.store.forget(ids, counted(old))
+        self.estimates.forget(self.store.forget(ids, counted(old)))
         self.scheduler.forget(ids)
         for task_id in ids:
             del self.jobs[task_id]

@@ -61,7 +61,7 @@ def device_for(gpus: list[GpuInfo]) -> str:
     """The estimator's device for this server: its largest GPU's type. A type carma has no constants for
     (an L40S, say, until `carma estimate calibrate` has measured it) takes those of the known device
     nearest in memory, said once: without, every estimate would fail after its capture."""
-    from carma.estimate.devices import BUILTIN, device_name_for, devices
+    from carma.estimate.devices import BUILTIN, calibration_path, device_name_for, devices
 
     largest = max(gpus, key=lambda g: g.total_mib)
     name, total = device_name_for(largest.name, largest.total_mib * MIB), largest.total_mib * MIB
@@ -74,8 +74,8 @@ def device_for(gpus: list[GpuInfo]) -> str:
         return name
     nearest = min(known.values(), key=lambda d: abs(d.total_bytes - total)).name
     log.warning(
-        "estimates for this server's %s use the constants of %s: run `carma estimate calibrate --device %s` "
-        "on it (as the server's user, with its CARMA_HOME) to measure its own", largest.name, nearest, name,
+        "estimates for this server's %s use the constants of %s: `carma estimate calibrate --device %s` "
+        "measures its own, for the server into %s", largest.name, nearest, name, calibration_path(),
     )  # fmt: skip
     return nearest
 
@@ -293,6 +293,12 @@ class Estimates:
         del self._running[key]
         if not capture.future.cancel():  # capturing already (or about to)
             capture.stop()
+
+    def forget(self, fingerprints: list[str]) -> None:
+        """Let go of estimates the store no longer keeps (no task left uses them): the next task of the same
+        job is estimated again, as after a restart, rather than placed by an estimate it cannot show."""
+        for key in fingerprints:
+            self._done.pop(key, None)
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""

@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS events (
     state TEXT NOT NULL,
     detail TEXT NOT NULL DEFAULT ''
 );
+CREATE INDEX IF NOT EXISTS events_task ON events (task_id);
 CREATE TABLE IF NOT EXISTS estimates (
     fingerprint TEXT PRIMARY KEY,
     method TEXT NOT NULL,
@@ -293,19 +294,23 @@ class Store:
             db.execute("DELETE FROM attempts WHERE task_id = ? AND number = ?", (task.id, number))
         self.save([task])
 
-    def forget(self, task_ids: Sequence[TaskId], counted: Mapping[str, int]) -> None:
-        """Delete ended tasks: their rows in every table, and the estimates no task left uses. What they
-        counted is added to `forgotten()`, so the metrics' counters never go down; one transaction."""
+    def forget(self, task_ids: Sequence[TaskId], counted: Mapping[str, int]) -> list[str]:
+        """Delete ended tasks: their rows in every table, and the estimates no task left uses (their
+        fingerprints are returned). What they counted is added to `forgotten()`, so the metrics' counters
+        never go down; one transaction."""
         totals = Counter(self.forgotten()) + Counter(counted)
+        unused = "SELECT fingerprint FROM estimates WHERE fingerprint NOT IN (SELECT fingerprint FROM task_estimates)"
         with self._transaction() as db:
-            for table, column in (("events", "task_id"), ("task_estimates", "task_id"), ("attempts", "task_id")):
-                db.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(i,) for i in task_ids])
+            for table in ("events", "task_estimates", "attempts"):
+                db.executemany(f"DELETE FROM {table} WHERE task_id = ?", [(i,) for i in task_ids])
             db.executemany("DELETE FROM tasks WHERE id = ?", [(i,) for i in task_ids])
-            db.execute("DELETE FROM estimates WHERE fingerprint NOT IN (SELECT fingerprint FROM task_estimates)")
+            dropped = [fingerprint for (fingerprint,) in db.execute(unused)]
+            db.executemany("DELETE FROM estimates WHERE fingerprint = ?", [(f,) for f in dropped])
             self._set_meta(db, "forgotten", dict(totals))
             self._set_meta(db, "next_id", self._next_id)
         for task_id in task_ids:
             self._states.pop(task_id, None)
+        return dropped
 
     @property
     def next_id(self) -> TaskId:
