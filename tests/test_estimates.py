@@ -390,7 +390,19 @@ def test_the_fingerprint_follows_the_environment_and_the_files_the_command_names
     base = {"PATH": "/usr/bin", "HIDDEN": "256"}
     specs = {
         "base": job(workdir, env=base),
-        "session": job(workdir, env={**base, "SSH_TTY": "/dev/pts/3", "PWD": "/x", "TERM": "tmux", "SHLVL": "2"}),
+        "session": job(
+            workdir,
+            env={
+                **base,
+                "SSH_TTY": "/dev/pts/3",
+                "PWD": "/x",
+                "TERM": "tmux",
+                "SHLVL": "2",
+                "ATUIN_HISTORY_ID": "0192",
+                "KITTY_WINDOW_ID": "3",
+                "SLURM_JOB_ID": "77",
+            },
+        ),
         "hidden": job(workdir, env={**base, "HIDDEN": "16384"}),
     }
     prints = {name: fingerprint(spec, "xmem", "a100-40gb") for name, spec in specs.items()}
@@ -400,6 +412,11 @@ def test_the_fingerprint_follows_the_environment_and_the_files_the_command_names
         before = fingerprint(spec, "xmem", "a100-40gb")
         (workdir / "cfg.yaml").write_text((workdir / "cfg.yaml").read_text() + "depth: 8\n")
         assert fingerprint(spec, "xmem", "a100-40gb") != before
+    logs = JobSpec("train", ("python", "train.py", "--log", "out.log"), str(workdir), estimator="xmem", env=base)
+    (workdir / "out.log").write_text("step 1\n")
+    before = fingerprint(logs, "xmem", "a100-40gb")
+    (workdir / "out.log").write_text("step 1\nstep 2\n")  # the job's own output: not one of its settings
+    assert fingerprint(logs, "xmem", "a100-40gb") == before
 
 
 def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir):

@@ -45,13 +45,21 @@ FOLDER_ENTRIES = 1000  # a folder with more entries holds data, not code
 SCANNED = 20_000  # the most folder entries looked at for one fingerprint
 SKIPPED = {"__pycache__", "node_modules", "site-packages", "build", "dist"}  # folders of no training code
 NAMED_FILES = 64  # how many of a command's arguments are looked at as files it may read its settings from
-# A login session's variables, which no training job reads for its settings: left out of the fingerprint
+SETTINGS_SUFFIXES = {".yaml", ".yml", ".json", ".toml", ".cfg", ".ini", ".conf", ".py"}  # not logs or checkpoints
+# The variables of a login session, a terminal or a batch job, which differ from shell to shell (some from
+# command to command) and which no training job reads for its settings: left out of the fingerprint
 SESSION_VARIABLES = {
     "PATH", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "COLORTERM", "DISPLAY", "WINDOWID", "XAUTHORITY", "LS_COLORS",
     "PS1", "PS2", "PROMPT_COMMAND", "MAIL", "STY", "WINDOW", "DBUS_SESSION_BUS_ADDRESS", "GPG_AGENT_INFO",
-    "INVOCATION_ID", "JOURNAL_STREAM", "MOTD_SHOWN", "LESSOPEN", "LESSCLOSE", "COLUMNS", "LINES",
+    "INVOCATION_ID", "JOURNAL_STREAM", "MOTD_SHOWN", "LESSOPEN", "LESSCLOSE", "COLUMNS", "LINES", "KRB5CCNAME",
+    "SESSION_MANAGER", "WSL_INTEROP", "WSLENV", "WT_SESSION", "WT_PROFILE_ID", "ITERM_SESSION_ID",
+    "KITTY_WINDOW_ID", "KITTY_PID", "WEZTERM_PANE", "ALACRITTY_WINDOW_ID", "GNOME_TERMINAL_SCREEN",
+    "GNOME_TERMINAL_SERVICE", "KONSOLE_DBUS_SESSION", "KONSOLE_DBUS_WINDOW", "SECURITYSESSIONID",
 }  # fmt: skip
-SESSION_PREFIXES = ("SSH_", "TERM_", "TMUX", "XDG_SESSION_", "XDG_SEAT", "XDG_VTNR", "VTE_", "VSCODE_", "HIST")
+SESSION_PREFIXES = (
+    "SSH_", "TERM_", "TMUX", "XDG_SESSION_", "XDG_SEAT", "XDG_VTNR", "VTE_", "VSCODE_", "HIST", "ATUIN_",
+    "STARSHIP_", "SLURM_", "PBS_", "LSB_", "SGE_", "OAR_", "KITTY_", "WEZTERM_", "ITERM_",
+)  # fmt: skip
 log = logging.getLogger("carma.estimate")
 
 Runner = Callable[..., Estimate]  # carma.estimate.runner.estimate_script's signature
@@ -117,13 +125,14 @@ def _settings(env: Mapping[str, str]) -> list[tuple[str, str]]:
 
 
 def _named_files(job: JobSpec) -> list[Path]:
-    """The files the command's arguments name (`config.yaml`, `--config=big.yaml`), relative to its folder."""
+    """The settings files the command's arguments name (`config.yaml`, `--config=big.yaml`), relative to its
+    folder: by their suffix, not a log or checkpoint the job itself rewrites (each run would change the key)."""
     found = []
     for word in job.argv[1:NAMED_FILES]:
         name = word.partition("=")[2] if word.startswith("-") else word
         path = Path(job.workdir, name) if name else None
         with suppress(OSError, ValueError):
-            if path is not None and path.is_file():
+            if path is not None and path.suffix.lower() in SETTINGS_SUFFIXES and path.is_file():
                 found.append(path)
     return found
 
