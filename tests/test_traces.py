@@ -214,6 +214,14 @@ BAD_TRACES = [
         id="pipe",
     ),
     pytest.param("t.sh", "python submit.py --task 'vgg.rad\n", "line 1: No closing quotation", id="open-quote"),
+    pytest.param("t.sh", "sleep 5 & && python s.py --task vgg.rad\n", "a command is missing before '&&'", id="and"),
+    pytest.param("t.sh", "& python s.py --task vgg.rad\n", "line 1: a command is missing before '&'", id="lead"),
+    pytest.param(
+        "t.sh",
+        "sleep 10 &&\npython s.py --task vgg.rad &\n",  # the shell reads one command over the two lines
+        "line 1: a command is missing after '&&' (join the line with the next)",
+        id="and-at-end",
+    ),
     pytest.param("t.txt", "submit_s,task\n0,vgg\n", "when its name ends in .csv)", id="csv-named-txt"),
     pytest.param(
         "t.yaml",

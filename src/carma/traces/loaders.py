@@ -166,9 +166,14 @@ def _lists(line: str, where: str) -> list[tuple[list[list[str]], bool]]:
     lists: list[tuple[list[list[str]], bool]] = []
     commands: list[list[str]] = [[]]
     for token in [*tokens, ";"]:
+        if token in (";", "&", "&&") and not commands[-1] and (len(commands) > 1 or token != ";"):
+            # `a && && b`, `a & && b` and a leading `&` the shell refuses; a line ending in `&&` it continues
+            # on the next line, which this line-by-line reading would not
+            missing = "after '&&' (join the line with the next)" if token == ";" else f"before {token!r}"
+            raise TraceError(f"{where}: a command is missing {missing}")
         if token in (";", "&"):
-            if words := [c for c in commands if c]:
-                lists.append((words, token == "&"))
+            if commands[-1]:
+                lists.append((commands, token == "&"))
             commands = [[]]
         elif token == "&&":
             commands.append([])
