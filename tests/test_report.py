@@ -26,6 +26,7 @@ from carma.metrics.record import (
     to_json,
 )
 from carma.metrics.timeline import Segment, integrate
+from carma.server.client import Refused
 from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import Trace, load_trace
@@ -188,6 +189,17 @@ def test_a_daemon_window_holds_what_ran_in_it_and_leaves_unmeasured_values_out()
     del api.series["1"]
     record = from_server(api, 1)  # type: ignore[arg-type]
     assert record.figures["makespan_s"] == 2700.0 - 450.0 and record.figures["energy_mj"] == 1.0
+
+
+def test_a_task_the_daemon_forgets_between_its_listing_and_its_fetch_is_left_out():
+    """Its retention forgot it in between: the report stopped with "no task with id 2"."""
+
+    class Forgetting(_Api):
+        def task(self, task_id: int) -> dict:
+            raise Refused(f"no task with id {task_id}: it ended and was forgotten", 404)
+
+    record = from_server(Forgetting(), 1)  # type: ignore[arg-type]
+    assert [t.id for t in record.tasks] == [3]
 
 
 def test_a_daemon_windows_energy_and_series_span_its_tasks_as_a_simulations_do_across_a_counter_reset():

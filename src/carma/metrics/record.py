@@ -185,6 +185,8 @@ def from_run_result(result: RunResult, source: str = "digital twin") -> RunRecor
 def _window_tasks(client: Client, since_s: float, attempts: list[dict[str, Any]]) -> tuple[TaskRecord, ...]:
     """Tasks submitted in the window or that ran in it, with every attempt (the timeline holds only the
     window's; a task that also ran before it is asked for whole)."""
+    from carma.server.client import Refused
+
     in_window: dict[int, list[AttemptRecord]] = {}
     for a in attempts:
         record = AttemptRecord(tuple(a["gpus"]), a["start_s"], a["end_s"], a["outcome"])
@@ -195,9 +197,15 @@ def _window_tasks(client: Client, since_s: float, attempts: list[dict[str, Any]]
         if s["submit_s"] < since_s and not seen:
             continue
         if len(seen) != s["attempts"]:
+            try:
+                whole = client.task(s["id"])
+            except Refused as e:
+                if e.status != 404:
+                    raise
+                continue  # forgotten since the listing (the server's retention): not in the report
             seen = [
                 AttemptRecord(tuple(a["gpus"]), a["dispatched_s"], a["ended_s"], a["outcome"])
-                for a in client.task(s["id"])["attempt_list"]
+                for a in whole["attempt_list"]
             ]
         tasks.append(TaskRecord(s["id"], s["name"], s["submit_s"], s["ended_s"], s["state"], tuple(seen)))
     return tuple(tasks)

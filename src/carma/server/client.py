@@ -28,6 +28,14 @@ class ClientError(Exception):
     """A request the server refused or could not take, as one line for the user."""
 
 
+class Refused(ClientError):
+    """The server answered with an error status (`status`: 404 for a task it does not have, say)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class ServerDown(ClientError):
     """Nothing answers where the server should be: it is not started, or is between a stop and a restart."""
 
@@ -109,7 +117,7 @@ class Client:
         except ValueError:
             data = None
         if response.status >= 400:
-            raise ClientError(self._refusal(response.status, data, payload))
+            raise Refused(self._refusal(response.status, data, payload), response.status)
         return data
 
     def _refusal(self, status: int, data: Any, payload: bytes) -> str:
