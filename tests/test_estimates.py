@@ -286,20 +286,31 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
 
 def test_an_estimate_the_store_forgot_is_made_again_not_served_from_memory(tmp_path, workdir):
     """A task of the same job got the forgotten estimate from memory, and `carma show` could not show it."""
-    store, spec = Store(tmp_path / "carma.db"), job(workdir)
-    store.add_estimate(
-        fingerprint(spec, "xmem", "a100-40gb"), Estimate("xmem", 5 << 30, Breakdown(), "a100-40gb", 1), 0
-    )
-    jobs = queued(store, spec, spec)
-    estimates = service(store, jobs, runner := Runner())
-    estimates.request(1, spec)
-    assert estimates.settled(1).mib == 5120 and runner.calls == []
-    estimates.forget(store.forget([1], {}))  # task 1 ended long ago: no task left uses the estimate
+    store, spec, runner = Store(tmp_path / "carma.db"), job(workdir), Runner(peak_mib=5120)
+    estimates = service(store, queued(store, spec, spec), runner)
     runner.release.set()
-    need = estimates.need(Task(2, TaskSpec("train"), 0.0)) or wait_until(
-        lambda: estimates.need(Task(2, TaskSpec("train"), 0.0))
+    estimates.request(1, spec)
+    assert wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).mib == 5120
+    estimates.forget(store.forget([1], {}))  # task 1 ended long ago: no task left uses the estimate
+    runner.peak_mib = 3000
+    need = wait_until(lambda: estimates.need(Task(2, TaskSpec("train"), 0.0)))
+    assert (need.mib, len(runner.calls)) == (3000, 2) and estimates.made(2).peak_bytes == 3000 * MIB
+    estimates.close()
+
+
+def test_a_calibration_makes_the_jobs_estimated_before_it_estimated_again(tmp_path, workdir, monkeypatch):
+    monkeypatch.setenv("CARMA_HOME", str(tmp_path))
+    store, spec, runner = Store(tmp_path / "carma.db"), job(workdir), Runner()
+    estimates = service(store, queued(store, spec, spec), runner)
+    runner.release.set()
+    estimates.request(1, spec)
+    wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    (tmp_path / "devices.toml").write_text(
+        '["a100-40gb"]\ncontext_bytes = 524288000\ntotal_bytes = 42949672960\nsource = "measured"\n'
     )
-    assert (need.mib, len(runner.calls)) == (3000, 1) and estimates.made(2).peak_bytes == 3000 * MIB
+    estimates.request(2, spec)
+    wait_until(lambda: estimates.need(Task(2, TaskSpec("train"), 0.0)))
+    assert len(runner.calls) == 2  # not the estimate made with the built-in context
     estimates.close()
 
 

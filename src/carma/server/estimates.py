@@ -226,7 +226,7 @@ class Estimates:
             return
         if method is None:
             return
-        key = self._fingerprints[task_id] = fingerprint(job, method, self.device)
+        key = self._fingerprints[task_id] = fingerprint(job, method, self._device_identity())
         self._store.link_estimate(task_id, key)
         if key in self._running:
             self._running[key].waiters.add(task_id)
@@ -350,6 +350,17 @@ class Estimates:
         for note in result.notes:
             log.warning("estimate of %s: %s", who, note)
         return _need(result)
+
+    def _device_identity(self) -> str:
+        """The device with its constants, for the cache key: after `carma estimate calibrate` a job is
+        estimated again with the measured context, not given one made with the built-in value."""
+        from carma.estimate.devices import get_device
+
+        try:
+            known = get_device(self.device)
+        except EstimateError:  # the estimate will fail, and say why; a failure is not cached
+            return self.device
+        return f"{known.name} {known.context_bytes} {known.total_bytes}"
 
     @staticmethod
     def _reused(task_id: TaskId, job: JobSpec, need: MemoryNeed) -> None:
