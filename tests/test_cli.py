@@ -321,6 +321,7 @@ PARSER_MISTAKES = {
     "not-a-number": (["show", "abc"], "Invalid value for 'task_id': 'abc' is not a valid int."),
     "missing-argument": (["show"], "Missing argument 'task_id'."),
     "unknown-command": (["simulte"], "No such command 'simulte'. Did you mean 'simulate', 'estimate'?"),
+    "option-without-value": (["submit", "--mem"], "Option '--mem' requires an argument."),  # Click gives no context
 }
 
 

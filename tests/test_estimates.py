@@ -418,6 +418,8 @@ def test_the_fingerprint_follows_the_environment_and_the_files_the_command_names
     }
     prints = {name: fingerprint(spec, "xmem", "a100-40gb") for name, spec in specs.items()}
     assert prints["base"] == prints["session"] != prints["hidden"]
+    for own in ("HISTORY_LEN", "WINDOW", "LINES"):  # a job's settings that share a start or a name with a shell's
+        assert fingerprint(job(workdir, env={**base, own: "64"}), "xmem", "a100-40gb") != prints["base"]
     for argv in (("python", "train.py", "cfg.yaml"), ("python", "train.py", f"--config={workdir}/cfg.yaml")):
         spec = JobSpec("train", argv, str(workdir), estimator="xmem", env=base)
         before = fingerprint(spec, "xmem", "a100-40gb")

@@ -700,6 +700,8 @@ def test_ended_tasks_are_forgotten_after_the_configured_days(start_server, tmp_p
         f"error: no task with id {done}: it ended over 0.01 day(s) ago and was forgotten ([server] keep_ended_days)"
     )
     assert not (server.home / "tasks" / str(done)).exists()
+    many = server.cli("wait", *[done] * 21)  # beyond 20 ids wait reads the listing, which has no reason to give
+    assert many.returncode == 2 and "was forgotten ([server] keep_ended_days)" in many.stderr
     assert server.submit("true") == slow + 1
 
 
@@ -717,3 +719,17 @@ def test_the_first_lines_say_how_clients_reach_a_home_given_and_that_twin_settin
     assert f"; clients reach it with CARMA_HOME={home}\n" in log
     assert f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus" in log
     shutil.rmtree(home)
+
+
+def test_a_replay_longer_than_the_retention_still_gives_its_figures(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """The figures were read after the wait, each task asked again: the first, forgotten by then, stopped it."""
+    config = tmp_path / "carma.toml"
+    config.write_text("[server]\nkeep_ended_days = 0.01\n")  # 864 s of the daemon's clock
+    trace = tmp_path / "two.csv"
+    trace.write_text("submit_s,task,solo_s,mem_mib\n0,short,60,1024\n3000,short,60,1024\n")
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "600", "--config", str(config))
+    result = server.cli("replay", trace, "--wait", "--json")
+    assert result.returncode == 0, result.stderr
+    first = json.loads(result.stdout)["ids"][0]
+    assert server.cli("show", first).returncode == 2  # forgotten before the second ended
+    assert json.loads(result.stdout)["figures"]["completed"] == 2

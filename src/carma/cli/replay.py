@@ -64,8 +64,10 @@ def replay_cmd(
                 f"note: submitting at {time_scale:g}x while the server's GPUs run tasks at {server_scale:g}x: "
                 "the trace's arrivals and run times are not kept on one clock"
             )
-        _submit_all(client, entries, time_scale or server_scale, memory == "oracle", quiet=as_json, ids=ids)
-        figures = run_figures([client.task(t["id"]) for t in client.wait(ids)]) if wait else None  # with attempts
+        ended = _Ended(client, ids)  # read whole as they end: a server's retention may forget the first ones
+        on_wait = ended.look if wait else None
+        _submit_all(client, entries, time_scale or server_scale, memory == "oracle", as_json, ids, on_wait)
+        figures = run_figures(ended.all()) if wait else None
     except ClientError as e:
         raise fail(f"{e} ({_submitted(ids, len(entries))})") from None
     except KeyboardInterrupt:
@@ -81,14 +83,43 @@ def _submitted(ids: list[int], total: int) -> str:
     return f"submitted {len(ids)} of {total} tasks" + (f": {' '.join(map(str, ids))}" if ids else "")
 
 
-def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
-    """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known."""
+class _Ended:
+    """The replay's tasks that ended, each read whole (with its attempts) once it is seen to end: a server
+    whose retention is shorter than the replay forgets the first ones before the last end."""
+
+    def __init__(self, client, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
+        self._client, self._ids = client, ids
+        self._ended: dict[int, dict[str, Any]] = {}
+
+    def look(self) -> None:
+        from carma.server.client import ENDED, ServerDown, WaitTimeout
+
+        try:  # no waiting: the states now, the ended ones whole
+            seen = self._client.wait(self._pending(), timeout_s=0, whole=True)
+        except WaitTimeout as e:
+            seen = e.tasks
+        except ServerDown:  # restarting, say: the submissions and the last wait deal with it
+            return
+        self._ended.update((t["id"], t) for t in seen if t["state"] in ENDED)
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every task, whole, once all have ended."""
+        return [*self._ended.values(), *self._client.wait(self._pending(), whole=True)]
+
+    def _pending(self) -> list[int]:
+        return [i for i in self._ids if i not in self._ended]
+
+
+def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int], on_wait=None) -> None:  # type: ignore[no-untyped-def]
+    """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known; `on_wait` is
+    called every second of a wait between two submissions."""
     start = time.monotonic()
     first, workdir = entries[0].submit_s, str(absolute())
     for entry in entries:
-        delay = start + (entry.submit_s - first) / scale - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+        while (delay := start + (entry.submit_s - first) / scale - time.monotonic()) > 0:
+            time.sleep(min(delay, 1.0))
+            if on_wait is not None:
+                on_wait()
         w = entry.workload
         spec: dict[str, Any] = {
             "command": fakejob_command(w),

@@ -144,9 +144,15 @@ class Client:
         return self.request("GET", f"/v1/tasks/{task_id}")
 
     def wait(
-        self, task_ids: list[int], timeout_s: float | None = None, poll_s: float = 0.5, reconnect_s: float = RECONNECT_S
+        self,
+        task_ids: list[int],
+        timeout_s: float | None = None,
+        poll_s: float = 0.5,
+        reconnect_s: float = RECONNECT_S,
+        whole: bool = False,
     ) -> list[dict[str, Any]]:
-        """The tasks once every one has ended (completed, failed or cancelled).
+        """The tasks once every one has ended (completed, failed or cancelled); with `whole`, each as `task`
+        gives it (with its attempts), read as soon as it is seen to end: the server may forget it later.
 
         A server that stops answering after the first poll is polled on for `reconnect_s`: a daemon restart
         (an upgrade, a service manager's restart) re-adopts running tasks, so a script's wait should outlive it.
@@ -155,6 +161,8 @@ class Client:
         tasks = self._states(task_ids)  # a server not running at all is an error at once
         down_since: float | None = None
         while True:
+            if whole:
+                tasks = [self.task(t["id"]) if t["state"] in ENDED and "attempt_list" not in t else t for t in tasks]
             pending = [t["id"] for t in tasks if t["state"] not in ENDED]
             if not pending:
                 return tasks
@@ -177,6 +185,7 @@ class Client:
             return [self.task(t) for t in task_ids]
         by_id = {t["id"]: t for t in self.tasks(all=True)}
         if (missing := next((t for t in task_ids if t not in by_id), None)) is not None:
+            self.task(missing)  # the server says why (never was, or forgotten)
             raise ClientError(f"no task with id {missing}")
         return [by_id[t] for t in task_ids]
 

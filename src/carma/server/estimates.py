@@ -47,18 +47,20 @@ SKIPPED = {"__pycache__", "node_modules", "site-packages", "build", "dist"}  # f
 NAMED_FILES = 64  # how many of a command's arguments are looked at as files it may read its settings from
 SETTINGS_SUFFIXES = {".yaml", ".yml", ".json", ".toml", ".cfg", ".ini", ".conf", ".py"}  # not logs or checkpoints
 # The variables of a login session, a terminal or a batch job, which differ from shell to shell (some from
-# command to command) and which no training job reads for its settings: left out of the fingerprint
+# command to command) and which no training job reads for its settings: left out of the fingerprint. Names
+# are matched whole, or by prefixes that only these tools use (a job's own HISTORY_LEN or WINDOW counts).
 SESSION_VARIABLES = {
     "PATH", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "COLORTERM", "DISPLAY", "WINDOWID", "XAUTHORITY", "LS_COLORS",
-    "PS1", "PS2", "PROMPT_COMMAND", "MAIL", "STY", "WINDOW", "DBUS_SESSION_BUS_ADDRESS", "GPG_AGENT_INFO",
-    "INVOCATION_ID", "JOURNAL_STREAM", "MOTD_SHOWN", "LESSOPEN", "LESSCLOSE", "COLUMNS", "LINES", "KRB5CCNAME",
-    "SESSION_MANAGER", "WSL_INTEROP", "WSLENV", "WT_SESSION", "WT_PROFILE_ID", "ITERM_SESSION_ID",
-    "KITTY_WINDOW_ID", "KITTY_PID", "WEZTERM_PANE", "ALACRITTY_WINDOW_ID", "GNOME_TERMINAL_SCREEN",
-    "GNOME_TERMINAL_SERVICE", "KONSOLE_DBUS_SESSION", "KONSOLE_DBUS_WINDOW", "SECURITYSESSIONID",
+    "PS1", "PS2", "PROMPT_COMMAND", "MAIL", "STY", "DBUS_SESSION_BUS_ADDRESS", "GPG_AGENT_INFO", "INVOCATION_ID",
+    "JOURNAL_STREAM", "MOTD_SHOWN", "LESSOPEN", "LESSCLOSE", "KRB5CCNAME", "SESSION_MANAGER", "WSL_INTEROP",
+    "WSLENV", "WT_SESSION", "WT_PROFILE_ID", "SECURITYSESSIONID", "HISTFILE", "HISTSIZE", "HISTFILESIZE",
+    "HISTCONTROL", "HISTIGNORE", "HISTTIMEFORMAT", "GNOME_TERMINAL_SCREEN", "GNOME_TERMINAL_SERVICE",
+    "KONSOLE_DBUS_SESSION", "KONSOLE_DBUS_WINDOW", "SHELL_SESSION_ID", "TILIX_ID", "TERMINATOR_UUID",
+    "ALACRITTY_WINDOW_ID", "JPY_PARENT_PID", "LS_JOBPID",
 }  # fmt: skip
 SESSION_PREFIXES = (
-    "SSH_", "TERM_", "TMUX", "XDG_SESSION_", "XDG_SEAT", "XDG_VTNR", "VTE_", "VSCODE_", "HIST", "ATUIN_",
-    "STARSHIP_", "SLURM_", "PBS_", "LSB_", "SGE_", "OAR_", "KITTY_", "WEZTERM_", "ITERM_",
+    "SSH_", "TERM_", "TMUX", "XDG_SESSION_", "XDG_SEAT", "XDG_VTNR", "VTE_", "VSCODE_", "ATUIN_", "STARSHIP_",
+    "SLURM_", "PBS_", "LSB_", "SGE_", "OAR_", "KITTY_", "WEZTERM_", "ITERM_", "ZELLIJ",
 )  # fmt: skip
 log = logging.getLogger("carma.estimate")
 
