@@ -103,12 +103,18 @@ def devices() -> dict[str, Device]:
     return {**BUILTIN, **calibrated()}
 
 
+def find_device(name: str) -> Device | None:
+    """A device by its name, in any case (`A100-40GB`, as `carma gpus` shows it, is `a100-40gb`); None if
+    carma knows none of that name."""
+    return devices().get(name.lower())
+
+
 def get_device(name: str) -> Device:
-    """A device by its name, in any case (`A100-40GB`, as `carma gpus` shows it, is `a100-40gb`)."""
-    known = devices()
-    if name.lower() not in known:
-        raise EstimateError(f"unknown device {name!r}; known devices: {', '.join(sorted(known))}")
-    return known[name.lower()]
+    """A device by its name, in any case; an unknown name is an error listing the known ones."""
+    known = find_device(name)
+    if known is None:
+        raise EstimateError(f"unknown device {name!r}; known devices: {', '.join(sorted(devices()))}")
+    return known
 
 
 def save_calibrated(device: Device) -> Path:

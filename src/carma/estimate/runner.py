@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError
-from carma.estimate.devices import Device, devices
+from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptExited, ScriptFailed, ShortBatchEnded, capture_script, parse_argv
@@ -139,7 +139,7 @@ def _estimate_in_child(
             "device": device,
             # the constants as this process finds them: the child runs with the job's environment, as its
             # user, and would read that user's calibration (or none), not the one the estimate is asked under
-            "constants": asdict(known) if (known := devices().get(device.lower())) else None,
+            "constants": asdict(known) if (known := find_device(device)) else None,
             "estimator": estimator,
             "timeline": str(Path(timeline).resolve()) if timeline else None,
             "result": str(result),

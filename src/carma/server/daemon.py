@@ -330,14 +330,13 @@ class Daemon:
         self.loop.step(place=not self.draining)
         if time.monotonic() - self._observations_saved >= OBSERVATIONS_SAVE_S:
             self._save_observations()
-        if self.keep_ended_s is not None and self.clock.now() >= self._forget_at:
-            self._forget_ended()
+        if self.keep_ended_s is not None and (now := self.clock.now()) >= self._forget_at:
+            self._forget_ended(now)
 
-    def _forget_ended(self) -> None:
+    def _forget_ended(self, now: float) -> None:
         """Forget the tasks that ended longer ago than the retention (`[server] keep_ended_days`): their
         rows, logs and history go; the metrics' counters keep what they counted."""
         assert self.keep_ended_s is not None
-        now = self.clock.now()
         self._forget_at = now + FORGET_EVERY_S
         cutoff = now - self.keep_ended_s
         old = [t for t in self.scheduler.tasks if t.terminal and t.ended_s is not None and t.ended_s < cutoff]

@@ -74,7 +74,8 @@ def device_for(gpus: list[GpuInfo]) -> str:
     from carma.estimate.devices import BUILTIN, calibration_path, device_name_for, devices
 
     largest = max(gpus, key=lambda g: g.total_mib)
-    name, total = device_name_for(largest.name, largest.total_mib * MIB), largest.total_mib * MIB
+    total = largest.total_mib * MIB
+    name = device_name_for(largest.name, total)
     try:
         known = devices()
     except EstimateError as e:  # each estimate says so too; the name must still be chosen

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from carma.core.types import ExitKind, Task, TaskState
+from carma.core.types import TERMINAL_STATES, ExitKind, Task, TaskState
 
 if TYPE_CHECKING:
     from carma.server.daemon import Daemon
@@ -73,15 +73,12 @@ class DaemonCollector(Collector):
         yield from _task_metrics(d)
 
 
-ENDED = (TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED)
-
-
 def counted(tasks: Iterable[Task]) -> Counter[str]:
     """What the counters count of these tasks: the ended ones by outcome, OOM crashes, recoveries. The
     daemon keeps these sums for the tasks it forgets, so its counters never go down."""
     counts: Counter[str] = Counter()
     for task in tasks:
-        if task.state in ENDED:
+        if task.terminal:
             counts[task.state.value] += 1
         counts["oom_crashes"] += sum(a.outcome is ExitKind.OOM for a in task.attempts)
         counts["recovered"] += task.state is TaskState.COMPLETED and any(a.recovery for a in task.attempts)
@@ -99,7 +96,7 @@ def _task_metrics(d: Daemon) -> Iterator[Metric]:
     queues.add_metric(["recovery"], len(d.scheduler.recovery_queue))
     totals = counted(tasks) + Counter(d.store.forgotten())
     ended = CounterMetricFamily("carma_tasks_ended", "Tasks that ended, by outcome", labels=["outcome"])
-    for state in ENDED:
+    for state in (s for s in TaskState if s in TERMINAL_STATES):
         ended.add_metric([state.value], totals[state.value])
     yield from (states, queues, ended)
     yield CounterMetricFamily("carma_oom_crashes", "Attempts that ended out of memory", value=totals["oom_crashes"])
