@@ -113,6 +113,19 @@ def test_trace_script_equals_the_csv_of_the_same_content(catalog, write):
     assert script == table
 
 
+def test_trace_script_comments_begin_a_word_as_in_the_shell(catalog, write):
+    catalog = catalog.with_workloads({"vgg#2": dataclasses.replace(catalog["vgg"], name="vgg#2")})
+    script = (
+        "python submit.py --task /x/vgg#2.rad  # a '#' inside a word is part of it\n"
+        "sleep 10;# a comment right after ';'\n"
+        "python submit.py --task '/x/#1/dlrm.rad' #the quoted '#' is in the path\n"
+        "sleep 5 # sleep 100\n"
+        "python submit.py --task /x/Xception.rad\n"
+    )
+    trace = load_trace(write("hash.sh", script), catalog)
+    assert schedule(trace) == [(0.0, "vgg#2"), (10.0, "dlrm"), (15.0, "Xception")]
+
+
 def test_a_file_without_a_known_suffix_is_read_as_a_script(catalog, write):
     assert schedule(load_trace(write("trace1", SCRIPT), catalog))[0] == (0.0, "Xception")
 
@@ -216,6 +229,8 @@ BAD_TRACES = [
     pytest.param("t.sh", "python submit.py --task 'vgg.rad\n", "line 1: No closing quotation", id="open-quote"),
     pytest.param("t.sh", "sleep 5 & && python s.py --task vgg.rad\n", "a command is missing before '&&'", id="and"),
     pytest.param("t.sh", "& python s.py --task vgg.rad\n", "line 1: a command is missing before '&'", id="lead"),
+    pytest.param("t.sh", "; python s.py --task vgg.rad\n", "line 1: a command is missing before ';'", id="lead-semi"),
+    pytest.param("t.sh", "sleep 1 ; ; python s.py --task vgg.rad\n", "missing before ';'", id="semi-semi"),
     pytest.param(
         "t.sh",
         "sleep 10 &&\npython s.py --task vgg.rad &\n",  # the shell reads one command over the two lines

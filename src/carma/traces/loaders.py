@@ -157,23 +157,20 @@ def _format_hint(line: str) -> str:
 def _lists(line: str, where: str) -> list[tuple[list[list[str]], bool]]:
     """A script line's command lists as the shell runs them: each one's commands (joined by `&&`), and
     whether it goes to the background (ended by `&`, not `;` or the line's end); other syntax is an error."""
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=_SHELL_PUNCTUATION)
+    lexer = shlex.shlex(_uncommented(line), posix=True, punctuation_chars=_SHELL_PUNCTUATION)
     lexer.whitespace_split = True
+    lexer.commenters = ""  # `_uncommented` cut the comment: shlex would cut `--task a#1.rad` at its `#` too
     try:
         tokens = list(lexer)
     except ValueError as e:  # an unclosed quote
         raise TraceError(f"{where}: {e}") from None
     lists: list[tuple[list[list[str]], bool]] = []
     commands: list[list[str]] = [[]]
-    for token in [*tokens, ";"]:
-        if token in (";", "&", "&&") and not commands[-1] and (len(commands) > 1 or token != ";"):
-            # `a && && b`, `a & && b` and a leading `&` the shell refuses; a line ending in `&&` it continues
-            # on the next line, which this line-by-line reading would not
-            missing = "after '&&' (join the line with the next)" if token == ";" else f"before {token!r}"
-            raise TraceError(f"{where}: a command is missing {missing}")
+    for token in tokens:
+        if token in (";", "&", "&&") and not commands[-1]:  # `a && && b`, `a ; ; b`, a leading `;`: the shell refuses
+            raise TraceError(f"{where}: a command is missing before {token!r}")
         if token in (";", "&"):
-            if commands[-1]:
-                lists.append((commands, token == "&"))
+            lists.append((commands, token == "&"))
             commands = [[]]
         elif token == "&&":
             commands.append([])
@@ -181,7 +178,32 @@ def _lists(line: str, where: str) -> list[tuple[list[list[str]], bool]]:
             raise TraceError(f"{where}: {token!r}: a trace script takes commands joined by ';', '&&' or '&' only")
         else:
             commands[-1].append(token)
+    if not commands[-1] and len(commands) > 1:  # the shell continues such a line on the next, which this does not
+        raise TraceError(f"{where}: a command is missing after '&&' (join the line with the next)")
+    if commands[-1]:
+        lists.append((commands, False))
     return lists
+
+
+def _uncommented(line: str) -> str:
+    """The line without its comment: from a `#` that begins a word, outside quotes, as the shell reads it
+    (`a#b`, `a\\ #b` are one word, `'#'` a quoted one)."""
+    quote = None
+    escaped = False
+    word_start = True
+    for i, char in enumerate(line):
+        if escaped:  # a backslash's character is part of a word, even a space
+            escaped = word_start = False
+        elif quote is not None:
+            quote = None if char == quote else quote
+            escaped = char == "\\" and quote == '"'
+        elif char == "#" and word_start:
+            return line[:i]
+        else:
+            quote = char if char in "'\"" else None
+            escaped = char == "\\"
+            word_start = char.isspace() or char in _SHELL_PUNCTUATION
+    return line
 
 
 def _sleep_s(word: str, where: str) -> float:
