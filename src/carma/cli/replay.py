@@ -92,12 +92,10 @@ class _Ended:
         self._ended: dict[int, dict[str, Any]] = {}
 
     def look(self) -> None:
-        from carma.server.client import ENDED, ServerDown, WaitTimeout
+        from carma.server.client import ENDED, ServerDown
 
-        try:  # no waiting: the states now, the ended ones whole
-            seen = self._client.wait(self._pending(), timeout_s=0, whole=True)
-        except WaitTimeout as e:
-            seen = e.tasks
+        try:
+            seen = self._client.states(self._pending(), whole=True)
         except ServerDown:  # restarting, say: the submissions and the last wait deal with it
             return
         self._ended.update((t["id"], t) for t in seen if t["state"] in ENDED)

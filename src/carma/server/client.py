@@ -158,11 +158,11 @@ class Client:
         (an upgrade, a service manager's restart) re-adopts running tasks, so a script's wait should outlive it.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        tasks = self._states(task_ids)  # a server not running at all is an error at once
+        tasks = self.states(task_ids)  # a server not running at all is an error at once
         down_since: float | None = None
         while True:
             if whole:
-                tasks = [self.task(t["id"]) if t["state"] in ENDED and "attempt_list" not in t else t for t in tasks]
+                tasks = self._whole(tasks)
             pending = [t["id"] for t in tasks if t["state"] not in ENDED]
             if not pending:
                 return tasks
@@ -170,7 +170,7 @@ class Client:
                 raise WaitTimeout(f"timed out waiting for {_ids(pending)}", tasks)
             time.sleep(poll_s)
             try:  # the ended ones are not asked again: the server may forget them (its retention)
-                polled = {t["id"]: t for t in self._states(pending)}
+                polled = {t["id"]: t for t in self.states(pending)}
                 tasks = [polled.get(t["id"], t) for t in tasks]
                 down_since = None
             except ServerDown as e:
@@ -178,9 +178,17 @@ class Client:
                 if time.monotonic() - down_since > reconnect_s:
                     raise ServerDown(f"{e}; gave up waiting for {_ids(pending)} after {reconnect_s:g} s") from None
 
+    def states(self, task_ids: list[int], whole: bool = False) -> list[dict[str, Any]]:
+        """The tasks now (id, state, reason and more), in the order given, without waiting; with `whole`, the
+        ended ones as `task` gives them (with their attempts). One request each for a few, one listing for many
+        (a thousand requests per poll kept the daemon busy)."""
+        tasks = self._states(task_ids)
+        return self._whole(tasks) if whole else tasks
+
+    def _whole(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [self.task(t["id"]) if t["state"] in ENDED and "attempt_list" not in t else t for t in tasks]
+
     def _states(self, task_ids: list[int]) -> list[dict[str, Any]]:
-        """The tasks (id, state, reason and more), in the order given: one request each for a few, one listing
-        for many (a thousand requests per poll kept the daemon busy)."""
         if len(task_ids) <= FEW_TASKS:
             return [self.task(t) for t in task_ids]
         by_id = {t["id"]: t for t in self.tasks(all=True)}
