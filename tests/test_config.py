@@ -33,7 +33,7 @@ def test_defaults_are_the_papers(make_config):
     s = config.scheduler
     assert s.policy is Policy.MAGM
     assert (s.window_samples, s.margin_mib, s.min_free_mib, s.reserve_mib) == (30, 2048, 2048, 512)
-    assert s.risk.enabled
+    assert s.risk.enabled and s.hold_known_needs  # the one scheduler setting that is carma's own
     assert (s.risk.smact, s.risk.smocc, s.risk.drama) == (0.80, 0.45, 0.40)
     w = s.risk.weights
     assert (w.mean, w.median, w.p95, w.ema) == (0.2, 0.3, 0.3, 0.2)

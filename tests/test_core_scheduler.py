@@ -108,6 +108,29 @@ def test_known_need_requires_need_plus_margin_free_after_the_reserve(mem_mib, pl
     assert (task.id in b.placed()) is placed
 
 
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_known_need_is_held_before_the_task_has_allocated_it(hold):
+    """A task whose memory grows after its TTFK window (a data loader starting) was collocated into its OOM:
+    the free memory then read left out what it had yet to allocate."""
+    b = Bench(gpus=1, hold_known_needs=hold)
+    first = b.submit("grows-late", mem_mib=30_000)
+    b.placed()
+    b.set(0, used_mib=2_000)  # its CUDA context and weights; its activations come later
+    b.first_kernel(first.id)
+    b.advance(60)
+    second = b.submit("second", mem_mib=10_000)  # 10000 + 2048 margin: 38448 shown free, 10448 not held
+    assert (second.id in b.placed()) is not hold
+    if hold:
+        assert b.sched.waiting_reason(second.id) == (
+            "needs 1 GPU(s) with 12048 MiB free; 0 have it (1 more show it free, but their tasks' known needs hold it)"
+        )
+        b.sched.cancel(second.id, b.t)
+        b.set(0, used_mib=31_000)  # it allocated its need and more: what shows used counts, not twice
+        b.advance(1)
+        third = b.submit("third", mem_mib=40_960 - 31_000 - 512 - 2048)
+        assert third.id in b.placed()
+
+
 @pytest.mark.parametrize(("used_mib", "placed"), [(40_960 - 512 - 2048, True), (40_960 - 512 - 2047, False)])
 def test_unknown_need_requires_the_minimum_free_memory(used_mib, placed):
     b = Bench(gpus=1)

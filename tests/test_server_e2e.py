@@ -62,6 +62,25 @@ def test_submit_queue_show_logs_cancel_wait(start_server):  # type: ignore[no-un
     assert follow.returncode == 0 and "step" in follow.stdout
 
 
+def test_a_known_need_is_held_on_its_gpu_before_it_is_allocated(start_server):  # type: ignore[no-untyped-def]
+    """The GPU shows 38 GiB free while the first task has yet to allocate most of its 30 GiB: a second task
+    placed into that memory crashed the first once it grew."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    first = server.submit(*fakejob(100000), mem="30GiB")  # the fake job allocates 2 GiB of it
+    server.wait_state(first, "running")
+    (gpu,) = server.json("gpus")
+    assert (gpu["used_mib"], gpu["held_mib"]) == (2048, 30720)
+    assert "2.0/40.0 GiB (30.0 held)" in server.cli("gpus").stdout
+    second = server.submit(*fakejob(60), mem="10GiB")
+    reason = wait_until(  # once the first task's TTFK window has passed
+        lambda: "TTFK" not in (r := server.task(second)["waiting_reason"] or "TTFK") and r, 30, "the window to pass"
+    )
+    assert reason == (
+        "needs 1 GPU(s) with 12288 MiB free; 0 have it (1 more show it free, but their tasks' known needs hold it)"
+    )
+    server.cli("cancel", first, second)
+
+
 def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
     task_file = tmp_path / "task.yaml"

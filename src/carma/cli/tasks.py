@@ -348,7 +348,10 @@ def gpus_cmd(as_json: JsonOption = False) -> None:
         state = "awaiting first kernel" if g["awaiting_first_kernel"] else ("ttfk window" if not g["valid"] else "ok")
         if g["excluded"]:
             state += ", risky"
-        memory = f"{(g['used_mib'] or 0) / 1024:.1f}/{g['total_mib'] / 1024:.1f} GiB"
+        used = g["used_mib"] or 0
+        memory = f"{used / 1024:.1f}/{g['total_mib'] / 1024:.1f} GiB"
+        if g["held_mib"] > used:  # known needs not yet allocated: free to the eye, not to a placement
+            memory += f" ({g['held_mib'] / 1024:.1f} held)"
         rows.append(
             [
                 str(g["index"]),

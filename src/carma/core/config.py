@@ -74,6 +74,10 @@ class SchedulerConfig:
     # passed (CARMA's reference), or, with this set, not until it ends: no recurrence from a neighbour, at
     # the cost of collocation (on trace 1's first 30 tasks on fake GPUs: 2 more crashes elsewhere, +10%).
     exclusive_relaunch: bool = False
+    # A task placed with a need known in MiB holds it on its GPUs: another task fits only in what telemetry
+    # shows free and those needs leave (carma's own; CARMA's reference reads the free memory alone, so a task
+    # whose memory grows after its TTFK window, a data loader starting say, can be collocated into an OOM).
+    hold_known_needs: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.window_samples <= MAX_WINDOW_SAMPLES:  # each decision reads the whole window

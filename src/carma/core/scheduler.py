@@ -49,6 +49,7 @@ class GpuStatus:
     awaiting_first_kernel: bool
     tasks: tuple[TaskId, ...]
     foreign: int
+    held_mib: int = 0  # the needs known in MiB its tasks hold (`hold_known_needs`), allocated or not
 
 
 RECOVERY_FIRST = "recovery queue has priority"
@@ -301,6 +302,7 @@ class Scheduler:
                     awaiting_first_kernel=self._ttfk.awaiting(g),
                     tasks=tuple(sorted(self._on_gpu[g])),
                     foreign=self._foreign[g],
+                    held_mib=self._held_mib(g) if self.config.hold_known_needs else 0,
                 )
             )
         return out
@@ -389,7 +391,19 @@ class Scheduler:
         ]
 
     def _free_mib(self, gpu: int) -> int:
-        return max(0, self._windows[gpu].latest.free_mib - self.config.reserve_mib)
+        """What a new task may take on `gpu`, less the reserve: the memory telemetry shows free, and (with
+        `hold_known_needs`) no more than the needs known in MiB of the tasks on it leave, whether or not they
+        have allocated them yet. Their margin is not held: what a task uses beyond its need shows as used."""
+        latest = self._windows[gpu].latest
+        free = latest.free_mib
+        if self.config.hold_known_needs:
+            free = min(free, latest.total_mib - self._held_mib(gpu))
+        return max(0, free - self.config.reserve_mib)
+
+    def _held_mib(self, gpu: int) -> int:
+        """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task)."""
+        needs = (self._tasks[t].current.need for t in self._on_gpu[gpu])
+        return sum(need.mib for need in needs if need is not None and need.kind is NeedKind.KNOWN)
 
     def _candidates(self, gpus: list[int]) -> list[Candidate]:
         lug = self.config.policy is Policy.LUG
@@ -428,9 +442,13 @@ class Scheduler:
             return f"needs {n} GPU(s); {len(gpus)} shareable and not awaiting a first kernel (TTFK)"
         if cfg.policy is not Policy.RR:
             required = need.mib + cfg.margin_mib if need.kind is NeedKind.KNOWN else cfg.min_free_mib
-            gpus = [g for g in gpus if self._free_mib(g) >= required]
-            if len(gpus) < n:
-                return f"needs {n} GPU(s) with {required} MiB free; {len(gpus)} have it"
+            fitting = [g for g in gpus if self._free_mib(g) >= required]
+            if len(fitting) < n:
+                reason = f"needs {n} GPU(s) with {required} MiB free; {len(fitting)} have it"
+                shown = sum(self._windows[g].latest.free_mib - cfg.reserve_mib >= required for g in gpus)
+                held = f" ({shown - len(fitting)} more show it free, but their tasks' known needs hold it)"
+                return reason + (held if shown > len(fitting) else "")
+            gpus = fitting
             if cfg.risk.enabled:
                 gpus = [g for g in gpus if not self._windows[g].risk().excluded(cfg.risk)]
                 if len(gpus) < n:

@@ -121,6 +121,7 @@ def gpu_view(status) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         "total_mib": status.gpu.total_mib,
         "exclusive": status.gpu.exclusive,  # a MIG instance: one task at a time
         "used_mib": s.used_mib if s else None,
+        "held_mib": status.held_mib,  # its tasks' known needs: no other task is placed into them
         "smact": s.smact if s else None,
         "smocc": s.smocc if s else None,
         "drama": s.drama if s else None,

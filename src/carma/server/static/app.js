@@ -182,6 +182,9 @@ function renderGpus(s) {
     if (g.exclusive) badges.push(`<span class="badge">MIG instance: exclusive</span>`);
     if (missing[g.index]) badges.push(`<span class="badge warn">no ${esc(missing[g.index].join("/").toUpperCase())}</span>`);
     if (g.other_processes) badges.push(`<span class="badge">${g.other_processes} other process(es)</span>`);
+    if (g.held_mib > (g.used_mib ?? 0)) {
+      badges.push(`<span class="badge info" title="the known memory needs of its tasks, allocated or not: no other task is placed into them">${gib(g.held_mib)} GiB held</span>`);
+    }
     const metric = (key) => {
       const score = g.risk ? g.risk[key] : null;
       return bar(key.toUpperCase(), g[key], 1, risk.enabled ? risk[key] : undefined, num(g[key]), `risk score ${num(score)}`);
