@@ -319,6 +319,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "-f", _file(tmp_path, "latin.yaml", b"command: caf\xe9\n")], "latin.yaml: not UTF-8 text"),
         (["submit", "-f", _file(tmp_path, "wd.yaml", b"command: true\nworkdir: 5\n")], "workdir must be a path"),
         (["submit", "-f", _file(tmp_path, "q.yaml", b"command: echo 'a\n")], "cannot split command"),
+        (
+            ["submit", "-f", _file(tmp_path, "twice.yaml", b"command: echo a\nshell: true\ncommand: echo b\n")],
+            "twice.yaml: not valid YAML (line 3: key 'command' given twice in one mapping)",  # was: echo b ran
+        ),
         (["queue", "--state", "queud"], "state must be one of queued, "),
         (["submit", "--", ""], "command: its program is empty"),  # these three were a 500 Internal Server Error
         (["submit", "--shell", "--", " "], "command: its program is empty"),

@@ -284,6 +284,13 @@ BAD_TRACES = [
     pytest.param("t.yaml", "nmae: x\ntasks:\n  - {at: 0, task: vgg}\n", ": unknown key(s) nmae", id="top-key"),
     pytest.param("t.yaml", "name: [a]\ntasks:\n  - {at: 0, task: vgg}\n", "'name' must be a string", id="name"),
     pytest.param("t.yaml", "tasks: [\n", "not valid YAML", id="invalid-yaml"),
+    pytest.param(  # the second `tasks:` silently replaced the first
+        "t.yaml",
+        "tasks:\n  - {at: 0, task: resnet}\ntasks:\n  - {at: 0, task: vgg}\n",
+        "t.yaml: not valid YAML (line 3: key 'tasks' given twice in one mapping)",
+        id="duplicate-key",
+    ),
+    pytest.param("t.yaml", "tasks:\n  - {at: 0, task: vgg, at: 100}\n", "line 2: key 'at' given twice", id="dup-at"),
     pytest.param("t.yaml", "", "a YAML trace needs a 'tasks' list", id="empty-yaml"),
     pytest.param("t.yaml", "tasks: []\n", "the trace has no tasks", id="no-yaml-tasks"),
     pytest.param("t.yaml", "tasks:\n  - {task: vgg}\n", "task 1: each task needs 'at'", id="missing-at"),

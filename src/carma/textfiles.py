@@ -4,7 +4,9 @@ one-line error."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 
 class NotText(ValueError):
@@ -17,3 +19,31 @@ def read_text(path: Path, name: str | None = None) -> str:
         return path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise NotText(f"{name or path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def load_yaml(text: str) -> Any:
+    """The document as `yaml.safe_load` reads it, except that a key given twice in one mapping is a
+    `yaml.YAMLError` at its line: PyYAML keeps the last silently, and a trace's second `tasks:` dropped the
+    first's tasks."""
+    import yaml  # here: few commands read YAML, and every command imports this module
+
+    class Strict(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                with suppress(TypeError):  # an unhashable key: PyYAML's own error follows
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
+                        )
+                    seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=Strict)
+
+
+def yaml_problem(err: Exception) -> str:
+    """A YAML error in one line: its line and problem where PyYAML names them."""
+    mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+    return f"line {mark.line + 1}: {problem}" if mark and problem else " ".join(str(err).split())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from carma.cli.common import UsageError, absolute, app, columns, err, error_line, fail, out, positive, size_text
-from carma.textfiles import NotText, read_text
+from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
 
 if TYPE_CHECKING:
     from carma.server.client import Client
@@ -48,7 +48,7 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
     import yaml  # here: only `submit -f` reads YAML, and every command pays for a top-level import
 
     try:
-        doc = yaml.safe_load(read_text(path))
+        doc = load_yaml(read_text(path))
     except FileNotFoundError:
         raise fail(f"no task file {str(path)!r}") from None
     except NotText as e:
@@ -56,7 +56,7 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
     except OSError as e:  # a directory, say
         raise fail(f"cannot read task file {str(path)!r}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise fail(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+        raise fail(f"{path}: not valid YAML ({yaml_problem(e)})") from None
     if not isinstance(doc, dict):
         raise fail(f"{path}: a task file is a mapping with at least 'command'")
     unknown = set(doc) - TASK_FILE_KEYS

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from carma.textfiles import NotText, read_text
+from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
 from carma.traces.catalog import Catalog, UnknownTaskError, Workload, data_file, define_workload
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
@@ -224,11 +224,9 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
     import yaml  # here, not at the top: every `carma` command imports this module, few read YAML
 
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as err:
-        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
-        detail = f"line {mark.line + 1}: {problem}" if mark and problem else " ".join(str(err).split())
-        raise TraceError(f"{b.source}: not valid YAML ({detail})") from None
+        raise TraceError(f"{b.source}: not valid YAML ({yaml_problem(err)})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), list):
         raise TraceError(f"{b.source}: a YAML trace needs a 'tasks' list")
     unknown_keys = set(doc) - _YAML_KEYS
