@@ -9,11 +9,15 @@ same thing without writing.
 from __future__ import annotations
 
 import csv
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from carma.calibration.sources import DataNotFound, find_datasets, package_rows
+from carma.calibration.sources import DataNotFound, find_datasets, load_lucid, package_rows
 from carma.sim.models import twin_params
 from carma.traces.catalog import data_file
 from support import run_carma
@@ -131,8 +135,13 @@ RUNS = "Avg GPUTL,Avg SMACT,Avg SMOCC\n50,0.4,0.2\n"
          "single_profiles.csv, line 2: could not convert string to float: 'fast'"),
         (SINGLES, PAIRS + PAIR, "Avg GPUTL,Avg SMACT,Avg SMOCC\n", "mlp_training_runs.csv: no measurements in it"),
         (SINGLES, PAIRS + PAIR, RUNS.replace("0.4", "nan"), "mlp_training_runs.csv, line 2: Avg SMACT is 'nan'"),
+        (SINGLES, PAIRS + PAIR[:20], RUNS,  # a truncated copy: a traceback once
+         "colocation_pairs.csv, line 2: not as many values as the header has columns"),
+        (SINGLES, PAIRS + PAIR, RUNS + "50,0.4\n", "mlp_training_runs.csv, line 3: not as many values as the header"),
+        (SINGLES.replace(",0,900", ",yes,900"), PAIRS + PAIR, RUNS,
+         "single_profiles.csv, line 2: amp is 'yes', not 0 or 1"),
     ],
-    ids=["no-columns", "no-pairs", "unknown-solo", "not-a-number", "no-runs", "nan"],
+    ids=["no-columns", "no-pairs", "unknown-solo", "not-a-number", "no-runs", "nan", "cut", "short-run", "amp"],
 )  # fmt: skip
 def test_measurements_that_cannot_be_fitted_are_one_line_naming_the_file_and_nothing_is_written(
     singles, pairs, runs, message, tmp_path
@@ -143,6 +152,32 @@ def test_measurements_that_cannot_be_fitted_are_one_line_naming_the_file_and_not
     [line] = result.stderr.splitlines()
     assert line.startswith("error: ") and message in line
     assert not (tmp_path / "fidelity.md").exists()
+
+
+def test_measurements_with_a_byte_order_mark_read_as_without(tmp_path):
+    plain = _datasets(tmp_path / "plain", SINGLES, PAIRS + PAIR, RUNS)
+    marked = _datasets(tmp_path / "marked", "\ufeff" + SINGLES, "\ufeff" + PAIRS + PAIR, RUNS)  # "no column 'model'"
+    assert load_lucid(marked) == load_lucid(plain)
+
+
+def test_validate_run_outside_a_checkout_writes_fidelity_md_where_it_runs(tmp_path):
+    """Its default, docs/fidelity.md, was relative to the working directory: a docs/ folder appeared there."""
+    from carma.cli.twin import _checkout_report
+
+    assert _checkout_report() == Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"  # run from here
+    result = subprocess.run(
+        [sys.executable, "-c", "import carma.cli.twin as t; print(t._checkout_report())"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(_copy_of_package(tmp_path))},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert result.stdout == "fidelity.md\n"
+
+
+def _copy_of_package(tmp_path: Path) -> Path:
+    """carma's package alone, as an installed wheel has it: no docs/ beside it."""
+    site = tmp_path / "site"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "src" / "carma", site / "carma")
+    return site
 
 
 def test_a_report_path_that_is_a_directory_is_refused_before_the_work(tmp_path):

@@ -81,6 +81,8 @@ class LucidPair:
 
 
 def _key(model: str, dataset: str, batch: str, amp: str) -> tuple[str, str, int, bool]:
+    if amp not in ("0", "1"):
+        raise ValueError(f"amp is {amp!r}, not 0 or 1")
     return model, dataset, int(batch), amp == "1"
 
 
@@ -92,9 +94,10 @@ def _number(row: dict[str, str], column: str) -> float:
 
 
 def _read(path: Path, columns: tuple[str, ...], convert: Callable[[dict[str, str]], T]) -> list[T]:
-    """Each row of a measurement file, converted. A missing column, a value that is not a number or a file
-    without rows is a one-line error naming the file: a fit on nothing would write parameters from no data."""
-    with open(path, newline="") as f:
+    """Each row of a measurement file, converted. A missing column, a row of too few or too many values, a
+    value that is not a number or a file without rows is a one-line error naming the file: a fit on nothing
+    would write parameters from no data."""
+    with open(path, newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is not a column's
         reader = csv.DictReader(f)
         missing = [c for c in columns if c not in (reader.fieldnames or ())]
         if missing:
@@ -102,6 +105,8 @@ def _read(path: Path, columns: tuple[str, ...], convert: Callable[[dict[str, str
         rows = []
         for row in reader:
             try:
+                if None in row.values() or None in row:  # a row cut short (a truncated copy) or one too long
+                    raise ValueError("not as many values as the header has columns")
                 rows.append(convert(row))
             except ValueError as e:
                 raise ValueError(f"{path}, line {reader.line_num}: {e}") from None

@@ -40,10 +40,17 @@ def twin_calibrate(data: DataOption = None) -> None:
 @twin_app.command("validate")
 def twin_validate(
     data: DataOption = None,
-    report: Annotated[Path, typer.Option(help="Where to write the fidelity report.")] = Path("docs/fidelity.md"),
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where to write the fidelity report. [default: the checkout's docs/fidelity.md, else ./fidelity.md]",
+            show_default=False,
+        ),
+    ] = None,
     jobs: Annotated[int, typer.Option(help="Processes for the trace-1 sweep.", min=1)] = 1,
 ) -> None:
     """Cross-validate the models, check them against the thesis, run trace 1, and write the fidelity report."""
+    report = report or _checkout_report()
     if report.is_dir():  # said before the minutes of work, not after
         raise fail(f"--report {report} is a directory; give a file name")
     try:
@@ -67,3 +74,12 @@ def twin_validate(
     if not fidelity.shipped_matches_fit:
         err.print("the shipped parameters differ from this fit: run `carma twin calibrate`")
     out.print(f"wrote {path}")
+
+
+def _checkout_report() -> Path:
+    """The report the checkout carma runs from ships (docs/fidelity.md beside src/), else ./fidelity.md: run
+    anywhere else, the default wrote a docs/ folder into whatever directory it was run from."""
+    import carma
+
+    shipped = Path(carma.__file__).resolve().parents[2] / "docs" / "fidelity.md"
+    return shipped if shipped.is_file() else Path("fidelity.md")
