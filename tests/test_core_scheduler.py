@@ -374,6 +374,16 @@ def test_a_multi_gpu_task_that_outgrew_every_whole_gpu_fails_instead_of_holding_
     assert pair.state is TaskState.FAILED and "alone on GPU 0,1" in pair.reason
 
 
+def test_a_mig_instance_without_metrics_is_not_shown_as_excluded_by_the_risk_filter():
+    """NVML reads no SMACT/SMOCC/DRAMA per instance; an instance is never collocated, so never filtered: the
+    dashboard and `carma gpus` marked every one "risk filter: excluded"."""
+    b = Bench(totals=(40_960, 20_480), mig=(1,))
+    for gpu in (0, 1):
+        b.set(gpu, smact=None, smocc=None, drama=None)
+    b.advance(30)
+    assert [status.excluded for status in b.sched.gpu_status(b.t)] == [True, False]  # "missing": risky
+
+
 def test_other_errors_fail_with_their_reason_and_success_completes():
     b = Bench(gpus=2)
     bad, good = b.submit("bad"), b.submit("good")

@@ -350,8 +350,9 @@ def gpus_cmd(as_json: JsonOption = False) -> None:
             state += ", risky"
         used = g["used_mib"] or 0
         memory = f"{used / 1024:.1f}/{g['total_mib'] / 1024:.1f} GiB"
-        if g["held_mib"] > used:  # known needs not yet allocated: free to the eye, not to a placement
-            memory += f" ({g['held_mib'] / 1024:.1f} held)"
+        held = g.get("held_mib", 0)  # none from a daemon started before an upgrade
+        if held > used:  # known needs not yet allocated: free to the eye, not to a placement
+            memory += f" ({held / 1024:.1f} held)"
         rows.append(
             [
                 str(g["index"]),

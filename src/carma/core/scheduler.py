@@ -297,7 +297,14 @@ class Scheduler:
                     gpu=self.gpus[g],
                     latest=window.latest,
                     risk=risk,
-                    excluded=bool(risk and self.config.risk.enabled and risk.excluded(self.config.risk)),
+                    # a MIG instance is never collocated, so never filtered: its missing metrics (NVML has none
+                    # per instance) are no risk
+                    excluded=bool(
+                        risk
+                        and self.config.risk.enabled
+                        and not self.gpus[g].exclusive
+                        and risk.excluded(self.config.risk)
+                    ),
                     valid=self._ttfk.valid(g, now),
                     awaiting_first_kernel=self._ttfk.awaiting(g),
                     tasks=tuple(sorted(self._on_gpu[g])),
