@@ -93,6 +93,54 @@ def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser,
     page.close()
 
 
+def test_collocated_attempts_get_lanes_of_their_own_in_the_timeline(browser, served):  # type: ignore[no-untyped-def]
+    """One row per GPU drew collocated attempts over each other: the last hid the others, and only it could be
+    clicked. Cancelled tasks are counted in the header, and a bar's tooltip says the legend's words."""
+    from playwright.sync_api import expect
+
+    server, url, token = served
+    page = browser.new_page(viewport={"width": 1280, "height": 1300})
+    page.goto(f"{url}/#token={token}")
+    ids = [server.submit(*fakejob(100_000, "512MiB"), name=f"job{i}", mem="512MiB") for i in range(3)]
+    for task in ids:  # two on the idle GPUs, the third beside one of them once its TTFK window has passed
+        server.wait_state(task, "running")
+    gpus = {i: server.task(i)["attempt_list"][0]["gpus"] for i in ids}
+    together = [i for i in ids if gpus[i] == gpus[ids[2]]]
+    assert len(together) == 2
+    bars = [page.locator(f"#timeline rect[data-task='{i}']") for i in together]
+    for bar in bars:
+        expect(bar).to_be_visible(timeout=WAIT_MS)
+    first, second = (bar.bounding_box() for bar in bars)
+    assert first["y"] + first["height"] <= second["y"] or second["y"] + second["height"] <= first["y"]  # no overlap
+    assert server.cli("cancel", *map(str, ids)).returncode == 0
+    expect(page.locator("#summary")).to_contain_text("3 cancelled", timeout=WAIT_MS)
+    expect(bars[0].locator("title")).to_contain_text(": cancelled, ", timeout=WAIT_MS)
+    page.close()
+
+
+def test_the_charts_key_every_gpu_of_a_large_server_apart_and_inside_the_chart(browser, start_server):  # type: ignore[no-untyped-def]
+    """Beyond eight GPUs the colours repeated (GPU 8 drawn as GPU 0) and the one-line key ran past the chart."""
+    from playwright.sync_api import expect
+
+    port = free_port()
+    server = start_server("--fake-gpus", "12xA100-40GB", "--time-scale", "20", "--tcp", f"127.0.0.1:{port}")
+    link = server.cli("dashboard").stdout.strip()
+    page = browser.new_page(viewport={"width": 1000, "height": 1300})
+    page.goto(link)
+    chart = page.locator("[data-chart='smact']")
+    keys = chart.locator(".keys span")
+    expect(keys).to_have_count(12, timeout=WAIT_MS)
+    box = chart.bounding_box()
+    for key in keys.all():
+        k = key.bounding_box()
+        assert box["x"] <= k["x"] and k["x"] + k["width"] <= box["x"] + box["width"]
+    colours = keys.evaluate_all("spans => spans.map((s) => getComputedStyle(s).color)")
+    assert len(set(colours)) == 12
+    ARTIFACTS.mkdir(exist_ok=True)
+    chart.screenshot(path=str(ARTIFACTS / "dashboard-chart-12-gpus.png"))
+    page.close()
+
+
 def test_a_task_opens_from_its_gpu_card_and_once_ended_from_its_timeline_bar_with_its_reason(browser, served):  # type: ignore[no-untyped-def]
     """Only queue rows opened a task: one that had failed, gone from the queue, could not be looked into."""
     from playwright.sync_api import expect
@@ -176,6 +224,26 @@ def test_without_a_token_the_page_asks_for_one(browser, served):  # type: ignore
     page.click("#login button")
     expect(page.locator("[data-gpu]")).to_have_count(2, timeout=WAIT_MS)
     expect(page.locator("#login")).to_be_hidden()
+    page.close()
+
+
+def test_a_link_opened_in_a_tab_already_showing_the_dashboard_signs_in(browser, served):  # type: ignore[no-untyped-def]
+    """Only the fragment changes, so the page does not reload: the link was ignored, the login stayed, and the
+    token stayed in the address bar and the history."""
+    from playwright.sync_api import expect
+
+    _, url, token = served
+    page = browser.new_page()
+    page.goto(url)
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    page.fill("#token", "not-a-token")
+    page.click("#login button")
+    expect(page.locator("#login-error")).to_contain_text("refused", timeout=WAIT_MS)
+    page.goto(f"{url}/#token={token}")
+    expect(page.locator("[data-gpu]")).to_have_count(2, timeout=WAIT_MS)
+    expect(page.locator("#login")).to_be_hidden()
+    assert "token" not in page.url
     page.close()
 
 

@@ -5,6 +5,8 @@
 const CHART_MINUTES = 30;
 const TIMELINE_REFRESH_S = 10;
 const GPU_COLORS = ["#3d6fb6", "#d98a1c", "#3a9a5b", "#c9423a", "#7a5bb5", "#2a9d9f", "#b5487f", "#7f7f3a"];
+// beyond the eight, hues a golden angle apart: no two GPUs (MIG instances count) share a colour
+const gpuColor = (gpu) => GPU_COLORS[gpu] || `hsl(${(gpu * 137.508) % 360}, 55%, 42%)`;
 const CHARTS = [
   { key: "mem_pct", title: "Memory used (%)", max: 100 },
   { key: "smact", title: "SMACT", max: 1, threshold: "smact" },
@@ -50,13 +52,22 @@ async function api(path) {
 
 // ---------------------------------------------------------------- start-up and the live stream
 
-function init() {
+// A `carma dashboard` link's token (#token=...): kept, and taken out of the address bar and history.
+function takeLinkToken() {
   const match = location.hash.match(/token=([^&]+)/);
-  if (match) {
-    state.token = decodeURIComponent(match[1]);
-    localStorage.setItem("carma-token", state.token);
-    history.replaceState(null, "", location.pathname + location.search);
-  }
+  if (!match) return false;
+  state.token = decodeURIComponent(match[1]);
+  localStorage.setItem("carma-token", state.token);
+  history.replaceState(null, "", location.pathname + location.search);
+  return true;
+}
+
+function init() {
+  takeLinkToken();
+  // a link opened in a tab already showing the dashboard changes only the fragment: no reload, no init
+  window.addEventListener("hashchange", () => {
+    if (takeLinkToken()) start();
+  });
   $("#login").addEventListener("submit", (event) => {
     event.preventDefault();
     state.token = $("#token").value.trim();
@@ -83,7 +94,7 @@ async function start() {
     return setConnection("down", String(error));
   }
   $("#login").hidden = true;
-  listen();
+  if (!state.listening) listen();
 }
 
 function showLogin(message) {
@@ -99,10 +110,14 @@ function setConnection(kind, title) {
 }
 
 async function listen() {
+  state.listening = true;  // until a refusal: one stream, however often start() runs
   const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
   try {
     const response = await fetch("/v1/events", { headers });
-    if (response.status === 401) return showLogin("that token was refused");
+    if (response.status === 401) {
+      state.listening = false;
+      return showLogin("that token was refused");
+    }
     setConnection("live", "live");
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
@@ -155,6 +170,7 @@ function renderSummary(s) {
     `${count("running") + count("dispatched")} running`, `${waiting} waiting`,
     `${count("completed")} completed`, `${count("failed")} failed`,
   ];
+  if (count("cancelled")) parts.push(`${count("cancelled")} cancelled`);
   if (st.mps) parts.push("MPS");
   if (st.draining) parts.push("draining");
   if (st.time_scale !== 1) parts.push(`fake GPUs, time x${st.time_scale}`);
@@ -292,6 +308,27 @@ async function loadTimeline() {
   renderTimeline();
 }
 
+const OUTCOME_WORDS = { running: "running", success: "completed", oom: "out of memory", error: "failed", killed: "cancelled" };
+
+// Each GPU's attempts in lanes: attempts that overlap in time (collocated) get lanes of their own, so none
+// hides another (one row per GPU drew the last over the others).
+function timelineLanes(attempts, gpus, since, now) {
+  const lanes = Object.fromEntries(gpus.map((g) => [g, []]));  // per GPU, per lane: the end of its last bar
+  const bars = [];
+  const visible = attempts.filter((a) => (a.end_s ?? now) >= since).sort((a, b) => a.start_s - b.start_s);
+  for (const a of visible) {
+    for (const gpu of a.gpus) {
+      if (!(gpu in lanes)) continue;
+      const ends = lanes[gpu];
+      let lane = ends.findIndex((end) => end <= a.start_s);
+      if (lane < 0) lane = ends.push(0) - 1;
+      ends[lane] = a.end_s ?? now;
+      bars.push({ a, gpu, lane });
+    }
+  }
+  return { lanes, bars };
+}
+
 function renderTimeline() {
   const data = state.timeline;
   if (!data) return;
@@ -300,30 +337,33 @@ function renderTimeline() {
   // the chosen window, shortened to what there is to show (at least ten minutes)
   const first = Math.min(now - 600, ...data.attempts.map((a) => a.start_s));
   const since = Math.max(now - Number($("#hours").value) * 3600, first - 0.02 * (now - first));
-  const width = $("#timeline").clientWidth || 1000, left = 52, right = 10, rowH = 26, top = 6, axis = 20;
-  const height = top + rowH * Math.max(1, gpus.length) + axis;
+  const width = $("#timeline").clientWidth || 1000, left = 52, right = 10, laneH = 20, minRowH = 26, top = 6, axis = 20;
+  const { lanes, bars } = timelineLanes(data.attempts, gpus, since, now);
+  const rowTop = {};
+  let y = top;
+  for (const gpu of gpus) {
+    rowTop[gpu] = y;
+    y += Math.max(minRowH, lanes[gpu].length * laneH + 6);
+  }
+  const height = Math.max(y, top + minRowH) + axis;
   const x = (t) => left + ((Math.max(t, since) - since) / (now - since)) * (width - left - right);
   const parts = [];
-  gpus.forEach((gpu, row) => {
-    const y = top + row * rowH;
-    parts.push(`<text x="4" y="${y + rowH / 2 + 4}">GPU ${gpu}</text><line class="grid" x1="${left}" x2="${width - right}" y1="${y + rowH}" y2="${y + rowH}"/>`);
-  });
-  const rowOf = Object.fromEntries(gpus.map((g, i) => [g, i]));
-  for (const a of data.attempts) {
-    const end = a.end_s ?? now;
-    if (end < since) continue;
-    const kind = a.outcome === null ? "running" : a.outcome;
-    const label = `#${a.task_id} ${a.name} (attempt ${a.attempt}${a.recovery ? ", recovery" : ""}): ${kind}, ${duration(end - a.start_s)}`;
-    for (const gpu of a.gpus) {
-      if (!(gpu in rowOf)) continue;
-      const y = top + rowOf[gpu] * rowH + 3;
-      const w = Math.max(2, x(end) - x(a.start_s));
-      parts.push(`<rect class="attempt ${kind}${a.recovery ? " recovery" : ""}" data-task="${a.task_id}" x="${x(a.start_s)}" y="${y}" width="${w}" height="${rowH - 6}" rx="2"><title>${esc(label)}</title></rect>`);
-    }
+  for (const gpu of gpus) {
+    const bottom = rowTop[gpu] + Math.max(minRowH, lanes[gpu].length * laneH + 6);
+    parts.push(`<text x="4" y="${rowTop[gpu] + 17}">GPU ${gpu}</text><line class="grid" x1="${left}" x2="${width - right}" y1="${bottom}" y2="${bottom}"/>`);
   }
-  for (let i = 0; i <= 6; i++) {
-    const t = since + ((now - since) * i) / 6;
-    parts.push(`<text x="${x(t)}" y="${height - 5}" text-anchor="${i === 0 ? "start" : i === 6 ? "end" : "middle"}">${i === 6 ? "now" : "-" + duration(now - t)}</text>`);
+  for (const { a, gpu, lane } of bars) {
+    const end = a.end_s ?? now;
+    const kind = a.outcome === null ? "running" : a.outcome;
+    const label = `#${a.task_id} ${a.name} (attempt ${a.attempt}${a.recovery ? ", recovery" : ""}): ${OUTCOME_WORDS[kind] || kind}, ${duration(end - a.start_s)}`;
+    const h = lanes[gpu].length > 1 ? laneH - 3 : minRowH - 6;
+    const w = Math.max(2, x(end) - x(a.start_s));
+    parts.push(`<rect class="attempt ${kind}${a.recovery ? " recovery" : ""}" data-task="${a.task_id}" x="${x(a.start_s)}" y="${rowTop[gpu] + 3 + lane * laneH}" width="${w}" height="${h}" rx="2"><title>${esc(label)}</title></rect>`);
+  }
+  const ticks = Math.max(2, Math.min(6, Math.floor((width - left - right) / 110)));  // labels ~80 px wide
+  for (let i = 0; i <= ticks; i++) {
+    const t = since + ((now - since) * i) / ticks;
+    parts.push(`<text x="${x(t)}" y="${height - 5}" text-anchor="${i === 0 ? "start" : i === ticks ? "end" : "middle"}">${i === ticks ? "now" : "-" + duration(now - t)}</text>`);
   }
   $("#timeline").innerHTML = `<svg width="${width}" height="${height}">${parts.join("")}</svg>`;
 }
@@ -374,7 +414,7 @@ function renderCharts() {
     for (const [gpu, s] of Object.entries(state.series)) {
       let run = [];
       const flush = () => {
-        if (run.length > 1) parts.push(`<polyline stroke="${GPU_COLORS[gpu % GPU_COLORS.length]}" points="${run.join(" ")}"><title>GPU ${gpu}</title></polyline>`);
+        if (run.length > 1) parts.push(`<polyline stroke="${gpuColor(Number(gpu))}" points="${run.join(" ")}"><title>GPU ${gpu}</title></polyline>`);
         run = [];
       };
       s.t.forEach((t, i) => {
@@ -385,9 +425,9 @@ function renderCharts() {
       flush();
     }
     parts.push(`<text x="${left}" y="${height - 4}">-${CHART_MINUTES}m</text><text x="${width - right}" y="${height - 4}" text-anchor="end">now</text>`);
-    const legend = Object.keys(state.series).map((gpu) => `<tspan fill="${GPU_COLORS[gpu % GPU_COLORS.length]}">■ GPU ${gpu} </tspan>`).join("");
-    parts.push(`<text x="${width / 2}" y="${height - 4}" text-anchor="middle">${legend}</text>`);
-    return `<div class="chart" data-chart="${chart.key}"><h4>${chart.title}</h4><svg viewBox="0 0 ${width} ${height}">${parts.join("")}</svg></div>`;
+    // the key below the chart, wrapping: one line inside it ran past its edges beyond eight GPUs
+    const keys = Object.keys(state.series).map((gpu) => `<span style="color:${gpuColor(Number(gpu))}">■ GPU ${gpu}</span>`).join("");
+    return `<div class="chart" data-chart="${chart.key}"><h4>${chart.title}</h4><svg viewBox="0 0 ${width} ${height}">${parts.join("")}</svg><div class="keys">${keys}</div></div>`;
   }).join("");
 }
 
