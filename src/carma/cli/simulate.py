@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -82,8 +84,8 @@ def simulate_cmd(
             pyplot()  # missing matplotlib, or a folder that cannot be made, is said before the simulation
             plot.mkdir(parents=True, exist_ok=True)
         for option, path in (("--csv", csv_path), ("--save", save)):
-            if path is not None and path.is_dir():  # said before the simulation too
-                raise UsageError(f"{option} {path} is a directory; give a file name")
+            if path is not None:  # said before the simulation too, not after its minutes
+                _check_writable(option, path)
         twin = _twin_config(config, gpus, sharing)
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         if loaded.skipped:
@@ -101,11 +103,13 @@ def simulate_cmd(
             results = [simulate(loaded, run, twin)]
         rows = sweep_rows(results) if sweep_all else [r.row() for r in results]
         if csv_path:
-            write_csv(rows, csv_path)
+            with _naming("--csv", csv_path):
+                write_csv(rows, csv_path)
         charts = plot_sweep(results, plot) if plot else []
         if save:
             source = f"carma simulate, trace {loaded.name} on {_server_name(results[0], twin)}"
-            write_records([from_run_result(r, source) for r in results], save)
+            with _naming("--save", save):
+                write_records([from_run_result(r, source) for r in results], save)
     except SpecError as e:  # a task the simulated server cannot run
         raise fail(f"trace {loaded.name}: {e}") from None
     except (UsageError, ConfigError, TraceError, PlotsUnavailable, SimulationStalled, ValueError, OSError) as e:
@@ -123,6 +127,27 @@ def simulate_cmd(
         if path:
             out.print(f"wrote {path}")
     _note_failures(results)
+
+
+def _check_writable(option: str, path: Path) -> None:
+    """A results file carma can write: not a folder, in a folder that exists and takes files."""
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    if not folder.is_dir():
+        why = "is not a directory" if folder.exists() else "does not exist"
+        raise UsageError(f"{option} {path}: the folder {folder} {why}")
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+
+
+@contextmanager
+def _naming(option: str, path: Path) -> Iterator[None]:
+    """An error writing a results file, named by its option (`No space left on device` alone named none)."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
 
 
 def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:
