@@ -273,8 +273,7 @@ BAD_INPUTS = {
     "bad-trace-file": (["--trace", "negative.csv"], "negative.csv, line 2: submit time must not be negative"),
     "save-to-a-directory": (["--save", "."], "--save . is a directory; give a file name"),
     "csv-to-a-directory": (["--sweep", "--csv", "."], "--csv . is a directory; give a file name"),
-    "save-into-no-folder": (["--save", "runs/x.json"], "--save runs/x.json: the folder runs does not exist"),
-    "csv-under-a-file": (["--csv", "negative.csv/x.csv"], "--csv negative.csv/x.csv: the folder negative.csv is not a"),
+    "csv-under-a-file": (["--csv", "negative.csv/a/x.csv"], "--csv negative.csv/a/x.csv: negative.csv is not a dir"),
     "save-to-a-full-disk": (["--save", "/dev/full"], "--save /dev/full: No space left on device"),  # named no option
     "sweep-policy": (["--sweep", "--policy", "magm"], SWEEP_ONLY),
     "sweep-memory": (["--sweep", "--memory", "oracle"], SWEEP_ONLY),

@@ -130,14 +130,16 @@ def simulate_cmd(
 
 
 def _check_writable(option: str, path: Path) -> None:
-    """A results file carma can write: not a folder, in a folder that exists and takes files."""
-    folder = path.parent
+    """A results file's folder, made before the simulation as --plot's is: a file in its way, or a folder that
+    takes no files, is said then, not after the simulation's minutes."""
     if path.is_dir():
         raise UsageError(f"{option} {path} is a directory; give a file name")
-    if not folder.is_dir():
-        why = "is not a directory" if folder.exists() else "does not exist"
-        raise UsageError(f"{option} {path}: the folder {folder} {why}")
-    if not os.access(path if path.exists() else folder, os.W_OK):
+    nearest = next((folder for folder in path.parents if folder.exists()), Path("."))
+    if not nearest.is_dir():
+        raise UsageError(f"{option} {path}: {nearest} is not a directory")
+    with _naming(option, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
         raise UsageError(f"{option} {path}: not writable")
 
 

@@ -24,6 +24,7 @@ const state = {
   timelineAt: 0,
   selected: null,       // the task whose details show below the queue
   active: "",           // ids of the tasks not yet ended, to notice when the timeline changed
+  listening: false,     // whether the live stream runs (or retries)
 };
 
 const $ = (sel) => document.querySelector(sel);
@@ -110,7 +111,7 @@ function setConnection(kind, title) {
 }
 
 async function listen() {
-  state.listening = true;  // until a refusal: one stream, however often start() runs
+  state.listening = true;  // until a refusal: one stream, however often start() runs (a link, a sign-in)
   const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
   try {
     const response = await fetch("/v1/events", { headers });
