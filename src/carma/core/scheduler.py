@@ -397,13 +397,14 @@ class Scheduler:
             if not self._on_gpu[g] and not self._foreign[g] and window.latest is not None
         ]
 
-    def _free_mib(self, gpu: int) -> int:
+    def _free_mib(self, gpu: int, hold: bool = True) -> int:
         """What a new task may take on `gpu`, less the reserve: the memory telemetry shows free, and (with
-        `hold_known_needs`) no more than the needs known in MiB of the tasks on it leave, whether or not they
-        have allocated them yet. Their margin is not held: what a task uses beyond its need shows as used."""
+        `hold_known_needs`, unless `hold` is False) no more than the needs known in MiB of the tasks on it leave,
+        whether or not they have allocated them yet. Their margin is not held: what a task uses beyond its
+        need shows as used."""
         latest = self._windows[gpu].latest
         free = latest.free_mib
-        if self.config.hold_known_needs:
+        if hold and self.config.hold_known_needs:
             free = min(free, latest.total_mib - self._held_mib(gpu))
         return max(0, free - self.config.reserve_mib)
 
@@ -452,7 +453,7 @@ class Scheduler:
             fitting = [g for g in gpus if self._free_mib(g) >= required]
             if len(fitting) < n:
                 reason = f"needs {n} GPU(s) with {required} MiB free; {len(fitting)} have it"
-                shown = sum(self._windows[g].latest.free_mib - cfg.reserve_mib >= required for g in gpus)
+                shown = sum(self._free_mib(g, hold=False) >= required for g in gpus)
                 held = f" ({shown - len(fitting)} more show it free, but their tasks' known needs hold it)"
                 return reason + (held if shown > len(fitting) else "")
             gpus = fitting

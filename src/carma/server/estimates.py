@@ -107,14 +107,17 @@ def fingerprint(job: JobSpec, method: str, device: str) -> str:
         with suppress(OSError), script.open("rb") as f:
             digest.update(f.read(SCRIPT_BYTES))
         for path in _sources(root):
-            with suppress(OSError):
-                stat = path.stat()
-                digest.update(f"{path.relative_to(root)} {stat.st_size} {stat.st_mtime_ns}".encode())
+            _stamp(digest, path, path.relative_to(root))
     for path in _named_files(job):
-        with suppress(OSError):
-            stat = path.stat()
-            digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}".encode())
+        _stamp(digest, path, path)
     return digest.hexdigest()[:32]
+
+
+def _stamp(digest: hashlib._Hash, path: Path, name: Path) -> None:
+    """Add a file's name, size and time to the key (a file gone since it was listed adds nothing)."""
+    with suppress(OSError):
+        stat = path.stat()
+        digest.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode())
 
 
 def _settings(env: Mapping[str, str]) -> list[tuple[str, str]]:

@@ -162,16 +162,25 @@ function onSnapshot(s) {
 
 // ---------------------------------------------------------------- summary, GPU cards, queue
 
+// Every task by what the page shows of it, from the server's counts (the live event lists only some tasks).
+function taskCounts(status) {
+  const count = (name) => status.tasks[name] || 0;
+  return {
+    running: count("running") + count("dispatched"),
+    waiting: count("queued") + count("recovering") + count("oom_crashed"),
+    completed: count("completed"), failed: count("failed"), cancelled: count("cancelled"),
+  };
+}
+
 function renderSummary(s) {
   const st = s.status;
-  const count = (name) => st.tasks[name] || 0;
-  const waiting = count("queued") + count("recovering") + count("oom_crashed");
+  const count = taskCounts(st);
   const parts = [
     `policy ${st.policy}`, `${st.gpus} GPU${st.gpus === 1 ? "" : "s"}`,
-    `${count("running") + count("dispatched")} running`, `${waiting} waiting`,
-    `${count("completed")} completed`, `${count("failed")} failed`,
+    `${count.running} running`, `${count.waiting} waiting`,
+    `${count.completed} completed`, `${count.failed} failed`,
   ];
-  if (count("cancelled")) parts.push(`${count("cancelled")} cancelled`);
+  if (count.cancelled) parts.push(`${count.cancelled} cancelled`);
   if (st.mps) parts.push("MPS");
   if (st.draining) parts.push("draining");
   if (st.time_scale !== 1) parts.push(`fake GPUs, time x${st.time_scale}`);
@@ -238,9 +247,8 @@ function needText(t) {
 function renderQueue(s) {
   const order = { running: 0, dispatched: 1, oom_crashed: 2, recovering: 3, queued: 4 };
   const tasks = [...s.tasks].sort((a, b) => (order[a.state] ?? 9) - (order[b.state] ?? 9) || a.id - b.id);
-  const count = (name) => s.status.tasks[name] || 0;  // every task, also those the event leaves out
-  const waiting = count("queued") + count("recovering") + count("oom_crashed");
-  $("#queue-count").textContent = `${count("running") + count("dispatched")} running, ${waiting} waiting`;
+  const count = taskCounts(s.status);  // every task, also those the event leaves out
+  $("#queue-count").textContent = `${count.running} running, ${count.waiting} waiting`;
   const rows = tasks.map((t) => {
     const running = t.state === "running" || t.state === "dispatched";
     const since = running ? t.start_s : t.submit_s;
@@ -340,19 +348,16 @@ function renderTimeline() {
   const since = Math.max(now - Number($("#hours").value) * 3600, first - 0.02 * (now - first));
   const width = $("#timeline").clientWidth || 1000, left = 52, right = 10, laneH = 20, minRowH = 26, top = 6, axis = 20;
   const { lanes, bars } = timelineLanes(data.attempts, gpus, since, now);
+  const x = (t) => left + ((Math.max(t, since) - since) / (now - since)) * (width - left - right);
+  const parts = [];
   const rowTop = {};
   let y = top;
   for (const gpu of gpus) {
     rowTop[gpu] = y;
     y += Math.max(minRowH, lanes[gpu].length * laneH + 6);
+    parts.push(`<text x="4" y="${rowTop[gpu] + 17}">GPU ${gpu}</text><line class="grid" x1="${left}" x2="${width - right}" y1="${y}" y2="${y}"/>`);
   }
   const height = Math.max(y, top + minRowH) + axis;
-  const x = (t) => left + ((Math.max(t, since) - since) / (now - since)) * (width - left - right);
-  const parts = [];
-  for (const gpu of gpus) {
-    const bottom = rowTop[gpu] + Math.max(minRowH, lanes[gpu].length * laneH + 6);
-    parts.push(`<text x="4" y="${rowTop[gpu] + 17}">GPU ${gpu}</text><line class="grid" x1="${left}" x2="${width - right}" y1="${bottom}" y2="${bottom}"/>`);
-  }
   for (const { a, gpu, lane } of bars) {
     const end = a.end_s ?? now;
     const kind = a.outcome === null ? "running" : a.outcome;
