@@ -131,6 +131,20 @@ def test_a_known_need_is_held_before_the_task_has_allocated_it(hold):
         assert third.id in b.placed()
 
 
+def test_a_need_too_large_for_the_margin_is_held_on_the_whole_gpu_it_was_given():
+    """It is placed on a whole GPU, but its need in MiB was not held (not a "known" need): once its window
+    passed a small task joined it, and it crashed as it grew (a random trace of the property tests)."""
+    b = Bench(gpus=1)
+    big = b.submit("big", mem_mib=40_000)  # 40000 + 2048 margin exceeds the 40960 - 512 a GPU offers
+    assert b.placed() == {big.id: (0,)}
+    b.set(0, used_mib=1_000)
+    b.first_kernel(big.id)
+    b.advance(60)
+    small = b.submit("small", mem_mib=100)
+    assert b.placed() == {}
+    assert "known needs hold it" in b.sched.waiting_reason(small.id)
+
+
 @pytest.mark.parametrize(("used_mib", "placed"), [(40_960 - 512 - 2048, True), (40_960 - 512 - 2047, False)])
 def test_unknown_need_requires_the_minimum_free_memory(used_mib, placed):
     b = Bench(gpus=1)

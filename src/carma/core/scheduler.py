@@ -409,9 +409,10 @@ class Scheduler:
         return max(0, free - self.config.reserve_mib)
 
     def _held_mib(self, gpu: int) -> int:
-        """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task)."""
+        """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task): one too large for a
+        GPU with the margin, placed on whole GPUs, is held too, or others join it once its window passes."""
         needs = (self._tasks[t].current.need for t in self._on_gpu[gpu])
-        return sum(need.mib for need in needs if need is not None and need.kind is NeedKind.KNOWN)
+        return sum(need.mib for need in needs if need is not None and need.mib is not None)
 
     def _candidates(self, gpus: list[int]) -> list[Candidate]:
         lug = self.config.policy is Policy.LUG
