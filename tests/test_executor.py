@@ -487,6 +487,58 @@ def test_a_restarted_daemon_adopts_running_ended_and_vanished_tasks(world):
     assert restarted.poll_exits() == []
 
 
+PRINT_PID_AND_STAY = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
+
+
+def _job_pid(world: World, task: int) -> tuple[int, int | None]:
+    wait_until(lambda: world.log(task).strip())
+    pid = int(world.log(task))
+    return pid, proctree.start_ticks(pid)
+
+
+def test_a_task_whose_shim_is_killed_alone_is_ended_with_it(world):
+    """It ran on, unwatched, after the daemon had called the task failed and its GPUs free."""
+    task = world.start(py(PRINT_PID_AND_STAY))
+    job = _job_pid(world, task)
+    os.kill(world.record(task).pid, signal.SIGKILL)
+    assert one_exit(world).exit.signal == signal.SIGKILL
+    wait_until(lambda: not proctree.alive(*job))
+    assert world.log(task, "stderr").endswith(
+        " ended without recording how the task ended; 1 process left in its group was killed\n"
+    )
+
+
+def test_an_adopted_task_whose_shim_died_unwatched_is_ended_and_says_so(world):
+    task = world.start(py(PRINT_PID_AND_STAY))
+    job = _job_pid(world, task)
+    shim = world.record(task)
+    restarted = world.restart()  # the old executor, which reaps the shim, is never polled again
+    os.kill(shim.pid, signal.SIGKILL)
+    os.waitpid(shim.pid, 0)  # as init reaps an orphan once the daemon that started it is gone
+    restarted.adopt(shim)
+    (ended,) = wait_for_exits(restarted, 1)
+    assert (ended.exit.exit_code, ended.exit.signal) == (None, None)
+    assert "1 process left in its group was killed" in ended.exit.log_tail
+    wait_until(lambda: not proctree.alive(*job))
+
+
+def test_a_task_killed_with_its_shim_unwatched_is_said_to_have_no_exit_status(world):
+    """Its reason was its last output line ("step 9/10 ..."), as if the task had said why it failed."""
+    task = world.start(py("print('step 9/10', flush=True); import time; time.sleep(60)"))
+    wait_until(lambda: "step" in world.log(task))
+    shim = world.record(task)
+    restarted = world.restart()
+    os.killpg(shim.pid, signal.SIGKILL)
+    os.waitpid(shim.pid, 0)
+    wait_until(lambda: not proctree.group_members(shim.pid))
+    restarted.adopt(shim)
+    (ended,) = wait_for_exits(restarted, 1)
+    assert ended.exit.log_tail.endswith(
+        "carma: the task ended without an exit status: its processes and its shim were killed together (a "
+        "SIGKILL to its process group, or the kernel's OOM killer), or the shim alone while the task was ending\n"
+    )
+
+
 def test_kill_reaches_an_adopted_task(world):
     task = world.start(py(WAIT_FOR_TERM))
     wait_until(lambda: "ready" in world.log(task))

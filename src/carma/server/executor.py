@@ -41,6 +41,7 @@ from carma.core.types import Launch, ProcessExit, Task, TaskId
 from carma.server import proctree
 from carma.server.shim import ABANDONED, EXIT_FILE, SHIM_FILE, STDERR_FILE, STDOUT_FILE, claim
 from carma.server.spec import JobSpec
+from carma.units import pluralize
 
 log = logging.getLogger("carma.server")
 
@@ -268,6 +269,9 @@ class ProcessExecutor:
             code, sig, ended_at = _int(ended.get("exit_code")), _int(ended.get("signal")), ended.get("ended_at")
         else:
             (code, sig), ended_at = _status_without_record(run), None
+            left = _end_leftovers(run)
+            if left or not run.sigkilled:  # a cancel's SIGKILL needs no explaining
+                self._note(run.run_dir, _without_record(run, left, code, sig))
         wall = ended_at if isinstance(ended_at, int | float) else time.time()
         tail, of_output = _log_tail(run.run_dir)
         exit = ProcessExit(code, tail, sig, tail_is_output=of_output)
@@ -281,6 +285,39 @@ def _status_without_record(run: _Run) -> tuple[int | None, int | None]:
         return None, (signal.SIGKILL if run.sigkilled else None)
     returncode = run.child.returncode
     return (None, -returncode) if returncode < 0 else (returncode, None)
+
+
+def _end_leftovers(run: _Run) -> int:
+    """SIGKILL what is left in the process group of a shim that died without recording the exit (killed on
+    its own, say): its task would run on, unwatched, on GPUs the scheduler now calls free, and a resubmitted
+    copy would run beside it. Only when no process holds the shim's pid: Linux reuses no pid while a group of
+    that id has members, so the group is still the task's. How many processes were left."""
+    pgid = run.record.pid
+    if proctree.read_stat(pgid) is not None:  # a zombie not yet reaped, or a new process: leave it alone
+        return 0
+    left = proctree.group_members(pgid)
+    if left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    return len(left)
+
+
+def _without_record(run: _Run, left: int, code: int | None, sig: int | None) -> str:
+    """The executor's line in stderr.log for an attempt that ended without its shim's record: it becomes the
+    failure's reason, where the job's last output line read as if it were one."""
+    if left:
+        return (
+            f"carma: the task's supervisor (its shim, pid {run.record.pid}) ended without recording how the task "
+            f"ended; {pluralize(left, 'process', 'processes')} left in its group "
+            f"{'was' if left == 1 else 'were'} killed"
+        )
+    if code is None and sig is None:
+        return (
+            "carma: the task ended without an exit status: its processes and its shim were killed together "
+            "(a SIGKILL to its process group, or the kernel's OOM killer), or the shim alone while the task was "
+            "ending"
+        )
+    return f"carma: the task's supervisor (its shim, pid {run.record.pid}) ended without recording how it ended"
 
 
 def _shim_lives(record: SpawnRecord) -> bool:
