@@ -341,6 +341,32 @@ def test_carma_alone_prints_its_help():
     assert result.returncode == 2 and "Usage: carma [OPTIONS] COMMAND" in result.stdout and result.stderr == ""
 
 
+def _commands() -> dict[str, object]:
+    """Every command the user can run, by its words (`twin validate`), with its Click command."""
+    import typer
+
+    from carma.cli import app
+
+    found, stack = {}, [((), typer.main.get_command(app))]
+    while stack:
+        words, command = stack.pop()
+        for name, sub in getattr(command, "commands", {}).items():
+            stack.append(((*words, name), sub))
+        if not hasattr(command, "commands"):
+            found[" ".join(words)] = command
+    return found
+
+
+@pytest.mark.parametrize(("words", "command"), _commands().items(), ids=_commands().keys())
+def test_each_option_s_help_is_printed_whole(words, command):
+    """Help is read as Rich markup: "[default: 6]" in a help text vanished from `--help` (written "\\[" now)."""
+    result = run_carma(*words.split(), "--help", env=cli_env(TERMINAL_WIDTH="4000"))
+    assert result.returncode == 0, result.stderr
+    for param in command.params:
+        if getattr(param, "help", None):
+            assert unwrapped(param.help.replace("\\[", "[")) in unwrapped(result.stdout), param.name
+
+
 def test_a_long_error_message_stays_on_one_line():
     result = run_carma("simulate", "--trace", "carma-heavy60")
     assert result.returncode == 2
@@ -382,8 +408,8 @@ def test_a_setting_no_gpu_can_ever_meet_is_one_line_naming_the_schedulers_reason
         result = run_carma("simulate", "--config", "never.toml", "--trace", "one.csv", *sweep, cwd=tmp_path)
         assert (result.returncode, result.stdout) == (2, ""), sweep
         assert result.stderr == (
-            "error: 1 task(s) never finished on the idle server: 1:resnet(queued); the scheduler says: needs 1 "
-            "GPU(s) with 40960 MiB free; 0 have it (check the [scheduler] settings)\n"
+            "error: 1 task never finished on the idle server: 1:resnet(queued); the scheduler says: needs 1 "
+            "GPU with 40960 MiB free; 0 have it (check the [scheduler] settings)\n"
         )
 
 

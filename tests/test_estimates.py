@@ -164,7 +164,7 @@ def test_a_waiting_task_is_told_how_far_its_estimate_is(tmp_path, workdir):
     capturing = re.compile(r"capturing for \d+ s")
     wait_until(lambda: capturing.fullmatch(estimates.progress(1) or ""))
     assert capturing.fullmatch(estimates.progress(3) or "")  # the same capture
-    assert estimates.progress(2) == "1 capture(s) ahead of it"
+    assert estimates.progress(2) == "1 capture ahead of it"
     estimates.drop(1)
     estimates.drop(3)
     wait_until(lambda: capturing.fullmatch(estimates.progress(2) or ""))
@@ -275,7 +275,7 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
         store.record_observation(task_id, 1, Observation(peak, None, None, None))
         if peak is None:  # a run whose process memory the GPU did not report: there was one, without a peak
             assert estimates._history(spec).source == (
-                "history: no peak was observed in the 1 earlier successful run(s) of this command"
+                "history: no peak was observed in the earlier successful run of this command"
             )
     other = JobSpec("train", ("python", "train.py", "--big"), str(workdir), estimator="history")
     assert estimates._history(other).kind is NeedKind.UNKNOWN  # another command

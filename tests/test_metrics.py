@@ -1,5 +1,8 @@
 """Run metrics as CARMA defines them."""
 
+import os
+import re
+
 import numpy as np
 import pytest
 
@@ -57,3 +60,45 @@ def test_a_run_where_no_task_completed_measures_no_completion_time():
     m = compute_metrics([task(1, 0, [(0, 10, ExitKind.OOM)], TaskState.FAILED)], [[seg(0)]])
     assert (m.wait_mean_s, m.wait_p95_s, m.exec_mean_s, m.exec_p95_s, m.jct_mean_s, m.jct_p95_s) == (None,) * 6
     assert (m.makespan_s, m.oom_crashes, m.tasks_failed) == (10, 1, 1)
+
+
+# --- the tables `carma simulate` prints -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_task_runs():
+    """Exclusive and RR on a one-task trace: a 35-minute makespan."""
+    from carma.core import Policy
+    from carma.sim.experiment import RunConfig, simulate
+    from carma.traces.catalog import load_catalog
+    from carma.traces.loaders import Trace, TraceEntry
+
+    trace = Trace("one", (TraceEntry(0.0, load_catalog()["resnet"]),))
+    return [simulate(trace, RunConfig(policy)) for policy in (Policy.EXCLUSIVE, Policy.RR)]
+
+
+def _printed(table) -> str:
+    from rich.console import Console
+
+    console = Console(width=300, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(table)
+    return console.export_text()
+
+
+def test_a_short_run_s_makespan_is_in_minutes(one_task_runs):
+    from carma.metrics.report import run_table, sweep_table
+
+    assert re.search(r"│ makespan +│ +35.0 min │", _printed(run_table(one_task_runs[0], "t")))
+    assert "makespan min" in _printed(sweep_table(one_task_runs, "t"))  # "0.58 h" before
+
+
+def test_a_change_that_rounds_to_zero_is_printed_plus_zero(one_task_runs):
+    """-0.3% was "-0%"."""
+    from dataclasses import replace
+
+    from carma.metrics.report import sweep_table
+
+    base, run = one_task_runs
+    shorter = replace(run, metrics=replace(run.metrics, makespan_s=base.metrics.makespan_s * 0.997))
+    text = _printed(sweep_table([base, shorter], "t"))
+    assert "-0%" not in text and "34.9 +0%" in text.split("RR")[1]

@@ -270,15 +270,23 @@ def test_the_page_escapes_names_and_shows_what_was_not_measured(tmp_path):
     assert "hand &lt;made&gt;" in text and "&lt;source&gt;" in text and "a &amp; b" in text
     assert "<made>" not in text and "<source>" not in text
     row = re.search(r"<tr><td>hand &lt;made&gt;</td>(.*?)</tr>", text).group(1)
-    assert re.findall(r'<td class="n">(.*?)</td>', row)[:3] == ["0.08", "–", "1"]  # 300 s; energy not measured
+    assert re.findall(r'<td class="n">(.*?)</td>', row)[:3] == ["5.0", "–", "1"]  # 300 s; energy not measured
+    assert "<th>makespan (min)</th>" in text  # "0.08" hours before
     for name in re.findall(r'<img src="([^"]+)"', text):
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
 
 
-def test_crash_times_are_in_the_charts_unit_hours_for_a_long_run(tmp_path):
-    long_run = replace(_hand_record(), end_s=100.0 + 3 * 3600, ooms=(OomEvent(100.0 + 5400, (0,), 1),))
+def test_a_long_run_s_makespan_and_crash_times_are_in_hours_as_in_its_charts(tmp_path):
+    hand = _hand_record()
+    long_run = replace(
+        hand,
+        end_s=100.0 + 3 * 3600,
+        ooms=(OomEvent(100.0 + 5400, (0,), 1),),
+        figures={**hand.figures, "makespan_s": 3 * 3600},
+    )
     text = write_report([long_run], tmp_path, ["a test"]).read_text()
     assert "<th>time since the run's start (h)</th>" in text and "<tr><td>1.50</td><td>0</td>" in text
+    assert "<th>makespan (h)</th>" in text and '<td class="n">3.00</td>' in text
 
 
 # --- through the CLI -------------------------------------------------------------------------------------
@@ -312,7 +320,7 @@ def test_a_report_from_saved_simulations(tmp_path):
     [magm] = from_json((tmp_path / "magm.json").read_text())
     assert magm.label == "MAGM recovery only" and magm.figures["oom_crashes"] == 1
     assert "<td>MAGM recovery only</td>" in text and "<td>Exclusive</td>" in text
-    assert f'<td class="n">{magm.figures["makespan_s"] / 3600:.2f}</td>' in text
+    assert f'<td class="n">{magm.figures["makespan_s"] / 60:.1f}</td>' in text  # under 2 h: in minutes
     # user-given task names reach the page escaped, never as markup
     assert "&lt;script&gt;alert(&#x27;late&#x27;)&lt;/script&gt;" in text
     assert "<script>" not in text and "<b>big" not in text
@@ -381,7 +389,7 @@ def test_a_report_from_a_daemon_on_fake_gpus(start_server, tmp_path):  # type: i
     assert both.returncode == 0, both.stderr
     text = (tmp_path / "both" / "report.html").read_text()
     assert text.index("<td>MAGM recovery only</td>") < text.index("<td>server (magm), last 1 h</td>")
-    assert f"{tmp_path / 'tiny.json'}: 1 run(s), carma simulate, trace tiny on 3xA100-40GB (MPS)" in text
+    assert f"{tmp_path / 'tiny.json'}: 1 run, carma simulate, trace tiny on 3xA100-40GB (MPS)" in text
 
 
 @pytest.mark.parametrize(
@@ -394,6 +402,10 @@ def test_a_report_from_a_daemon_on_fake_gpus(start_server, tmp_path):  # type: i
         (("future.json",), "future.json: report format version 9 is not supported"),
         (("--server",), "the carma server is not running"),
         (("--server", "--hours", "0"), "--hours must be more than 0"),
+        (
+            ("notes.txt", "--hours", "1"),
+            "--hours is the window of --server's history: give --server too",
+        ),  # was ignored
     ],
 )
 def test_report_mistakes_are_one_line_and_status_2(tmp_path, args, message):

@@ -76,7 +76,7 @@ def test_a_known_need_is_held_on_its_gpu_before_it_is_allocated(start_server):  
         lambda: "TTFK" not in (r := server.task(second)["waiting_reason"] or "TTFK") and r, 30, "the window to pass"
     )
     assert reason == (
-        "needs 1 GPU(s) with 12288 MiB free; 0 have it (1 more show it free, but their tasks' known needs hold it)"
+        "needs 1 GPU with 12288 MiB free; 0 have it (1 more shows it free, but their tasks' known needs hold it)"
     )
     server.cli("cancel", first, second)
 
@@ -231,13 +231,28 @@ def test_wait_outlives_a_restart_of_the_server(start_server):  # type: ignore[no
     assert (waiting.returncode, stdout, stderr) == (0, f"task {task} completed\n", "")
 
 
+def test_logs_follow_outlives_a_restart_of_the_server(start_server):  # type: ignore[no-untyped-def]
+    """`carma logs -f` exited 2 ("not running") the moment the daemon stopped, while its task ran on."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    task = server.submit("sh", "-c", "for i in $(seq 1 12); do echo line $i; sleep 0.5; done")
+    server.wait_state(task, "dispatched")  # never "running": it does not show on its GPU
+    following = subprocess.Popen([CARMA, "logs", str(task), "-f"], env=server.env, stdout=PIPE, stderr=PIPE, text=True)
+    time.sleep(1)
+    server.stop()
+    time.sleep(2)
+    server.start()
+    stdout, stderr = following.communicate(timeout=60)
+    assert (following.returncode, stdout) == (0, "".join(f"line {i}\n" for i in range(1, 13)))
+    assert stderr == f"carma: the server stopped answering; following task {task}'s log when it is back\n"
+
+
 def test_wait_that_gives_up_still_prints_every_state_as_json(start_server):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB")
     done, slow = server.submit("true"), server.submit(*fakejob(100000))
     server.wait_state(done, "completed")
     server.wait_state(slow, "running")
     gave_up = server.cli("wait", done, slow, "--timeout", "0.5", "--json")
-    assert gave_up.returncode == 3 and gave_up.stderr == f"error: timed out waiting for task(s) {slow}\n"
+    assert gave_up.returncode == 3 and gave_up.stderr == f"error: timed out waiting for task {slow}\n"
     assert [(t["id"], t["state"]) for t in json.loads(gave_up.stdout)] == [(done, "completed"), (slow, "running")]
     server.cli("cancel", slow)
 
@@ -261,7 +276,7 @@ def test_wait_gives_up_on_a_server_that_does_not_come_back(start_server):  # typ
     waiting.join(30)
     assert [str(e) for e in errors] == [
         f"the carma server is not running (nothing answers at {server.home / 'carma.sock'}); start it with "
-        f"`carma server`; gave up waiting for task(s) {task} after 1 s"
+        f"`carma server`; gave up waiting for task {task} after 1 s"
     ]
     server.start()
     server.cli("cancel", task)
@@ -281,7 +296,7 @@ def test_starting_with_other_fake_gpus_takes_no_gpu_from_a_task(start_server):  
     mistyped = server.cli("server", "--fake-gpus", "1xA100-40GB")
     assert (mistyped.returncode, mistyped.stderr) == (
         2,
-        "error: 1 task(s) still hold placements on the fake GPUs of the last start: start it as then, --fake-gpus "
+        "error: the fake GPUs of the last start still hold 1 task: start it as then, --fake-gpus "
         "2xA100-40GB --time-scale 60 --sharing mps (or with a new CARMA_HOME)\n",
     )
     server.start()
@@ -323,6 +338,11 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             ["submit", "-f", _file(tmp_path, "twice.yaml", b"command: echo a\nshell: true\ncommand: echo b\n")],
             "twice.yaml: not valid YAML (line 3: key 'command' given twice in one mapping)",  # was: echo b ran
         ),
+        (  # was START=5400
+            ["submit", "-f", _file(tmp_path, "sixty.yaml", b"command: true\nenv: {START: 1:30:00}\n")],
+            "sixty.yaml: not valid YAML (line 2: 1:30:00 is YAML 1.1's base-60 for 5400: write the number, or quote "
+            "it)",
+        ),
         (["queue", "--state", "queud"], "state must be one of queued, "),
         (["submit", "--", ""], "command: its program is empty"),  # these three were a 500 Internal Server Error
         (["submit", "--shell", "--", " "], "command: its program is empty"),
@@ -344,7 +364,7 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         unusable = server.cli("queue", env=settings)
         assert (unusable.returncode, unusable.stderr) == (2, f"error: {message}\n")
     timed_out = server.cli("wait", kept, "--timeout", "0")
-    assert (timed_out.returncode, timed_out.stderr) == (3, f"error: timed out waiting for task(s) {kept}\n")
+    assert (timed_out.returncode, timed_out.stderr) == (3, f"error: timed out waiting for task {kept}\n")
     with pytest.raises(ClientError, match="the command, working directory or environment holds a NUL byte"):
         server.client.submit({"command": ["tr", "a\0b"], "workdir": "/tmp"})
     for too_big, message in [  # accepted, then failed at launch with E2BIG naming carma's interpreter

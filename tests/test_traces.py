@@ -291,6 +291,12 @@ BAD_TRACES = [
         id="duplicate-key",
     ),
     pytest.param("t.yaml", "tasks:\n  - {at: 0, task: vgg, at: 100}\n", "line 2: key 'at' given twice", id="dup-at"),
+    pytest.param(  # was 90 s, where CSV refuses it
+        "t.yaml", "tasks:\n  - {at: 1:30, task: vgg}\n", "line 2: 1:30 is YAML 1.1's base-60 for 90", id="base-60"
+    ),
+    pytest.param(
+        "t.yaml", "tasks:\n  - {at: 0, task: null}\n", "task 1: 'task' must be a task name, not None", id="null"
+    ),
     pytest.param("t.yaml", "", "a YAML trace needs a 'tasks' list", id="empty-yaml"),
     pytest.param("t.yaml", "tasks: []\n", "the trace has no tasks", id="no-yaml-tasks"),
     pytest.param("t.yaml", "tasks:\n  - {task: vgg}\n", "task 1: each task needs 'at'", id="missing-at"),
@@ -405,6 +411,11 @@ def test_a_sleep_sent_to_the_background_delays_nothing_else(catalog, write):
 def test_script_sleeps_take_coreutils_units_and_task_paths_may_be_quoted(catalog, write):
     script = "sleep 2m\npython submit.py --task '/x/vgg.rad'\nsleep 1.5h\npython submit.py --task \"/x/dlrm.rad\"\n"
     assert schedule(load_trace(write("u.sh", script), catalog)) == [(120.0, "vgg"), (5520.0, "dlrm")]
+
+
+def test_a_script_sleep_of_several_arguments_sleeps_their_sum_as_coreutils_does(catalog, write):
+    script = "sleep 1m 30\npython submit.py --task /x/vgg.rad\n"  # was an error
+    assert schedule(load_trace(write("s.sh", script), catalog)) == [(90.0, "vgg")]
 
 
 def test_a_trace_may_give_its_tasks_estimates_for_the_estimator_runs(catalog, write):

@@ -1,10 +1,11 @@
-"""Memory sizes as users write them in traces and workload definitions."""
+"""Quantities in messages: memory sizes as users write them in traces and workload definitions, counts,
+spans of time."""
 
 from __future__ import annotations
 
 import pytest
 
-from carma.units import parse_mib
+from carma.units import in_unit, parse_mib, pluralize, time_unit
 
 KIB, GIB, TIB = 2**10, 2**30, 2**40
 
@@ -87,3 +88,23 @@ def test_a_positive_size_never_becomes_zero_mib():
 def test_an_infinite_size_is_a_value_error():
     with pytest.raises(ValueError):
         parse_mib(float("inf"))
+
+
+@pytest.mark.parametrize(("n", "text"), [(0, "0 tasks"), (1, "1 task"), (2, "2 tasks")])
+def test_a_count_takes_the_noun_in_its_number(n, text):
+    assert pluralize(n, "task") == text
+
+
+def test_a_noun_with_an_irregular_plural_names_it():
+    assert (pluralize(1, "relaunch", "relaunches"), pluralize(3, "relaunch", "relaunches")) == (
+        "1 relaunch",
+        "3 relaunches",
+    )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(30.0, "0.5 min"), (2100.0, "35.0 min"), (7199.0, "120.0 min"), (37440.0, "10.40 h")]
+)
+def test_spans_under_two_hours_are_in_minutes_longer_ones_in_hours(seconds, text):
+    unit = time_unit(seconds)
+    assert f"{in_unit(seconds, unit)} {unit[1]}" == text

@@ -22,9 +22,10 @@ def read_text(path: Path, name: str | None = None) -> str:
 
 
 def load_yaml(text: str) -> Any:
-    """The document as `yaml.safe_load` reads it, except that a key given twice in one mapping is a
-    `yaml.YAMLError` at its line: PyYAML keeps the last silently, and a trace's second `tasks:` dropped the
-    first's tasks."""
+    """The document as `yaml.safe_load` reads it, except for two YAML 1.1 rules that lose a user's meaning
+    silently, each a `yaml.YAMLError` at its line instead: a key given twice in one mapping (PyYAML keeps the
+    last, and a trace's second `tasks:` dropped the first's tasks), and a base-60 number (`at: 1:30` is 90,
+    which a reader of "1 min 30" or "1 h 30" does not expect, and CSV traces refuse)."""
     import yaml  # here: few commands read YAML, and every command imports this module
 
     class Strict(yaml.SafeLoader):
@@ -40,6 +41,17 @@ def load_yaml(text: str) -> Any:
                     seen.add(key)
             return super().construct_mapping(node, deep)
 
+        def construct_number(self, node: yaml.ScalarNode) -> int | float:
+            value = (super().construct_yaml_int if node.tag.endswith(":int") else super().construct_yaml_float)(node)
+            if ":" in node.value:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{node.value} is YAML 1.1's base-60 for {value}: write the number, or quote it",
+                    node.start_mark,
+                )  # fmt: skip
+            return value
+
+    for tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+        Strict.add_constructor(tag, Strict.construct_number)
     return yaml.load(text, Loader=Strict)
 
 

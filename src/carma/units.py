@@ -1,4 +1,5 @@
-"""Memory sizes as users write them ("8GiB", "512MiB", "20GB", "6000"), in MiB."""
+"""Quantities in messages: memory sizes as users write them ("8GiB", "512MiB", "20GB", "6000"), in MiB, and
+counts of things ("1 task", "2 tasks"), and spans of time in hours or minutes."""
 
 from __future__ import annotations
 
@@ -33,3 +34,20 @@ def parse_mib(text: str | int | float) -> int:
     if not 0 < value < math.inf:
         raise ValueError(f"memory size must be positive and finite, got {text!r}")
     return math.ceil(value * _UNITS_BYTES[unit] / 2**20)
+
+
+def pluralize(n: int, noun: str, plural: str | None = None) -> str:
+    """`n` and the noun in the number it takes: "1 task", "0 tasks", "2 relaunches" (`plural` when not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def time_unit(seconds: float) -> tuple[float, str]:
+    """Hours for spans of hours, minutes below two hours (a daemon's short window, or a short trace, stays
+    readable instead of "0.01 h"): the seconds in one unit, and its name."""
+    return (3600.0, "h") if seconds >= 7200 else (60.0, "min")
+
+
+def in_unit(seconds: float, unit: tuple[float, str]) -> str:
+    """Seconds as a number of `unit` (from `time_unit`): "10.40" hours, "35.0" minutes."""
+    scale, name = unit
+    return f"{seconds / scale:{'.2f' if name == 'h' else '.1f'}}"

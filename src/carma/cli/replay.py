@@ -12,6 +12,7 @@ import typer
 from carma.cli.common import UsageError, absolute, app, choice, err, fail, out, positive
 from carma.traces.catalog import Workload
 from carma.traces.loaders import BUILTIN_TRACES
+from carma.units import pluralize
 
 
 def fakejob_command(w: Workload) -> list[str]:
@@ -80,7 +81,7 @@ def replay_cmd(
 
 def _submitted(ids: list[int], total: int) -> str:
     """What a replay that stopped had submitted, so that it can be finished or cancelled by hand."""
-    return f"submitted {len(ids)} of {total} tasks" + (f": {' '.join(map(str, ids))}" if ids else "")
+    return f"submitted {len(ids)} of {pluralize(total, 'task')}" + (f": {' '.join(map(str, ids))}" if ids else "")
 
 
 class _Ended:

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from carma.cli.common import UsageError, app, fail, out
+from carma.units import pluralize
 
 if TYPE_CHECKING:
     from carma.metrics.record import RunRecord
 
 MAX_HOURS = 24 * 90  # how far back the daemon's API looks
+DEFAULT_HOURS = 6.0
 
 
 @app.command("report")
@@ -23,7 +25,10 @@ def report_cmd(
         typer.Argument(metavar="FILES", show_default=False, help="Report files written by `carma simulate --save`."),
     ] = None,
     server: Annotated[bool, typer.Option("--server", help="Add the running daemon's recent history.")] = False,
-    hours: Annotated[float, typer.Option(help="With --server: the window, in hours back from now.")] = 6.0,
+    hours: Annotated[
+        float | None,
+        typer.Option(help="With --server: the window, in hours back from now. \\[default: 6]", show_default=False),
+    ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.html and its charts.")] = Path(
         "results/report"
     ),
@@ -42,6 +47,9 @@ def report_cmd(
             raise UsageError("nothing to report: give report files (from `carma simulate --save`) and/or --server")
         if out_dir.exists() and not out_dir.is_dir():
             raise UsageError(f"--out {out_dir} is a file; give a directory")
+        if hours is not None and not server:
+            raise UsageError("--hours is the window of --server's history: give --server too, or leave it out")
+        hours = DEFAULT_HOURS if hours is None else hours
         if server and not 0 < hours <= MAX_HOURS:
             raise UsageError(f"--hours must be more than 0 and at most {MAX_HOURS}; got {hours:g}")
         runs: list[tuple[str, RunRecord]] = []  # (where from, record)
@@ -49,7 +57,7 @@ def report_cmd(
         for path in files or []:
             loaded = read_records(path)
             runs += [(str(path), r) for r in loaded]
-            sources.append(f"{path}: {len(loaded)} run(s), {loaded[0].source}")
+            sources.append(f"{path}: {pluralize(len(loaded), 'run')}, {loaded[0].source}")
         if server:
             record = from_server(Client(), hours)
             runs.append(("server", record))

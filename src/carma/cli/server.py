@@ -11,6 +11,7 @@ import typer
 
 from carma.cli.common import UsageError, app, choice, err, fail, out, positive
 from carma.sim.models import SHARING_MODES
+from carma.units import pluralize
 
 
 @app.command("server")
@@ -146,7 +147,7 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[
         names = [name for name, _ in kinds]
         group = ",".join(f"{names.count(name)}x{name}" for name in dict.fromkeys(names))
         raise RuntimeError(
-            f"{held} task(s) still hold placements on the fake GPUs of the last start: start it as then, "
+            f"the fake GPUs of the last start still hold {pluralize(held, 'task')}: start it as then, "
             f"--fake-gpus {group} --time-scale {device.time_scale:g} --sharing {device.sharing} (or with a new "
             "CARMA_HOME)"
         )

@@ -17,6 +17,7 @@ from carma.cli.common import UsageError, app, choice, err, fail, out
 from carma.sim.models import SHARING_MODES
 from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES
 from carma.traces.loaders import BUILTIN_TRACES
+from carma.units import pluralize
 
 if TYPE_CHECKING:
     from carma.core.types import Task
@@ -118,7 +119,7 @@ def simulate_cmd(
         print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "sharing": twin.sharing, "runs": rows}))
         _note_failures(results)
         return
-    title = f"trace {loaded.name}: {len(loaded.entries)} tasks on {_server_name(results[0], twin)}"
+    title = f"trace {loaded.name}: {pluralize(len(loaded.entries), 'task')} on {_server_name(results[0], twin)}"
     if sweep_all:
         out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
     else:
@@ -177,7 +178,7 @@ def _note_failures(results: Sequence[RunResult], limit: int = 5) -> None:
                 failed.setdefault(task.id, []).append((result, task))
     for shown, runs in enumerate(failed.values()):
         if shown == limit:
-            err.print(f"note: {len(failed) - limit} more tasks failed")
+            err.print(f"note: {pluralize(len(failed) - limit, 'more task')} failed")
             break
         result, task = runs[0]
         where = "" if len(results) == 1 else f" in {len(runs)} of {len(results)} runs, e.g. {result.config.label}"

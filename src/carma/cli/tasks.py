@@ -7,6 +7,8 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,6 +16,7 @@ import typer
 
 from carma.cli.common import UsageError, absolute, app, columns, err, error_line, fail, out, positive, size_text
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
+from carma.units import pluralize
 
 if TYPE_CHECKING:
     from carma.server.client import Client
@@ -264,11 +267,12 @@ def logs_cmd(
 ) -> None:
     """Print a task's output; with -f, follow it, into the relaunches after an out-of-memory crash.
 
-    All of it, chunk by chunk; following the latest attempt goes on to the attempts that relaunch it."""
+    All of it, chunk by chunk; following the latest attempt goes on to the attempts that relaunch it, and
+    through a restart of the server (for up to a minute)."""
     client = _client()
-    offset, number = 0, attempt
+    stream, offset, number = "stderr" if stderr else "stdout", 0, attempt
+    chunk = _call(client.logs, task_id, stream, number, offset)  # a server not running is an error at once
     while True:
-        chunk = _call(client.logs, task_id, "stderr" if stderr else "stdout", number, offset)
         if number is None and (latest := chunk["attempt"] or 0) > 1:  # the earlier output (an OOM, say) is elsewhere
             earlier = "--attempt 1" if latest == 2 else f"--attempt 1 to {latest - 1}"
             err.print(f"carma: task {task_id} was relaunched: this is attempt {latest}'s output ({earlier}: before)")
@@ -282,6 +286,23 @@ def logs_cmd(
         elif chunk["done"] or (not chunk["text"] and not follow):
             return
         elif not chunk["text"]:
+            time.sleep(0.5)
+        chunk = _call(_through_restarts, partial(client.logs, task_id, stream, number, offset), f"task {task_id}'s log")
+
+
+def _through_restarts(request: Callable[[], Any], following: str) -> Any:
+    """The request's answer once the server answers, retried while it is down (a restart) for up to a minute;
+    said once on stderr, so that a follower does not look hung."""
+    from carma.server.client import Outage, ServerDown
+
+    outage = Outage()
+    while True:
+        try:
+            return request()
+        except ServerDown as e:
+            if outage.since is None:
+                err.print(f"carma: the server stopped answering; following {following} when it is back")
+            outage.goes_on(e, f"following {following}")
             time.sleep(0.5)
 
 
@@ -380,8 +401,9 @@ def status_cmd(as_json: JsonOption = False) -> None:
     counts = ", ".join(f"{n} {state}" for state, n in sorted(status["tasks"].items())) or "no tasks"
     drain = " (draining: no new placements)" if status["draining"] else ""
     mps = ", MPS" if status["mps"] else ""
+    gpus = pluralize(status["gpus"], "GPU")
     out.print(
-        f"carma {status['version']}: {status['gpus']} GPU(s){mps}, policy {status['policy']}{drain}; {counts}",
+        f"carma {status['version']}: {gpus}{mps}, policy {status['policy']}{drain}; {counts}",
         highlight=False,
     )
     for gpu, names in status["missing_metrics"].items():

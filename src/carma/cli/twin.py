@@ -43,7 +43,7 @@ def twin_validate(
     report: Annotated[
         Path | None,
         typer.Option(
-            help="Where to write the fidelity report. [default: the checkout's docs/fidelity.md, else ./fidelity.md]",
+            help="Where to write the fidelity report. \\[default: the checkout's docs/fidelity.md, else ./fidelity.md]",
             show_default=False,
         ),
     ] = None,

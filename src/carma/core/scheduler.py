@@ -33,6 +33,7 @@ from carma.core.types import (
     TaskSpec,
     TaskState,
 )
+from carma.units import pluralize
 
 HEAD_OF_LINE = "behind the head of the queue (FIFO)"
 
@@ -246,7 +247,7 @@ class Scheduler:
                     larger = f" larger than {outgrown} MiB" if outgrown else ""
                     required = None if first_need is None else self._whole_mib(first_need, n)
                     holding = f" holding {required} MiB" if required is not None else ""
-                    self._blocked[task.id] = f"recovery: waiting for {n} whole idle GPU(s){larger}{holding}"
+                    self._blocked[task.id] = f"recovery: waiting for {pluralize(n, 'whole idle GPU')}{larger}{holding}"
                     break
                 launches.append(self._launch(task, idle[:n], RECOVERY_NEED, now, recovery=True))
                 continue
@@ -340,7 +341,11 @@ class Scheduler:
                 reason = f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             elif relaunches >= self.config.max_relaunches:
-                reason = f"out of memory again after {relaunches} relaunch(es) (limit reached)"
+                reason = (
+                    f"out of memory again after {pluralize(relaunches, 'relaunch', 'relaunches')} (limit reached)"
+                    if relaunches
+                    else "out of memory, and OOM relaunches are off (max_relaunches = 0)"
+                )
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             else:
                 task.state = TaskState.RECOVERING
@@ -439,7 +444,7 @@ class Scheduler:
                 return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
             required = self._whole_mib(need, n)
             holding = f" holding {required} MiB" if required is not None else ""
-            return f"waiting for {n} whole idle GPU(s){holding}"
+            return f"waiting for {pluralize(n, 'whole idle GPU')}{holding}"
         if cfg.prefer_idle and len(idle) >= n:
             return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
         gpus = [
@@ -448,20 +453,24 @@ class Scheduler:
             if self._shareable(g) and self._windows[g].latest is not None and self._ttfk.valid(g, now)
         ]
         if len(gpus) < n:
-            return f"needs {n} GPU(s); {len(gpus)} shareable and not awaiting a first kernel (TTFK)"
+            return f"needs {pluralize(n, 'GPU')}; {len(gpus)} shareable and not awaiting a first kernel (TTFK)"
         if cfg.policy is not Policy.RR:
             required = need.mib + cfg.margin_mib if need.kind is NeedKind.KNOWN else cfg.min_free_mib
             fitting = [g for g in gpus if self._free_mib(g) >= required]
             if len(fitting) < n:
-                reason = f"needs {n} GPU(s) with {required} MiB free; {len(fitting)} have it"
+                has = "has" if len(fitting) == 1 else "have"
+                reason = f"needs {pluralize(n, 'GPU')} with {required} MiB free; {len(fitting)} {has} it"
                 shown = sum(self._free_mib(g, hold=False) >= required for g in gpus)
-                held = f" ({shown - len(fitting)} more show it free, but their tasks' known needs hold it)"
+                more = shown - len(fitting)
+                show = "shows" if more == 1 else "show"
+                held = f" ({more} more {show} it free, but their tasks' known needs hold it)"
                 return reason + (held if shown > len(fitting) else "")
             gpus = fitting
             if cfg.risk.enabled:
                 gpus = [g for g in gpus if not self._windows[g].risk().excluded(cfg.risk)]
                 if len(gpus) < n:
-                    return f"needs {n} GPU(s); only {len(gpus)} with enough memory pass the risk filter"
+                    passes = "passes" if len(gpus) == 1 else "pass"
+                    return f"needs {pluralize(n, 'GPU')}; only {len(gpus)} with enough memory {passes} the risk filter"
         return [c.gpu for c in order(cfg.policy, self._candidates(gpus), self._rr)[:n]]
 
     def _launch(self, task: Task, gpus: list[int], need: MemoryNeed, now: float, recovery: bool) -> Launch:

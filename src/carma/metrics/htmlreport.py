@@ -12,9 +12,10 @@ from datetime import datetime
 from pathlib import Path
 
 from carma import __version__
-from carma.metrics.plots import plot_cdfs, plot_makespan_energy, plot_timelines, time_unit
+from carma.metrics.plots import plot_cdfs, plot_makespan_energy, plot_timelines
 from carma.metrics.record import RunRecord
 from carma.metrics.run import NOT_MEASURED
+from carma.units import in_unit, time_unit
 
 TIMELINE_RUNS = 3  # runs per memory/SMACT chart: more lines than that hide each other
 OOM_ROWS = 50  # out-of-memory crashes listed per run
@@ -43,13 +44,13 @@ def _minutes(record: RunRecord, name: str) -> str:
     return " / ".join(_number(record.figures.get(f"{name}_{s}_s"), 1 / 60, "{:.1f}") for s in ("mean", "p95"))
 
 
-def _figures_row(record: RunRecord) -> str:
+def _figures_row(record: RunRecord, unit: tuple[float, str]) -> str:
     f = record.figures
     done = f"{f.get('tasks_completed', NOT_MEASURED)} / {f.get('tasks_failed', NOT_MEASURED)}"
     if f.get("tasks_unfinished"):
         done += f" ({f['tasks_unfinished']} not ended)"
     cells = [
-        _number(f.get("makespan_s"), 1 / 3600, "{:.2f}"),
+        NOT_MEASURED if f.get("makespan_s") is None else in_unit(f["makespan_s"], unit),
         _number(f.get("energy_mj"), 1, "{:.2f}"),
         f.get("oom_crashes", NOT_MEASURED),
         done,
@@ -61,19 +62,20 @@ def _figures_row(record: RunRecord) -> str:
 
 
 def _figures_table(records: Sequence[RunRecord]) -> str:
-    headers = ("configuration", "makespan (h)", "energy (MJ)", "OOM crashes", "completed / failed")
+    unit = time_unit(max((r.figures.get("makespan_s") or 0.0 for r in records), default=0.0))  # as the bar chart
+    headers = ("configuration", f"makespan ({unit[1]})", "energy (MJ)", "OOM crashes", "completed / failed")
     headers += ("JCT mean / p95 (min)", "wait mean / p95 (min)")
     head = "".join(f"<th>{h}</th>" for h in headers)
-    return f"<table><tr>{head}</tr>{''.join(_figures_row(r) for r in records)}</table>"
+    return f"<table><tr>{head}</tr>{''.join(_figures_row(r, unit) for r in records)}</table>"
 
 
 def _oom_table(record: RunRecord) -> str:
     rows = []
-    seconds, unit = time_unit(record.end_s - record.start_s)  # as the charts' time axes
+    unit = time_unit(record.end_s - record.start_s)  # as the charts' time axes
     for event in record.ooms[:OOM_ROWS]:
         task = record.task(event.task_id)
         cells = (
-            _number(event.t - record.start_s, 1 / seconds, "{:.2f}" if unit == "h" else "{:.1f}"),
+            in_unit(event.t - record.start_s, unit),
             ", ".join(map(str, event.gpus)),
             event.task_id,
             task.name if task else "",
@@ -81,7 +83,7 @@ def _oom_table(record: RunRecord) -> str:
         rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
     more = len(record.ooms) - OOM_ROWS
     tail = f'<p class="note">and {more} more.</p>' if more > 0 else ""
-    head = f"<tr><th>time since the run's start ({unit})</th><th>GPUs</th><th>task</th><th>name</th></tr>"
+    head = f"<tr><th>time since the run's start ({unit[1]})</th><th>GPUs</th><th>task</th><th>name</th></tr>"
     return f"<h3>{_e(record.label)}</h3><table>{head}{''.join(rows)}</table>{tail}"
 
 

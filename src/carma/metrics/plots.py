@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from carma.metrics.record import RunRecord, from_run_result
+from carma.units import time_unit
 
 if TYPE_CHECKING:
     from carma.sim.experiment import RunResult
@@ -50,11 +51,6 @@ def _styles(n: int) -> list[dict[str, Any]]:
 def _legend(fig: Any, handles: Sequence[Any], labels: Sequence[str]) -> None:
     """A legend right of the panels, outside them (constrained layout makes room)."""
     fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
-
-
-def time_unit(seconds: float) -> tuple[float, str]:
-    """Hours for spans of hours, minutes below two hours (a daemon's short window stays readable)."""
-    return (3600.0, "h") if seconds >= 7200 else (60.0, "min")
 
 
 def _values(values: Sequence[float | None]) -> np.ndarray:
@@ -103,7 +99,8 @@ def _cdf(values: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
-    """Distributions of job completion time and waiting time over completed tasks, one line per run."""
+    """Distributions of job completion time and waiting time over completed tasks, one line per run; a run
+    without a completed task has no line, and its legend entry says so."""
     plt = pyplot()
     metrics = (("jct_s", "job completion time"), ("wait_s", "waiting time"))
     scale, unit = time_unit(max((t.jct_s or 0.0 for r in records for t in r.tasks), default=0.0))
@@ -112,13 +109,18 @@ def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
     for ax, (attribute, name) in zip(axes, metrics, strict=True):
         for record, style in zip(records, styles, strict=True):
             xs, ys = _cdf([getattr(t, attribute) for t in record.tasks])
+            if not len(xs):
+                continue
             ax.step(np.concatenate(([0.0], xs / scale)), np.concatenate(([0.0], ys)), where="post", **style)
         ax.set_xlabel(f"{name} ({unit})")
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no completed task", transform=ax.transAxes, ha="center", color="grey")
         ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of completed tasks")
     axes[0].set_ylim(0, 1.02)
-    _legend(fig, [plt.Line2D([], [], **s) for s in styles], [r.label for r in records])
+    labels = [r.label + ("" if any(t.jct_s is not None for t in r.tasks) else " (no completed task)") for r in records]
+    _legend(fig, [plt.Line2D([], [], **s) for s in styles], labels)
     fig.suptitle("CDF of job completion time and waiting time (queued, recovery queue included), completed tasks")
     return _save(fig, path)
 

@@ -10,8 +10,10 @@ from rich.table import Table
 
 from carma.metrics.run import NOT_MEASURED
 from carma.sim.experiment import RunResult
+from carma.units import in_unit, time_unit
 
-# (row key, column header, scale, format) for the figures a sweep compares against the baseline
+# (row key, column header, scale, format) for the figures a sweep compares against the baseline (the
+# makespan in minutes instead when every run is short: `_compared`)
 COMPARED = (
     ("makespan_s", "makespan h", 1 / 3600, "{:.2f}"),
     ("energy_mj", "energy MJ", 1.0, "{:.2f}"),
@@ -49,23 +51,31 @@ def sweep_rows(results: Sequence[RunResult]) -> list[dict[str, object]]:
     return rows
 
 
+def _compared(results: Sequence[RunResult]) -> list[tuple[str, str, float, str]]:
+    """COMPARED, with the makespan in minutes when every run is shorter than two hours (as the charts)."""
+    if time_unit(max(r.metrics.makespan_s for r in results))[1] == "h":
+        return list(COMPARED)
+    return [("makespan_s", "makespan min", 1 / 60, "{:.1f}") if c[0] == "makespan_s" else c for c in COMPARED]
+
+
 def _cell(row: dict[str, object], key: str, scale: float, fmt: str) -> str:
     if row[key] is None:
         return NOT_MEASURED
     text = fmt.format(float(row[key]) * scale)
     change = row.get(f"{key}_change_pct")
-    return text if change is None else f"{text} {change:+.0f}%"
+    return text if change is None else f"{text} {round(change):+d}%"  # round: a change of -0.3% is "+0%"
 
 
 def sweep_table(results: Sequence[RunResult], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("configuration", no_wrap=True)
-    for _, header, _, _ in COMPARED:
+    compared = _compared(results)
+    for _, header, _, _ in compared:
         table.add_column(header, justify="right")
     table.add_column("OOMs", justify="right")
     table.add_column("done/failed", justify="right")
     for row in sweep_rows(results):
-        cells = [_cell(row, key, scale, fmt) for key, _, scale, fmt in COMPARED]
+        cells = [_cell(row, key, scale, fmt) for key, _, scale, fmt in compared]
         table.add_row(
             str(row["config"]), *cells, str(row["oom_crashes"]), f"{row['tasks_completed']}/{row['tasks_failed']}"
         )
@@ -80,11 +90,12 @@ def _minutes(mean_s: float | None, p95_s: float | None) -> str:
 
 def run_table(result: RunResult, title: str) -> Table:
     m = result.metrics
+    unit = time_unit(m.makespan_s)
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     for label, value in (
-        ("makespan", f"{m.makespan_s / 3600:.2f} h"),
+        ("makespan", f"{in_unit(m.makespan_s, unit)} {unit[1]}"),
         ("energy", f"{m.energy_mj:.2f} MJ"),
         ("OOM crashes", str(m.oom_crashes)),
         ("tasks completed / failed", f"{m.tasks_completed} / {m.tasks_failed}"),

@@ -19,7 +19,7 @@ from urllib.parse import urlencode, urlsplit
 from carma.server.paths import Paths, carma_home
 
 TIMEOUT_S = 30.0
-RECONNECT_S = 60.0  # how long `wait` keeps polling a server that stopped answering (a restart takes seconds)
+RECONNECT_S = 60.0  # how long `wait` and `logs -f` poll a server that stopped answering (a restart takes seconds)
 ENDED = frozenset({"completed", "failed", "cancelled"})
 FEW_TASKS = 20  # up to this many, `wait` asks for each task; beyond, it lists them all once per poll
 
@@ -159,7 +159,7 @@ class Client:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         tasks = self.states(task_ids)  # a server not running at all is an error at once
-        down_since: float | None = None
+        outage = Outage(reconnect_s)
         while True:
             if whole:
                 tasks = self._whole(tasks)
@@ -172,11 +172,9 @@ class Client:
             try:  # the ended ones are not asked again: the server may forget them (its retention)
                 polled = {t["id"]: t for t in self.states(pending)}
                 tasks = [polled.get(t["id"], t) for t in tasks]
-                down_since = None
+                outage.over()
             except ServerDown as e:
-                down_since = down_since or time.monotonic()
-                if time.monotonic() - down_since > reconnect_s:
-                    raise ServerDown(f"{e}; gave up waiting for {_ids(pending)} after {reconnect_s:g} s") from None
+                outage.goes_on(e, f"waiting for {_ids(pending)}")
 
     def states(self, task_ids: list[int], whole: bool = False) -> list[dict[str, Any]]:
         """The tasks now (id, state, reason and more), in the order given, without waiting; with `whole`, the
@@ -223,10 +221,29 @@ class Client:
         return self.request("POST", "/v1/drain" if on else "/v1/resume")
 
 
+class Outage:
+    """How long the server has not answered, for a command that follows tasks through a daemon restart (an
+    upgrade, a service manager's restart: it re-adopts the running tasks) instead of failing at its first
+    second down."""
+
+    def __init__(self, reconnect_s: float = RECONNECT_S) -> None:
+        self.reconnect_s = reconnect_s
+        self.since: float | None = None
+
+    def goes_on(self, error: ServerDown, doing: str) -> None:
+        """Note a failed request; once the server has been down `reconnect_s`, ServerDown saying what gave up."""
+        self.since = self.since or time.monotonic()
+        if time.monotonic() - self.since > self.reconnect_s:
+            raise ServerDown(f"{error}; gave up {doing} after {self.reconnect_s:g} s") from None
+
+    def over(self) -> None:
+        self.since = None
+
+
 def _ids(ids: list[int]) -> str:
     """Task ids for a message: all of a few, the first ones of many."""
     if len(ids) <= FEW_TASKS:
-        return "task(s) " + ", ".join(map(str, ids))
+        return ("task " if len(ids) == 1 else "tasks ") + ", ".join(map(str, ids))
     return f"{len(ids)} tasks ({', '.join(map(str, ids[:5]))}, ...)"
 
 

@@ -33,6 +33,7 @@ from carma.server.paths import Paths
 from carma.server.spec import JobSpec
 from carma.server.store import Observation, Spawn, Store
 from carma.telemetry import DeviceReading, GpuBackend
+from carma.units import pluralize
 
 log = logging.getLogger("carma.server")
 
@@ -255,7 +256,7 @@ class Daemon:
             if held:
                 raise RuntimeError(
                     f"the GPUs changed since the last start ({len(known)} before, {len(uuids)} now) while "
-                    f"{held} task(s) still hold placements; restore the GPUs or start with a new CARMA_HOME"
+                    f"those still hold {pluralize(held, 'task')}; restore the GPUs or start with a new CARMA_HOME"
                 )
         self.store.set_meta("gpus", uuids)
 
@@ -351,7 +352,7 @@ class Daemon:
             del self.jobs[task_id]
             self.estimates.drop(task_id)
             self.executor.remove_runs(task_id)
-        log.info("forgot %d task(s) that ended over %g day(s) ago (ids %d to %d)", len(ids),
+        log.info("forgot %s that ended over %g day(s) ago (ids %d to %d)", pluralize(len(ids), "task"),
                  self.keep_ended_s / 86400, min(ids), max(ids))  # fmt: skip
 
     def _save_observations(self) -> None:

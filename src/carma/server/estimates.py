@@ -37,6 +37,7 @@ from carma.estimate.script import interpreter, is_python, parse_argv
 from carma.server.executor import groups_of
 from carma.server.spec import JobSpec
 from carma.server.store import Store
+from carma.units import pluralize
 
 MIB = 1 << 20
 SCRIPT_BYTES = 16 << 20  # how much of the script file goes into the fingerprint
@@ -288,7 +289,7 @@ class Estimates:
             if other_key == key:
                 break
             ahead += not other.future.done()
-        return f"{ahead} capture(s) ahead of it" if ahead else "starting its capture"
+        return f"{pluralize(ahead, 'capture')} ahead of it" if ahead else "starting its capture"
 
     def made(self, task_id: TaskId) -> Estimate | None:
         """The estimate a capture made of the task's job, once there is one (never for `history`); the store
@@ -390,11 +391,15 @@ class Estimates:
         ]  # fmt: skip
         peaks = [run["peak_mib"] for run in runs if run["peak_mib"]]
         if not peaks:
-            why = (
-                f"no peak was observed in the {len(runs)} earlier successful run(s) of this command"
-                if runs
-                else "no earlier successful run of this command"
-            )
+            if not runs:
+                why = "no earlier successful run of this command"
+            else:
+                which = (
+                    "the earlier successful run"
+                    if len(runs) == 1
+                    else f"any of the {len(runs)} earlier successful runs"
+                )
+                why = f"no peak was observed in {which} of this command"
             return MemoryNeed(NeedKind.UNKNOWN, source=f"history: {why}")
         try:
             return _need(history_estimate(max(peaks) * MIB, self.device))

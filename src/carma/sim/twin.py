@@ -28,6 +28,7 @@ from carma.sim.gpus import GpuType
 from carma.sim.models import InterferenceModel, Load, PowerModel
 from carma.traces.catalog import Workload
 from carma.traces.loaders import Trace
+from carma.units import pluralize
 
 # event priorities at equal times: task events first, then submissions, then the decision tick
 _SEEN, _FULL, _FINISH, _SUBMIT, _TICK = 0, 1, 2, 3, 4
@@ -172,8 +173,8 @@ class TwinServer:
             names = ", ".join(f"{t.id}:{t.spec.name}({t.state})" for t in stuck[:5])
             why = next((reason for t in stuck if (reason := scheduler.waiting_reason(t.id))), "no reason given")
             raise SimulationStalled(
-                f"{len(stuck)} task(s) never finished on the idle server: {names}; the scheduler says: {why} "
-                "(check the [scheduler] settings)"
+                f"{pluralize(len(stuck), 'task')} never finished on the idle server: {names}; the scheduler says: "
+                f"{why} (check the [scheduler] settings)"
             )
 
     @property

@@ -132,8 +132,8 @@ def _read_script(text: str, b: _Builder) -> None:
         for commands, background in _lists(line, where):
             clock = t
             for words in commands:
-                if words[0] == "sleep" and len(words) == 2:
-                    clock += _sleep_s(words[1], where)
+                if words[0] == "sleep" and len(words) >= 2:  # coreutils sleeps for the sum of its arguments
+                    clock += sum(_sleep_s(word, where) for word in words[1:])
                 elif any("submit" in w for w in words) and words.count("--task") == 1 and words[-1] != "--task":
                     b.add(f"line {lineno}", clock, Path(words[words.index("--task") + 1]).name.removesuffix(".rad"))
                 else:
@@ -270,6 +270,8 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
             start = float(item["at"])
         except (TypeError, ValueError):
             raise TraceError(f"{b.source}, {where}: 'at' must be a number of seconds") from None
+        if isinstance(item["task"], bool) or not isinstance(item["task"], str | int):  # `task: null`, a list
+            raise TraceError(f"{b.source}, {where}: 'task' must be a task name, not {item['task']!r}")
         for k in range(repeat):
             b.add(where, start + k * every, str(item["task"]))
     return doc.get("name")
