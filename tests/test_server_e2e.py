@@ -677,6 +677,20 @@ def test_a_30_task_replay_matches_the_twin(start_server):  # type: ignore[no-unt
     assert abs(figures["oom_crashes"] - twin.oom_crashes) <= 2
 
 
+def test_a_replay_whose_task_was_cancelled_counts_it_and_exits_1(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """The cancelled task was in no figure and the replay exited 0, as if the run had completed."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400")
+    trace = tmp_path / "two.yaml"
+    trace.write_text("name: two\ntasks:\n  - {at: 0, task: vgg}\n  - {at: 0, task: vgg}\n")
+    replay = subprocess.Popen([CARMA, "replay", trace, "--wait", "--json"], env=server.env, stdout=PIPE, stderr=PIPE,
+                              text=True)  # fmt: skip
+    wait_until(lambda: {t["id"]: t["state"] for t in server.json("queue", "--all")}.get(2) == "queued")
+    assert server.cli("cancel", 2).returncode == 0
+    stdout, _ = replay.communicate(timeout=120)
+    figures = json.loads(stdout)["figures"]
+    assert (replay.returncode, figures["completed"], figures["cancelled"]) == (1, 1, 1)
+
+
 def test_a_replay_cut_short_says_which_tasks_it_had_submitted(start_server, tmp_path):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400")
     trace = tmp_path / "two.yaml"

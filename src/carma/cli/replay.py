@@ -38,7 +38,10 @@ def replay_cmd(
     memory: Annotated[str, typer.Option(help="none (recovery only) or oracle (submit the measured need).")] = "none",
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks.", min=1)] = None,
     skip_unknown: Annotated[bool, typer.Option("--skip-unknown", help="Leave out unknown tasks.")] = False,
-    wait: Annotated[bool, typer.Option(help="Wait for every task to end and print the run's figures.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(help="Wait for every task to end, print the run's figures; exit 1 unless all completed."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the submitted ids (and figures) as JSON.")] = False,
 ) -> None:
     """Replay a trace against a running server (fake GPUs): each task is a carma.fakejob with its profile."""
@@ -77,6 +80,8 @@ def replay_cmd(
         print(json.dumps({"trace": loaded.name, "ids": ids, **({"figures": figures} if figures else {})}))
     elif figures:
         out.print(", ".join(f"{k} {v}" for k, v in figures.items()), highlight=False)
+    if figures and figures["completed"] < len(ids):  # as `carma wait`: a script sees that some did not complete
+        raise typer.Exit(1)
 
 
 def _submitted(ids: list[int], total: int) -> str:

@@ -254,6 +254,7 @@ def run_figures(tasks: list[dict[str, Any]]) -> dict[str, float | int]:
         "makespan_s": round(max(t["ended_s"] for t in tasks) - min(t["submit_s"] for t in tasks), 1),
         "completed": sum(t["state"] == "completed" for t in tasks),
         "failed": sum(t["state"] == "failed" for t in tasks),
+        "cancelled": sum(t["state"] == "cancelled" for t in tasks),
         "oom_crashes": sum(a["outcome"] == "oom" for a in attempts),
         "collocated_attempts": sum(not a["exclusive"] for a in attempts),
     }
