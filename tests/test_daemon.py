@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from carma.core import SchedulerConfig, SpecError, TaskState
-from carma.server.auth import Tokens
+from carma.server.auth import Caller, Tokens, primary_gid
 from carma.server.daemon import Daemon, DaemonClock
 from carma.server.metrics import Metrics
 from carma.server.mps import MpsControl
@@ -244,5 +244,24 @@ TOKEN = "k3y-0f-sixteen-chars"
 )
 def test_a_tokens_file_the_daemon_cannot_trust_is_refused_naming_the_line(tmp_path, lines, message):
     (tmp_path / "tokens").write_text(lines)
+    (tmp_path / "tokens").chmod(0o600)
     with pytest.raises(ValueError, match=f"^{tmp_path / 'tokens'}, {re.escape(message)}"):
         Tokens(tmp_path / "tokens")
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o602])
+def test_a_tokens_file_other_users_may_read_or_change_is_refused(tmp_path, mode):
+    """Accepted without a word: any local user could read every token, admins' included."""
+    path = tmp_path / "tokens"
+    path.write_text(f"{TOKEN} alice 1000\n")
+    path.chmod(mode)
+    with pytest.raises(ValueError, match=f"^{path}: other users may read or change it \\(mode {mode:04o}\\)"):
+        Tokens(path)
+
+
+def test_comments_in_the_tokens_file_may_be_indented_or_follow_a_line(tmp_path):
+    """An indented or trailing comment stopped the server ("write <token> <user> <uid> [admin]")."""
+    path = tmp_path / "tokens"
+    path.write_text(f"  # the team\n{TOKEN} alice 1000 admin  # on call\n")
+    path.chmod(0o600)
+    assert Tokens(path).caller(TOKEN) == Caller(1000, "alice", admin=True, gid=primary_gid(1000))

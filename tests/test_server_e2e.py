@@ -458,6 +458,7 @@ def test_a_token_given_twice_in_the_tokens_file_stops_the_start():
     """Pasted for a second user, the same token made every request of the first one the second's."""
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     (home / "tokens").write_text("# ops\nsame-token-0123456 alice 1000\n\nsame-token-0123456 bob 1001 admin\n")
+    (home / "tokens").chmod(0o600)
     command = [CARMA, "server", "--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{free_port()}"]
     started = subprocess.run(command, capture_output=True, text=True, env=cli_env(CARMA_HOME=str(home)), timeout=30)
     leftover = sorted(p.name for p in home.iterdir())
@@ -540,6 +541,7 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
         "admin-token-0123456 ops 0 admin\nghost-token-0123456 x 4242\n"
     )
     (home / "tokens").write_text(tokens)
+    (home / "tokens").chmod(0o600)
     port = free_port()
     server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", home=home)
     url = f"http://127.0.0.1:{port}"

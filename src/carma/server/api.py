@@ -95,7 +95,9 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     async def admin(who: Who) -> Caller:
         if not who.admin:
-            raise HTTPException(403, "only root or the daemon's owner may do this")
+            raise HTTPException(
+                403, "only root or the daemon's owner may do this (on TCP: a token marked admin in the tokens file)"
+            )
         return who
 
     def task_or_404(task_id: TaskId) -> Task:

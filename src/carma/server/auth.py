@@ -67,15 +67,26 @@ class PeerCredProtocol(H11Protocol):
         self.app = with_peer
 
 
+def _uncommented(fields: list[str]) -> list[str]:
+    """A line's fields before a `#` comment: a whole line's, indented or not, or one after the fields."""
+    return next((fields[:i] for i, field in enumerate(fields) if field.startswith("#")), fields)
+
+
 class Tokens:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._by_token: dict[str, Caller] = {}
         if path.exists():
+            mode = path.stat().st_mode & 0o777
+            if mode & 0o077:  # as ~/.pgpass: whoever reads it may act as each of its users, admins included
+                raise ValueError(
+                    f"{path}: other users may read or change it (mode {mode:04o}), and act as any user it names; "
+                    f"chmod 600 {path}"
+                )
             first_line: dict[str, int] = {}
             for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-                fields = line.split()
-                if not fields or line.startswith("#"):
+                fields = _uncommented(line.split())
+                if not fields:
                     continue
                 if len(fields) < 3 or not fields[2].isdigit() or not set(fields[3:]) <= {"admin"}:
                     raise ValueError(f"{path}, line {lineno}: write <token> <user> <uid> [admin]")
