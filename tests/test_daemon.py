@@ -149,6 +149,23 @@ def test_what_telemetry_saw_of_a_task_outlives_a_stop_of_the_daemon(home):
     second.close()
 
 
+def test_a_task_s_peak_outlives_a_kill_of_the_daemon_soon_after_it_is_seen(home):
+    """Saved every 60 s only: a daemon killed (no stop) within that lost the peak of tasks that ended while
+    it was down."""
+    first = daemon(home)
+    task = first.submit(job(*fakejob(100, "3GiB"), mem_mib=4096))  # 10 s at 10x
+    step_until(first, lambda: first.recorder.live().get(task.id, Observation(0, None, None, None)).peak_mib == 3072)
+    seen = time.monotonic()
+    step_until(first, lambda: time.monotonic() - seen > 6)  # a few seconds more, then killed: no close()
+    time.sleep(5)  # the task ends while no daemon runs
+    second = daemon(home)
+    step_until(second, lambda: second.scheduler.task(task.id).state is TaskState.COMPLETED)
+    (run,) = second.store.history()
+    assert run["peak_mib"] == 3072
+    second.close()
+    first.close()
+
+
 def test_ended_tasks_past_the_retention_are_forgotten_with_their_logs_and_counted_still(home, monkeypatch):
     monkeypatch.setattr("carma.server.daemon.FORGET_EVERY_S", 1.0)
     d = Daemon(home, FakeGpuBackend(home.fake_gpus), SchedulerConfig(), 10.0, fake_env(home.fake_gpus),

@@ -8,6 +8,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -617,6 +618,18 @@ def test_a_log_of_several_chunks_is_printed_whole(start_server):  # type: ignore
     expected = "".join(f"ligne é {i:07d}\n" for i in range(lines))  # 2.5 MiB
     assert server.cli("logs", task).stdout == expected
     assert server.cli("logs", task, "-f").stdout == expected
+
+
+def test_a_hangup_stops_the_daemon_cleanly_and_the_task_runs_on(start_server):  # type: ignore[no-untyped-def]
+    """The terminal of a `carma server &` closing killed it at once: no stop, no observations saved."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    task = server.submit(*fakejob(300))
+    server.wait_state(task, "running")
+    server.proc.send_signal(signal.SIGHUP)
+    assert server.proc.wait(timeout=30) == 0
+    assert "carma server stopped; running tasks continue" in (server.home / "test-server.log").read_text()
+    server.start()
+    assert server.cli("wait", task, "--timeout", "60").returncode == 0
 
 
 def test_killing_the_daemon_loses_no_task_and_runs_none_twice(start_server):  # type: ignore[no-untyped-def]

@@ -39,6 +39,7 @@ log = logging.getLogger("carma.server")
 
 METRICS = ("smact", "smocc", "drama")
 OBSERVATIONS_SAVE_S = 60.0  # how often what telemetry saw of live tasks is saved (wall seconds; and at a stop)
+PEAK_SAVE_S = 5.0  # sooner when a live task's peak grew: a kill -9 lost the peak of tasks that ended meanwhile
 FORGET_EVERY_S = 60.0  # how often ended tasks past their retention are looked for (the daemon's clock seconds)
 FORGET_BATCH = 500  # the most tasks forgotten in one scheduling step (their rows and log folders deleted)
 
@@ -105,6 +106,10 @@ class RunRecorder:
         self._sums[task_id] = {
             m: [0.0, 0] if v is None else [v * seen.samples, seen.samples] for m, v in zip(METRICS, means, strict=True)
         }
+
+    def peaks(self) -> dict[TaskId, int]:
+        """Each live task's peak memory so far (MiB), without the means `live` works out."""
+        return dict(self._peak)
 
     def live(self) -> dict[TaskId, Observation]:
         """What has been seen so far of each live task."""
@@ -210,6 +215,7 @@ class Daemon:
         )
         recorder = self.recorder = RunRecorder()
         self._observations_saved = time.monotonic()
+        self._saved_peaks: dict[TaskId, int] = {}  # by `_save_observations`, to save a grown one soon
         self._forget_at = -math.inf  # the daemon's clock time of the next look for tasks to forget
         self.archive = SampleArchive(self.store)
         telemetry = BackendTelemetry(backend, self.executor.shim_pids, [recorder.observe, self.archive.observe])
@@ -329,7 +335,8 @@ class Daemon:
 
     def step(self) -> None:
         self.loop.step(place=not self.draining)
-        if time.monotonic() - self._observations_saved >= OBSERVATIONS_SAVE_S:
+        since = time.monotonic() - self._observations_saved
+        if since >= OBSERVATIONS_SAVE_S or (since >= PEAK_SAVE_S and self._peaks_grew()):
             self._save_observations()
         if self.keep_ended_s is not None and (now := self.clock.now()) >= self._forget_at:
             self._forget_ended(now)
@@ -359,8 +366,14 @@ class Daemon:
         """Keep what telemetry saw of the live tasks so far: a restart goes on from it, and a task that ends
         while no daemon runs still has its peak in the history."""
         self._observations_saved = time.monotonic()
-        for task_id, seen in self.recorder.live().items():
+        live = self.recorder.live()
+        for task_id, seen in live.items():
             self.store.record_observation(task_id, self.scheduler.task(task_id).current.number, seen)
+        self._saved_peaks = {task_id: seen.peak_mib for task_id, seen in live.items()}
+
+    def _peaks_grew(self) -> bool:
+        """Whether a live task's peak is above the one saved last (or it has one for the first time)."""
+        return any(peak > self._saved_peaks.get(task_id, -1) for task_id, peak in self.recorder.peaks().items())
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

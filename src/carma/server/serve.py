@@ -1,7 +1,7 @@
 """Running the daemon: the API on a unix socket (and optionally TCP) beside the scheduling loop.
 
-Stopping the daemon (SIGTERM, Ctrl-C) stops scheduling and the API, not the tasks: they run in their
-own sessions, and the next daemon re-adopts them.
+Stopping the daemon (SIGTERM, Ctrl-C, or SIGHUP: the terminal of a `carma server &` closing) stops
+scheduling and the API, not the tasks: they run in their own sessions, and the next daemon re-adopts them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -92,7 +93,8 @@ def bind_tcp(address: str) -> socket.socket:
 
 class _Server(uvicorn.Server):
     """uvicorn's server, ending the daemon's live streams (dashboard viewers) when asked to exit, since it
-    waits for open responses before it stops."""
+    waits for open responses before it stops; SIGHUP asks it to exit too (it killed the daemon at once,
+    with no observations saved)."""
 
     def __init__(self, config: uvicorn.Config, daemon: Daemon) -> None:
         super().__init__(config)
@@ -102,6 +104,15 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._loop.call_soon_threadsafe(self._daemon.end_streams)
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = signal.signal(signal.SIGHUP, self.handle_exit)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
 
 
 def _stopped(sig: int, frame: FrameType | None) -> None:
@@ -121,6 +132,7 @@ async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) ->
     # uvicorn raises the SIGTERM it caught again once it has stopped; its default action would end the
     # process there, before the daemon closes (leaving its estimates' captures running)
     signal.signal(signal.SIGTERM, _stopped)
+    signal.signal(signal.SIGHUP, _stopped)
     stop = asyncio.Event()
     scheduling = asyncio.create_task(daemon.run(stop))
     scheduling.add_done_callback(lambda task: _scheduling_ended(task, server, daemon))
