@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from support import cli_env, run_carma
+from support import CARMA, cli_env, run_carma, wait_until
 
 pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma[estimate]')")
 
@@ -213,3 +215,15 @@ def test_the_script_is_captured_under_the_python_its_command_names(work, tmp_pat
     assert one_error_line(estimate(work, "--", "python9", "train.py")) == (
         "error: python9 is not on the PATH: the command could not run either"
     )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_capture_stopped_by_a_signal_leaves_no_temporary_folder(work, tmp_path, sig):
+    """Their default action ended the command at once: a carma-estimate-* folder stayed in /tmp each time."""
+    env = cli_env(CARMA_HOME=str(work / "home"), TMPDIR=str(tmp_path))
+    command = [CARMA, "estimate", "--", "python", "slow.py"]
+    capture = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: list(tmp_path.glob("carma-estimate-*")))
+    capture.send_signal(sig)
+    assert capture.wait(timeout=30) == 128 + sig
+    assert list(tmp_path.glob("carma-estimate-*")) == []

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from contextlib import AbstractContextManager, nullcontext
+import signal
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -109,7 +111,7 @@ def estimate_cmd(
         from carma.estimate.runner import estimate_job, estimate_script
 
         what = " ".join(script) if script else job
-        with _status(f"capturing {what} on the CPU ({steps} optimizer steps)"):
+        with _status(f"capturing {what} on the CPU ({steps} optimizer steps)"), _unwound_by_signals():
             if script:
                 options = {"timeline": timeline, "timeout_s": timeout, "python": python}
                 estimate = estimate_script(script, method, device, steps, **options)
@@ -152,6 +154,22 @@ def _check_timeline(path: Path) -> None:
         pyplot()
     except PlotsUnavailable as e:
         raise UsageError(f"--timeline: {e}") from None
+
+
+@contextmanager
+def _unwound_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal, a batch system's stop) end the command as Ctrl-C does, through
+    its cleanup: their default action killed it at once, leaving the capture's temporary folder behind."""
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _status(message: str) -> AbstractContextManager[object]:
