@@ -1215,6 +1215,34 @@ def test_an_average_of_the_model_that_is_never_called_sits_on_the_gpu_too(workdi
     assert estimate(["python", ema]).breakdown.parameters == pytest.approx(2 * nbytes(model), rel=0.01)
 
 
+def test_the_layer_a_transformer_encoder_copies_is_not_counted_on_the_gpu(workdir: Path) -> None:
+    """The idiom PyTorch's documentation teaches: the template the script holds stays on the CPU, never
+    called. It was counted as weights on the GPU, and the baselines refused the job as one of two models."""
+    encoder = script(
+        workdir,
+        "encoder.py",
+        """
+        import torch
+        from torch import nn
+
+        layer = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True)
+        model = nn.Sequential(nn.Embedding(100, 64), nn.TransformerEncoder(layer, 3), nn.Linear(64, 100))
+        optimizer = torch.optim.AdamW(model.parameters())
+        for step in range(10):
+            tokens = torch.randint(0, 100, (8, 16))
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+            optimizer.step()
+        """,
+    )
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 256, batch_first=True)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(100, 64), torch.nn.TransformerEncoder(layer, 3), torch.nn.Linear(64, 100)
+    )
+    assert estimate(["python", encoder]).breakdown.parameters == pytest.approx(nbytes(model), rel=0.01)
+    assert registered(["python", encoder], "faketensor").peak_bytes > 0
+
+
 def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
     train = tiny_script(workdir, "crash.py", 5, 'if step == 1: raise ValueError("boom in the training loop")')
     with pytest.raises(EstimateError, match="crashed after 2 optimizer steps: ValueError: boom in the training loop"):

@@ -81,6 +81,7 @@ class _ModelRecorder:
         self.session = session
         self.calls: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
         self.held: dict[int, Any] = {}
+        self.templates: dict[int, Any] = {}  # layers nn.TransformerEncoder/Decoder were built by copying
         session.on_stop = self._note_held
         session.awaits = self._awaits
 
@@ -105,12 +106,24 @@ class _ModelRecorder:
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
+        """The global forward hook, and a note of each layer `nn.TransformerEncoder(layer, n)` (or Decoder)
+        copies n times: the script holds that template, which stays on the CPU and is never called, and it
+        was counted as weights on the GPU (and made the baselines refuse the job as one of several models)."""
+        from torch.nn.modules import transformer
         from torch.nn.modules.module import register_module_forward_hook
 
+        clones = transformer._get_clones
+
+        def noting_template(module: Any, n: int) -> Any:
+            self.templates[id(module)] = module
+            return clones(module, n)
+
         handle = register_module_forward_hook(self._leave, with_kwargs=True, always_call=True)
+        transformer._get_clones = noting_template
         try:
             yield
         finally:
+            transformer._get_clones = clones
             handle.remove()
 
     def _leave(self, module: Any, args: Any, *rest: Any) -> None:
@@ -137,7 +150,8 @@ class _ModelRecorder:
         """The other modules called or held with parameters outside `model` (a GAN's other network, a frozen
         teacher, an average of the model, the model's other children when it is called as `model.forward(x)`)."""
         inside = {id(p) for p in model.parameters()}
-        modules = {**self.held, **{id(module): module for module, _, _ in self.calls.values()}}
+        held = {key: module for key, module in self.held.items() if key not in self.templates}
+        modules = {**held, **{id(module): module for module, _, _ in self.calls.values()}}
         return tuple(
             module
             for module in modules.values()
