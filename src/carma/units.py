@@ -47,7 +47,12 @@ def time_unit(seconds: float) -> tuple[float, str]:
     return (3600.0, "h") if seconds >= 7200 else (60.0, "min")
 
 
+def time_format(name: str) -> str:
+    """The format spec of a number of hours ("10.40") or minutes ("35.0")."""
+    return ".2f" if name == "h" else ".1f"
+
+
 def in_unit(seconds: float, unit: tuple[float, str]) -> str:
     """Seconds as a number of `unit` (from `time_unit`): "10.40" hours, "35.0" minutes."""
     scale, name = unit
-    return f"{seconds / scale:{'.2f' if name == 'h' else '.1f'}}"
+    return f"{seconds / scale:{time_format(name)}}"

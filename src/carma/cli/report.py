@@ -27,7 +27,10 @@ def report_cmd(
     server: Annotated[bool, typer.Option("--server", help="Add the running daemon's recent history.")] = False,
     hours: Annotated[
         float | None,
-        typer.Option(help="With --server: the window, in hours back from now. \\[default: 6]", show_default=False),
+        typer.Option(
+            help=f"With --server: the window, in hours back from now. \\[default: {DEFAULT_HOURS:g}]",
+            show_default=False,
+        ),
     ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.html and its charts.")] = Path(
         "results/report"

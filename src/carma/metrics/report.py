@@ -10,12 +10,11 @@ from rich.table import Table
 
 from carma.metrics.run import NOT_MEASURED
 from carma.sim.experiment import RunResult
-from carma.units import in_unit, time_unit
+from carma.units import in_unit, time_format, time_unit
 
-# (row key, column header, scale, format) for the figures a sweep compares against the baseline (the
-# makespan in minutes instead when every run is short: `_compared`)
+# (row key, column header, scale, format) for the figures a sweep compares against the baseline, besides
+# the makespan, whose unit is the runs' own (`_compared`)
 COMPARED = (
-    ("makespan_s", "makespan h", 1 / 3600, "{:.2f}"),
     ("energy_mj", "energy MJ", 1.0, "{:.2f}"),
     ("jct_p95_s", "p95 JCT min", 1 / 60, "{:.0f}"),
     ("wait_p95_s", "p95 wait min", 1 / 60, "{:.0f}"),
@@ -44,7 +43,7 @@ def sweep_rows(results: Sequence[RunResult]) -> list[dict[str, object]]:
         row = result.row()
         if base is not None:
             base_row = base.row()
-            for key, *_ in COMPARED:
+            for key in ("makespan_s", *(key for key, *_ in COMPARED)):
                 change = change_pct(row[key], base_row[key])
                 row[f"{key}_change_pct"] = None if change is None else round(change, 1)
         rows.append(row)
@@ -52,10 +51,10 @@ def sweep_rows(results: Sequence[RunResult]) -> list[dict[str, object]]:
 
 
 def _compared(results: Sequence[RunResult]) -> list[tuple[str, str, float, str]]:
-    """COMPARED, with the makespan in minutes when every run is shorter than two hours (as the charts)."""
-    if time_unit(max(r.metrics.makespan_s for r in results))[1] == "h":
-        return list(COMPARED)
-    return [("makespan_s", "makespan min", 1 / 60, "{:.1f}") if c[0] == "makespan_s" else c for c in COMPARED]
+    """The makespan, in hours or, when every run is shorter than two hours, minutes (as the charts), then
+    COMPARED."""
+    scale, name = time_unit(max(r.metrics.makespan_s for r in results))
+    return [("makespan_s", f"makespan {name}", 1 / scale, "{:" + time_format(name) + "}"), *COMPARED]
 
 
 def _cell(row: dict[str, object], key: str, scale: float, fmt: str) -> str:
