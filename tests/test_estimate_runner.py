@@ -293,7 +293,8 @@ def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> Non
     train = script(workdir, "train.py", MLP_SCRIPT)
     argv = ["python", train, "--batch-size", "64", "--log", "steps.log"]
     assert estimate_script([*argv, "--summary"], "xmem", "test-gpu", estimator="batch_probe:estimate").peak_bytes == 64
-    assert estimate([*argv, "--summary"]).peak_bytes == estimate(argv).peak_bytes
+    with_summary = estimate([*argv, "--summary"])
+    assert with_summary.peak_bytes == estimate(argv).peak_bytes and with_summary.notes == ()
 
 
 def test_a_module_called_in_another_thread_leaves_the_capture_alone(workdir: Path) -> None:
@@ -929,6 +930,50 @@ def test_a_short_last_batch_is_trained_second_and_one_more_step_captured(workdir
     )
 
 
+# Token sequences padded to the longest of each batch of four; LONG: the indices of the 512-token ones.
+PADDED_SCRIPT = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+docs = [torch.randint(0, 1000, (512 if i in LONG else 32,)) for i in range(64)]
+def pad(items):
+    out = torch.zeros(len(items), max(len(x) for x in items), dtype=torch.long)
+    for i, x in enumerate(items):
+        out[i, : len(x)] = x
+    return out
+model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 1000))
+optimizer = torch.optim.AdamW(model.parameters())
+for x in DataLoader(docs, batch_size=4, collate_fn=pad):
+    loss = nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(("longs", "differ"), [(set(), ""), ({1}, "4×32, 4×512"), ({9}, "4×32, 4×512"), ({13}, "")])
+def test_batches_of_different_shapes_among_those_captured_are_noted(
+    workdir: Path, longs: set[int], differ: str
+) -> None:
+    """Batches padded to their longest item differ in length: the estimate holds for those captured (the
+    first three), and when they already differ a note says a later, longer one needs more. A long batch
+    after them (the fourth, {13}) goes unseen: the documented limit."""
+    padded = script(workdir, "padded.py", PADDED_SCRIPT.replace("LONG", repr(longs)))
+    result = estimate(["python", padded])
+    if differ:
+        assert result.notes == (
+            f"the model's inputs differed between the 3 captured iterations ({differ}): batches padded to their "
+            "longest item, or images of varying sizes, differ later too, and a larger batch than those captured "
+            "needs more memory than this estimate (capture more with --steps, or train the largest batch first)",
+        )
+        assert (
+            result.peak_bytes
+            > estimate(["python", script(workdir, "short.py", PADDED_SCRIPT.replace("LONG", "{}"))]).peak_bytes
+        )
+    else:
+        assert result.notes == ()
+
+
 def test_a_loop_that_ends_its_epoch_at_a_short_batch_is_captured_in_order(workdir: Path) -> None:
     """Trained second, the short batch would end the script's only epoch after one step: the capture is made
     again in order, and is that of the same loop over full batches only."""
@@ -1045,6 +1090,7 @@ def test_a_gan_is_captured_over_whole_iterations_of_both_models(workdir: Path) -
     both = nbytes(g, d)
     assert estimate_.breakdown.parameters == pytest.approx(both, rel=0.01)
     assert estimate_.breakdown.optimizer_state == pytest.approx(2 * both, rel=0.01)
+    assert estimate_.notes == ()
     with pytest.raises(EstimateError, match=r"faketensor estimates one model .* steps 2 optimizers \(Adam, Adam\)"):
         estimate_script(["python", gan], "faketensor", "a100-40gb")
 
@@ -1061,6 +1107,7 @@ def test_a_generator_stepping_every_fifth_iteration_is_waited_for(workdir: Path)
     d = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.Linear(1024, 1))
     assert estimate_.breakdown.parameters == pytest.approx(nbytes(g, d), rel=0.01)
     assert estimate_.breakdown.optimizer_state == pytest.approx(2 * nbytes(g, d), rel=0.01)
+    assert estimate_.notes == ()  # the critic is called once more in the generator's iteration: no other shape
 
 
 def test_an_optimizer_that_never_steps_is_waited_for_a_while_only(workdir: Path) -> None:

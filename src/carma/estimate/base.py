@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,6 +53,19 @@ class Estimate:
 def optimizer_parameters(optimizer: Any) -> list[Any]:
     """The tensors a torch optimizer updates, over all its parameter groups."""
     return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def tensors_in(value: Any) -> list[Any]:
+    """The torch tensors in `value`: itself, or those its mappings, tuples and lists hold, at any depth."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in tensors_in(v)]
+    if isinstance(value, tuple | list):
+        return [t for v in value for t in tensors_in(v)]
+    return []
 
 
 @dataclass

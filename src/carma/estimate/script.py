@@ -35,6 +35,7 @@ from carma.estimate.session import (
     hide_cuda,
     last_line,
 )
+from carma.estimate.shapes import InputShapes
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
 HELD_ITEMS = 64  # containers larger than this are not looked into
@@ -82,6 +83,7 @@ class _ModelRecorder:
         self.calls: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
         self.held: dict[int, Any] = {}
         self.templates: dict[int, Any] = {}  # layers nn.TransformerEncoder/Decoder were built by copying
+        self.inputs = InputShapes()
         session.on_stop = self._note_held
         session.awaits = self._awaits
 
@@ -128,10 +130,12 @@ class _ModelRecorder:
 
     def _leave(self, module: Any, args: Any, *rest: Any) -> None:
         """Runs after the session's own forward hook, which has closed this call's window."""
-        outermost = not self.session.in_module_call
-        if outermost and not self.session.order and next(module.parameters(), None) is not None:
-            kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
+        if self.session.in_module_call or next(module.parameters(), None) is None:
+            return
+        kwargs = rest[0] if len(rest) == 2 and isinstance(rest[0], dict) else {}
+        if not self.session.order:
             self.calls[id(module)] = (module, tuple(args), dict(kwargs))
+        self.inputs.record(len(self.session.order), module, tuple(args), kwargs)
 
     def model_of(self, optimizer: Any) -> tuple[Any, Any]:
         """The recorded module holding most of the optimizer's parameters, and its training batch."""
@@ -393,9 +397,7 @@ def capture_script(
             crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
             if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
                 crash += " (the capture gives the script no input: let it run without asking)"
-            raise (ShortBatchEnded if session.moved_short_batch else ScriptFailed)(
-                cuda_on_cpu.explained(crash)
-            ) from None
+            raise (ShortBatchEnded if session.short_batch else ScriptFailed)(cuda_on_cpu.explained(crash)) from None
         if not session.order and session.unprofiled_steps:
             raise EstimateError(
                 f"the script took {session.unprofiled_steps} optimizer steps without calling a torch.nn.Module with "
@@ -411,7 +413,7 @@ def capture_script(
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             ended = f"the script ended after {len(session.order)} optimizer steps"
-            raise (ShortBatchEnded if session.moved_short_batch else ScriptFailed)(
+            raise (ShortBatchEnded if session.short_batch else ScriptFailed)(
                 f"{ended}; the capture needs {steps}{each}"
             )
     return captured()
@@ -432,6 +434,7 @@ def _captured(
     extra_models = recorder.besides(model)
     notes = list(session.notes)
     notes += cuda_on_cpu.notes(cuda_asked)
+    notes += recorder.inputs.note(session.order, session.short_batch)
     if compiled:
         notes.append(_compile_note(compiled))
     # A library's GPU-only mixed precision ran as CPU autocast: that autocast is the library's.

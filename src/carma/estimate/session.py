@@ -69,7 +69,7 @@ class Session:
         # Given the script's capture once it catches the stop and goes on (`went_on`); must end the process.
         self.on_caught: Callable[[], NoReturn] | None = None
         self.unprofiled_steps = 0  # steps taken before any call of a module with parameters
-        self.moved_short_batch = False  # an epoch's short last batch was sampled second
+        self.short_batch: tuple[int, int] | None = None  # (its size, the full one): it was sampled second
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
         self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
@@ -207,7 +207,7 @@ class Session:
             f"each epoch's short last batch ({short} samples, not {full}) was trained second, so that the "
             "step after it, which the GPU run takes at every epoch's end, is captured (one step more)"
         )
-        self.moved_short_batch = True
+        self.short_batch = (short, full)
         if note not in self.notes:
             self.notes.append(note)
             self._until = max(self._until, self.steps + 1)

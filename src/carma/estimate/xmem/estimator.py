@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 import time
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from carma.estimate.base import Breakdown, Capture, Estimate, optimizer_parameters
+from carma.estimate.base import Breakdown, Capture, Estimate, optimizer_parameters, tensors_in
 from carma.estimate.session import module_window
 from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import JobTensors, analyze
@@ -43,9 +43,9 @@ def job_tensors(capture: Capture) -> JobTensors:
         )
     )
     state = _storages(
-        t for optimizer in optimizers for per_parameter in optimizer.state.values() for t in _tensors(per_parameter)
+        t for optimizer in optimizers for per_parameter in optimizer.state.values() for t in tensors_in(per_parameter)
     )
-    return JobTensors(module_window(job.model), parameters, _storages(_tensors(job.batch)), state)
+    return JobTensors(module_window(job.model), parameters, _storages(tensors_in(job.batch)), state)
 
 
 def _storages(tensors: Iterable[Any]) -> dict[int, int]:
@@ -56,18 +56,6 @@ def _storages(tensors: Iterable[Any]) -> dict[int, int]:
         if storage.nbytes():
             found[storage.data_ptr()] = storage.nbytes()
     return found
-
-
-def _tensors(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, tuple | list):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:
