@@ -458,6 +458,7 @@ def test_the_command_starts_without_the_heavy_libraries_only_some_commands_need(
     ("need", "need_mib", "estimate", "state", "shown"),
     [
         ("known", 1453, "xmem", "running", "1.42 GiB"),
+        ("known", 30720, None, "queued", "30.00 GiB/GPU"),  # gpus_requested 2
         ("whole_gpu", None, None, "queued", "whole GPU"),
         ("unknown", None, None, "running", "unknown"),  # recovery only
         (None, None, "xmem", "queued", "xmem pending"),  # its estimate still to come
@@ -468,4 +469,9 @@ def test_the_command_starts_without_the_heavy_libraries_only_some_commands_need(
 def test_the_memory_a_task_is_placed_with_as_the_lists_show_it(need, need_mib, estimate, state, shown):  # type: ignore[no-untyped-def]
     from carma.cli.tasks import _need_text
 
-    assert _need_text({"need": need, "need_mib": need_mib, "estimate": estimate, "state": state}) == shown
+    gpus = 2 if need_mib == 30720 else 1
+    task = {"need": need, "need_mib": need_mib, "estimate": estimate, "state": state, "gpus_requested": gpus}
+    assert _need_text(task) == shown
+    history_row = {**task, "gpus": list(range(gpus))}
+    del history_row["gpus_requested"]
+    assert _need_text(history_row) == shown

@@ -59,6 +59,11 @@ def step_until(d: Daemon, predicate, timeout: float = 20.0):  # type: ignore[no-
     ("spec", "message"),
     [
         (job("true", gpus=3), "needs 3 GPUs but this server has 2"),
+        (
+            job("true", mem_mib=100 * 1024),  # the fake GPUs are A100s of 40 GiB
+            r"task 'job' declares 100.00 GiB of GPU memory per GPU, more than any GPU of this server has \(40.00 GiB\)",
+        ),
+        (job("true", gpus=2, mem_mib=41 * 1024), r"per GPU, more than the 2 largest GPUs of this server have each"),
         (job("true", workdir="relative/dir"), "is not an absolute path"),
         (job("true", workdir="/proc/version"), "'/proc/version' is not a directory"),
         (job("true", workdir="/no/such/dir"), "does not exist"),
@@ -69,6 +74,13 @@ def test_jobs_it_can_never_run_are_refused_and_not_stored(home, spec, message):
     with pytest.raises(SpecError, match=message):
         d.submit(spec)
     assert d.store.load() == [] and d.scheduler.tasks == []
+    d.close()
+
+
+def test_a_declared_need_as_large_as_a_gpu_is_taken(home):
+    """Up to the GPU's memory the need stands (above it less the margin, the task gets a whole GPU)."""
+    d = daemon(home)
+    assert d.submit(job("true", gpus=2, mem_mib=40 * 1024)).spec.mem_mib == 40 * 1024
     d.close()
 
 

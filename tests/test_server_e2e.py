@@ -82,6 +82,18 @@ def test_a_known_need_is_held_on_its_gpu_before_it_is_allocated(start_server):  
     server.cli("cancel", first, second)
 
 
+def test_a_multi_gpu_tasks_need_is_per_gpu_and_shown_so(start_server):  # type: ignore[no-untyped-def]
+    """`--gpus 2 --mem 30GiB` holds 30 GiB on each GPU, as queue and show say (a Slurm user reads a total)."""
+    server = start_server("--fake-gpus", "2xA100-40GB", "--time-scale", "50")
+    task = server.submit(*fakejob(100000), gpus=2, mem="30GiB")
+    server.wait_state(task, "running")
+    assert [g["held_mib"] for g in server.json("gpus")] == [30720, 30720]
+    (row,) = [r for r in server.cli("queue").stdout.splitlines() if r.split()[0] == str(task)]
+    assert "30.00 GiB/GPU" in row
+    assert "memory need: 30720 MiB per GPU" in server.cli("show", task).stdout
+    server.cli("cancel", task)
+
+
 def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
     task_file = tmp_path / "task.yaml"
@@ -318,6 +330,7 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "--gpus", "-1", "--", "true"], "greater than or equal to 1"),
         (["submit", "--gpus", "3", "--", "true"], "needs 3 GPUs but this server has 2"),
         (["submit", "--mem", "lots", "--", "true"], "cannot read 'lots' as a memory size"),
+        (["submit", "--mem", "99999999TiB", "--", "true"], "more than any GPU of this server has (40.00 GiB)"),
         (["submit"], "nothing to run"),
         (
             ["submit", "--workdir", "/does/not/exist", "--", "true"],

@@ -87,7 +87,9 @@ def submit_cmd(
     command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments (after --).")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="A task file (YAML) instead of a command.")] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs the task needs (default 1).")] = None,
-    mem: Annotated[str | None, typer.Option(help="GPU memory it needs, e.g. 8GiB (unknown: recovery only).")] = None,
+    mem: Annotated[
+        str | None, typer.Option(help="GPU memory it needs on each of its GPUs, e.g. 8GiB (unknown: recovery only).")
+    ] = None,
     estimate: Annotated[
         str | None, typer.Option(help="Or estimate it first: xmem, faketensor, horus, gpumemnet or history.")
     ] = None,
@@ -201,8 +203,14 @@ def _need_text(task: dict[str, Any]) -> str:
     if task["need"] is None:
         return f"{task['estimate']} pending" if task.get("estimate") and task.get("state") == "queued" else "-"
     if task["need"] == "known":
-        return size_text(task["need_mib"] * 2**20)
-    return "whole GPU" if task["need"] == "whole_gpu" else "unknown"
+        gpus = task.get("gpus_requested") or len(task.get("gpus") or ())  # a history row: the GPUs it ran on
+        return size_text(task["need_mib"] * 2**20) + ("/GPU" if gpus > 1 else "")
+    return _kind_text(task["need"])
+
+
+def _kind_text(need: str) -> str:
+    """A need not known in MiB: a whole GPU, or unknown (recovery only)."""
+    return "whole GPU" if need == "whole_gpu" else "unknown"
 
 
 @app.command("show")
@@ -227,7 +235,7 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
     for a in task["attempt_list"]:
         how = ("recovery, " if a["recovery"] else "") + ("collocated" if a["shared"] else "alone")
         end = f", {a['outcome']}" if a["outcome"] else ""
-        need = f"{a['need_mib']} MiB" if a["need_mib"] else a["need"]
+        need = f"{a['need_mib']} MiB" if a["need_mib"] else _kind_text(a["need"])
         lines.append(
             f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need} from "
             f"{a['need_source']}) {a['message']}".rstrip()
@@ -252,7 +260,7 @@ def _estimate_lines(estimate: dict[str, Any] | None) -> list[str]:
 
 def _declared_need(task: dict[str, Any]) -> str:
     if task["mem_mib"]:
-        return f"{task['mem_mib']} MiB"
+        return f"{task['mem_mib']} MiB" + (" per GPU" if task["gpus_requested"] > 1 else "")
     if task["estimate"]:
         return f"estimated by {task['estimate']}"
     return "unknown (recovery only)"

@@ -107,6 +107,11 @@ class Scheduler:
                 "one(s): a process sees one MIG instance at most, so a MIG instance takes one-GPU tasks only"
             )
 
+    def capacity_mib(self, n: int) -> int:
+        """The memory (MiB) each GPU of an `n`-GPU task has at most: the largest GPU's, or MIG instance's, for
+        one GPU; the n-th largest whole GPU's for more (see `_for`)."""
+        return self._usable(n) + self.config.reserve_mib
+
     def submit(self, spec: TaskSpec, now: float, task_id: TaskId | None = None) -> Task:
         """Queue a task; a world that numbers tasks itself (the daemon's store) passes the id."""
         self.check(spec)

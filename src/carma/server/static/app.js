@@ -240,8 +240,13 @@ function renderGpus(s) {
 // The memory a task is (or will be) placed with, as `carma queue` shows it; its source in the tooltip.
 function needText(t) {
   if (t.need === null) return t.estimate && t.state === "queued" ? `${esc(t.estimate)} pending` : "-";
-  if (t.need === "known") return size(t.need_mib * 2 ** 20);
-  return t.need === "whole_gpu" ? "whole GPU" : "unknown";
+  if (t.need === "known") return size(t.need_mib * 2 ** 20) + (t.gpus_requested > 1 ? "/GPU" : "");
+  return kindText(t.need);
+}
+
+// A need not known in MiB: a whole GPU, or unknown (recovery only).
+function kindText(need) {
+  return need === "whole_gpu" ? "whole GPU" : "unknown";
 }
 
 function renderQueue(s) {
@@ -293,7 +298,7 @@ async function showTask(id, reveal = false) {
        ${(e.notes || []).map((n) => `<p class="note">note: ${esc(n)}</p>`).join("")}`
     : "";
   const attempts = t.attempt_list.map((a) => {
-    const need = a.need_mib ? `${a.need_mib} MiB` : a.need;
+    const need = a.need_mib ? `${a.need_mib} MiB` : kindText(a.need);
     const how = (a.recovery ? "recovery, " : "") + (a.shared ? "collocated" : "alone");
     return `<li>attempt ${a.number} on GPU ${a.gpus.join(",")} (${how}; ${a.outcome || (a.ended_s === null ? t.state : "ended")}; need ${esc(need)} from ${esc(a.need_source)}) ${esc(a.message || "")}</li>`;
   }).join("");
