@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import subprocess
 import sys
@@ -56,6 +57,15 @@ def sweep_outputs(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], P
 
 
 # --- results -----------------------------------------------------------------------------------------
+
+
+def test_csv_dash_prints_the_csv_in_the_tables_place(tmp_path):
+    """`--csv -` wrote a file named `-`; a policy named in capitals is the policy."""
+    result = run_carma("simulate", "--policy", "MAGM", "--csv", "-", "--save", "run.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(rows) == 1 and rows[0]["policy"] == "magm" and not (tmp_path / "-").exists()
+    assert result.stderr == "wrote run.json\n"
 
 
 def test_simulate_json_holds_one_run_with_the_documented_fields(default_run):
@@ -275,6 +285,9 @@ BAD_INPUTS = {
     "csv-to-a-directory": (["--sweep", "--csv", "."], "--csv . is a directory; give a file name"),
     "csv-under-a-file": (["--csv", "negative.csv/a/x.csv"], "--csv negative.csv/a/x.csv: negative.csv is not a dir"),
     "save-to-a-full-disk": (["--save", "/dev/full"], "--save /dev/full: No space left on device"),  # named no option
+    "csv-over-save": (["--save", "x.csv", "--csv", "./x.csv"], "--csv and --save both name x.csv"),  # CSV replaced it
+    "csv-out-and-json": (["--csv", "-", "--json"], "--csv - and --json both print the results: choose one"),
+    "plot-into-a-file": (["--plot", "negative.csv"], "--plot negative.csv is a file; give a folder"),  # File exists
     "sweep-policy": (["--sweep", "--policy", "magm"], SWEEP_ONLY),
     "sweep-memory": (["--sweep", "--memory", "oracle"], SWEEP_ONLY),
     "sweep-risk": (["--sweep", "--no-risk-filter"], SWEEP_ONLY),
@@ -313,7 +326,7 @@ def test_without_matplotlib_plots_are_refused_before_the_simulation(tmp_path):
 def test_a_plot_folder_that_cannot_be_made_is_refused_before_the_simulation(tmp_path):
     (tmp_path / "plots").write_text("a file where the charts' folder should go")
     result = run_carma("simulate", "--sweep", "--csv", "sweep.csv", "--plot", "plots", cwd=tmp_path)
-    assert (result.returncode, result.stdout, result.stderr) == (2, "", "error: plots: File exists\n")
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", "error: --plot plots is a file; give a folder\n")
     assert not (tmp_path / "sweep.csv").exists()  # nothing simulated, nothing half-written
 
 

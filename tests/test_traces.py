@@ -126,6 +126,22 @@ def test_trace_script_comments_begin_a_word_as_in_the_shell(catalog, write):
     assert schedule(trace) == [(0.0, "vgg#2"), (10.0, "dlrm"), (15.0, "Xception")]
 
 
+def test_a_submit_commands_task_may_follow_an_equals_sign(catalog, write):
+    """`--task=PATH` is what argparse takes too."""
+    trace = load_trace(
+        write("eq.sh", "python submit.py --task=/x/vgg.rad\nsleep 5\nsubmit.py --task /x/dlrm.rad\n"), catalog
+    )
+    assert schedule(trace) == [(0.0, "vgg"), (5.0, "dlrm")]
+
+
+def test_a_json_trace_is_read_as_the_yaml_it_also_is(catalog, write):
+    """It was read as a trace script and refused with its quotes stripped."""
+    trace = load_trace(
+        write("t.json", '{"name": "j", "tasks": [{"at": 0, "task": "vgg"}, {"at": 5, "task": "dlrm"}]}'), catalog
+    )
+    assert (trace.name, schedule(trace)) == ("j", [(0.0, "vgg"), (5.0, "dlrm")])
+
+
 def test_a_file_without_a_known_suffix_is_read_as_a_script(catalog, write):
     assert schedule(load_trace(write("trace1", SCRIPT), catalog))[0] == (0.0, "Xception")
 
@@ -203,6 +219,18 @@ def test_yaml_unknown_task_can_be_skipped(catalog, write):
 
 BAD_TRACES = [
     pytest.param("t.csv", "submit_s,task\n-5,vgg\n", "line 2: submit time must not be negative", id="negative-time"),
+    pytest.param(  # nanoseconds since the epoch: the twin's clock rounded every time to 256 s
+        "t.csv",
+        "submit_s,task\n1700000000000000000,vgg\n",
+        "line 2: submit time 1.7e+18 s is over 1e+10 s (317 years): give it in seconds, not milliseconds or",
+        id="time-in-ns",
+    ),
+    pytest.param(
+        "t.csv",
+        "submit_s,task,solo_s,mem_mib\n0,mine,1e30,8000\n",
+        "line 2: task 'mine': solo time 1e+30 s is over 1e+10 s (317 years): give it in seconds",
+        id="solo-too-long",
+    ),
     pytest.param("t.csv", "submit_s,task\nsoon,vgg\n", "line 2: submit time 'soon' is not a number", id="bad-time"),
     pytest.param("t.csv", "time,task\n0,vgg\n", "needs the columns submit_s and task", id="missing-column"),
     pytest.param("t.csv", "", "needs the columns submit_s and task", id="empty-csv"),

@@ -62,9 +62,11 @@ def size_text(n: int) -> str:
 
 
 def choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str:
-    if value not in choices:
+    """One of `choices`, in any case (`--policy MAGM`, as the papers write it, is `magm`)."""
+    found = next((c for c in choices if c.lower() == value.lower()), None)
+    if found is None:
         raise UsageError(f"{option} must be one of {', '.join(choices)}; got {value!r}")
-    return value
+    return found
 
 
 def positive(value: float, option: str) -> float:

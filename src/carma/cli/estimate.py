@@ -79,12 +79,12 @@ def estimate_cmd(
         return
     script = ctx.meta.get(_SCRIPT)
     try:
-        if method == "history":
+        if method.lower() == "history":
             raise UsageError(
                 "history is the server's estimate (the peak an earlier run of the same command was seen at): "
                 "carma submit --estimate history -- ..."
             )
-        choice(method, CPU_METHODS, "--method")
+        method = choice(method, CPU_METHODS, "--method")
         if bool(job) == bool(script):
             raise UsageError(
                 "give a training command after -- or a job function with --job (one, not both), e.g. "

@@ -50,7 +50,7 @@ def replay_cmd(
     from carma.traces.loaders import TraceError, load_trace
 
     try:
-        choice(memory, ("none", "oracle"), "--memory")
+        memory = choice(memory, ("none", "oracle"), "--memory")
         if time_scale is not None:
             positive(time_scale, "--time-scale")
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)

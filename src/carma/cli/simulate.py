@@ -56,7 +56,9 @@ def simulate_cmd(
     sweep_all: Annotated[
         bool, typer.Option("--sweep", help="Run CARMA's whole configuration list and compare with Exclusive.")
     ] = False,
-    csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the results as CSV.")] = None,
+    csv_path: Annotated[
+        Path | None, typer.Option("--csv", help="Also write the results as CSV (-: print them instead of the table).")
+    ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write PNG charts of a sweep into this directory.")] = None,
     save: Annotated[
         Path | None, typer.Option(help="Also write the run(s) as a report file (JSON) for `carma report`.")
@@ -80,13 +82,20 @@ def simulate_cmd(
     from carma.traces.catalog import load_catalog
     from carma.traces.loaders import TraceError, load_trace
 
+    csv_out = csv_path == Path("-")  # the CSV on stdout, in the table's place
     try:
+        if csv_out and as_json:
+            raise UsageError("--csv - and --json both print the results: choose one")
         if plot:
             pyplot()  # missing matplotlib, or a folder that cannot be made, is said before the simulation
+            if plot.exists() and not plot.is_dir():
+                raise UsageError(f"--plot {plot} is a file; give a folder")
             plot.mkdir(parents=True, exist_ok=True)
-        for option, path in (("--csv", csv_path), ("--save", save)):
-            if path is not None:  # said before the simulation too, not after its minutes
-                _check_writable(option, path)
+        files = {option: path for option, path in (("--csv", None if csv_out else csv_path), ("--save", save)) if path}
+        if len(files) == 2 and files["--csv"].resolve() == files["--save"].resolve():
+            raise UsageError(f"--csv and --save both name {save}: the CSV would replace the report file")
+        for option, path in files.items():  # said before the simulation too, not after its minutes
+            _check_writable(option, path)
         twin = _twin_config(config, gpus, sharing)
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         if loaded.skipped:
@@ -94,18 +103,20 @@ def simulate_cmd(
         if sweep_all:
             if policy is not None or memory != "none" or no_risk_filter:
                 raise UsageError("--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter")
+            results = _run_sweep(loaded, twin, jobs, quiet=as_json or csv_out)
             _note_missing_estimates(loaded, ESTIMATOR_COLUMNS)
-            results = _run_sweep(loaded, twin, jobs, quiet=as_json)
         else:
             chosen = Policy(choice(policy, [p.value for p in Policy], "--policy")) if policy is not None else None
             risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
             run = RunConfig(chosen or twin.scheduler.policy, choice(memory, MEMORY_SOURCES, "--memory"), risk_filter)
-            _note_missing_estimates(loaded, [run.memory])
             results = [simulate(loaded, run, twin)]
+            _note_missing_estimates(loaded, [run.memory])
         rows = sweep_rows(results) if sweep_all else [r.row() for r in results]
-        if csv_path:
-            with _naming("--csv", csv_path):
-                write_csv(rows, csv_path)
+        if csv_out:
+            write_csv(rows, sys.stdout)
+        elif csv_path:
+            with _naming("--csv", csv_path), open(csv_path, "w", newline="") as f:
+                write_csv(rows, f)
         charts = plot_sweep(results, plot) if plot else []
         if save:
             source = f"carma simulate, trace {loaded.name} on {_server_name(results[0], twin)}"
@@ -115,8 +126,14 @@ def simulate_cmd(
         raise fail(f"trace {loaded.name}: {e}") from None
     except (UsageError, ConfigError, TraceError, PlotsUnavailable, SimulationStalled, ValueError, OSError) as e:
         raise fail(e) from None
-    if as_json:
-        print(json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "sharing": twin.sharing, "runs": rows}))
+    if as_json or csv_out:
+        if as_json:
+            print(
+                json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "sharing": twin.sharing, "runs": rows})
+            )
+        for path in [*charts, save]:
+            if path:
+                err.print(f"wrote {path}")
         _note_failures(results)
         return
     title = f"trace {loaded.name}: {pluralize(len(loaded.entries), 'task')} on {_server_name(results[0], twin)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Sequence
-from pathlib import Path
+from typing import TextIO
 
 from rich.table import Table
 
@@ -109,9 +109,8 @@ def run_table(result: RunResult, title: str) -> Table:
     return table
 
 
-def write_csv(rows: Sequence[dict[str, object]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+def write_csv(rows: Sequence[dict[str, object]], out: TextIO) -> None:
+    """The rows as CSV (RFC 4180's line ends) into `out`, a file opened with newline="" or stdout."""
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)

@@ -18,6 +18,9 @@ ESTIMATOR_COLUMNS = {"horus": "horus_mib", "faketensor": "faketensor_mib", "gpum
 MEMORY_SOURCES = ("none", "oracle", *ESTIMATOR_COLUMNS)
 PROFILE_FIELDS = ("gract", "smact", "smocc", "drama", "ttfk_s", "warmup_s", "mem_first_mib")
 _FRACTIONS = ("gract", "smact", "smocc", "drama")
+# The longest time a trace may give (about 317 years): a larger one is another unit's (milliseconds or
+# nanoseconds since the epoch), and at 1e18 the twin's clock could tell times only 256 s apart.
+LONGEST_S = 1e10
 
 
 class UnknownTaskError(KeyError):
@@ -50,6 +53,8 @@ class Workload:
             raise ValueError("gpus must be at least 1")
         if not (0 < self.solo_s < math.inf and self.mem_mib > 0):
             raise ValueError("solo time and memory must be positive and finite")
+        if self.solo_s > LONGEST_S:
+            raise ValueError(f"solo time {self.solo_s:g} s is over {LONGEST_S:g} s (317 years): give it in seconds")
         if self.ttfk_s < 0 or self.warmup_s < 0 or self.ttfk_s + self.warmup_s >= self.solo_s:
             raise ValueError(
                 f"time to first kernel ({self.ttfk_s:g} s) and warm-up ({self.warmup_s:g} s) must be "

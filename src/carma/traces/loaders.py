@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import shlex
 from collections import Counter
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
-from carma.traces.catalog import Catalog, UnknownTaskError, Workload, data_file, define_workload
+from carma.traces.catalog import LONGEST_S, Catalog, UnknownTaskError, Workload, data_file, define_workload
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
 
@@ -77,6 +78,11 @@ class _Builder:
             raise TraceError(f"{self.source}, {where}: submit time must be a finite number of seconds, got {t}")
         if t < 0:
             raise TraceError(f"{self.source}, {where}: submit time must not be negative, got {t}")
+        if t > LONGEST_S:
+            raise TraceError(
+                f"{self.source}, {where}: submit time {t:g} s is over {LONGEST_S:g} s (317 years): give it in "
+                "seconds, not milliseconds or nanoseconds since the epoch"
+            )
         try:
             workload = define_workload(name, fields or {}, self.catalog)
         except UnknownTaskError as err:
@@ -134,8 +140,8 @@ def _read_script(text: str, b: _Builder) -> None:
             for words in commands:
                 if words[0] == "sleep" and len(words) >= 2:  # coreutils sleeps for the sum of its arguments
                     clock += sum(_sleep_s(word, where) for word in words[1:])
-                elif any("submit" in w for w in words) and words.count("--task") == 1 and words[-1] != "--task":
-                    b.add(f"line {lineno}", clock, Path(words[words.index("--task") + 1]).name.removesuffix(".rad"))
+                elif any("submit" in w for w in words) and (task := _task_argument(words)):
+                    b.add(f"line {lineno}", clock, Path(task).name.removesuffix(".rad"))
                 else:
                     raise TraceError(
                         f"{where}: expected 'sleep N' or a submit.py --task command, not {shlex.join(words)!r}"
@@ -143,6 +149,13 @@ def _read_script(text: str, b: _Builder) -> None:
                     )
             if not background:
                 t = clock
+
+
+def _task_argument(words: list[str]) -> str | None:
+    """The one `--task PATH` (or `--task=PATH`, as argparse takes it too) of a submit command, if it has one."""
+    given = [w.removeprefix("--task=") for w in words if w.startswith("--task=")]
+    given += [after for w, after in itertools.pairwise(words) if w == "--task"]
+    return given[0] if len(given) == 1 and words[-1] != "--task" else None
 
 
 def _format_hint(line: str) -> str:
@@ -292,7 +305,7 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
         raise TraceError(str(err)) from None
     b = _Builder(path.name, catalog, skip_unknown)
     suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
+    if suffix in (".yaml", ".yml", ".json"):  # JSON is YAML too
         name = _read_yaml(text, b) or name
     elif suffix == ".csv":
         _read_csv(text, b)
