@@ -326,7 +326,11 @@ def test_without_matplotlib_plots_are_refused_before_the_simulation(tmp_path):
 def test_a_plot_folder_that_cannot_be_made_is_refused_before_the_simulation(tmp_path):
     (tmp_path / "plots").write_text("a file where the charts' folder should go")
     result = run_carma("simulate", "--sweep", "--csv", "sweep.csv", "--plot", "plots", cwd=tmp_path)
-    assert (result.returncode, result.stdout, result.stderr) == (2, "", "error: --plot plots is a file; give a folder\n")
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2,
+        "",
+        "error: --plot plots is a file; give a folder\n",
+    )
     assert not (tmp_path / "sweep.csv").exists()  # nothing simulated, nothing half-written
 
 

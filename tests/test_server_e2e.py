@@ -94,6 +94,16 @@ def test_a_multi_gpu_tasks_need_is_per_gpu_and_shown_so(start_server):  # type: 
     server.cli("cancel", task)
 
 
+def test_a_task_not_yet_seen_on_its_gpu_says_so_in_the_queue(start_server):  # type: ignore[no-untyped-def]
+    """`dispatched` with an empty reason left users guessing why `--state running` left the task out."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    task = server.submit("sleep", "60")
+    server.wait_state(task, "dispatched")
+    (row,) = [r for r in server.cli("queue").stdout.splitlines() if r.split()[0] == str(task)]
+    assert " dispatched " in row and row.rstrip().endswith("started; not yet seen on its GPU")
+    server.cli("cancel", task)
+
+
 def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
     task_file = tmp_path / "task.yaml"
@@ -331,6 +341,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "--gpus", "3", "--", "true"], "needs 3 GPUs but this server has 2"),
         (["submit", "--mem", "lots", "--", "true"], "cannot read 'lots' as a memory size"),
         (["submit", "--mem", "99999999TiB", "--", "true"], "more than any GPU of this server has (40.00 GiB)"),
+        (
+            ["submit", "--mps-threads", "50", "--", "true"],
+            "applies to a server started with --mps, and this one was not",
+        ),
         (["submit"], "nothing to run"),
         (
             ["submit", "--workdir", "/does/not/exist", "--", "true"],
@@ -388,7 +402,16 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
     ]:
         with pytest.raises(ClientError, match=f"^invalid request: {message}"):
             server.client.submit({**too_big, "workdir": "/tmp"})
-    with pytest.raises(ClientError, match="offset: Input should be less than or equal to"):
+    for request, message in [  # were `command.3: ...` and `mem.str: ...`, naming neither the value nor the item
+        (
+            {"command": ["python", "train.py", "--lr", 0.1]},
+            "command[3] = 0.1: Input should be a valid string (quote it",
+        ),
+        ({"command": ["true"], "mem": 8192.5}, "mem = 8192.5: Input should be a valid string"),
+    ]:
+        with pytest.raises(ClientError, match=re.escape(f"invalid request: {message}")):
+            server.client.submit({**request, "workdir": "/tmp"})
+    with pytest.raises(ClientError, match="offset = '9223372036854775807': Input should be less than or equal to"):
         server.client.logs(kept, offset=2**63 - 1)  # was a 500: seeking that far fails
     bad_file = tmp_path / "bad.yaml"
     bad_file.write_text("command: [true]\ngpu: 2\n")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from carma.server.client import Client
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+NOT_SEEN_YET = "started; not yet seen on its GPU"  # a dispatched task: running once its first kernel shows
 TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "estimate", "env", "shell", "mps_threads"}
 
 
@@ -191,7 +192,7 @@ def queue_cmd(
                 gpus,
                 _need_text(t),
                 _age(started, t["ended_s"] or now),
-                t["waiting_reason"] or t["reason"] or "",
+                t["waiting_reason"] or t["reason"] or (NOT_SEEN_YET if t["state"] == "dispatched" else ""),
             ]
         )
     print(columns(("ID", "NAME", "USER", "STATE", "GPUS", "MEMORY", "TIME", "REASON"), rows))

@@ -55,10 +55,24 @@ class CancelRequest(BaseModel):
     ids: list[StrictInt] = Field(min_length=1, max_length=1_000_000)
 
 
+_UNION_MEMBERS = {"str", "int", "bool", "float"}  # pydantic's names for a union's members in an error's location
+
+
 def _one_line(exc: RequestValidationError) -> str:
+    """The first error, with the field as a task file writes it (`command[3]`, not `command.3`, nor `mem.str`
+    for one of the types a field takes) and the value given, when it is a short one (a YAML number in a list)."""
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    return f"invalid request: {where + ': ' if where else ''}{first.get('msg', 'invalid')}"
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    if len(loc) > 1 and loc[-1] in _UNION_MEMBERS:
+        loc.pop()
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    value = first.get("input")
+    if where and isinstance(value, str | int | float) and len(repr(value)) <= 40:
+        where += f" = {value!r}"
+    message = first.get("msg", "invalid")
+    if message == "Input should be a valid string" and isinstance(value, int | float | bool):
+        message += " (quote it in a task file)"
+    return f"invalid request: {where + ': ' if where else ''}{message}"
 
 
 def _program_name(command: list[str]) -> str:

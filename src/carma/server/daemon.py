@@ -424,6 +424,8 @@ class Daemon:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run)."""
         self.scheduler.check(job.task_spec())
         _check_declared(job, self.scheduler.capacity_mib(job.gpus))
+        if job.mps_threads is not None and self.mps is None:  # it was taken, and went nowhere
+            raise SpecError("an MPS thread percentage applies to a server started with --mps, and this one was not")
         workdir = Path(job.workdir)
         if not workdir.is_absolute():
             raise SpecError(f"working directory {job.workdir!r} is not an absolute path")

@@ -258,7 +258,7 @@ function renderQueue(s) {
     const running = t.state === "running" || t.state === "dispatched";
     const since = running ? t.start_s : t.submit_s;
     const gpus = running ? t.gpus.join(",") : `(${t.gpus_requested})`;
-    const why = running ? "" : t.waiting_reason || t.reason || "";
+    const why = t.state === "dispatched" ? "started; not yet seen on its GPU" : running ? "" : t.waiting_reason || t.reason || "";
     return `<tr data-task="${t.id}"><td>${t.id}</td><td>${esc(t.name)}</td><td>${esc(t.user)}</td>
       <td>${t.state}</td><td>${gpus}</td><td title="${esc(t.need_source ?? "")}">${needText(t)}</td>
       <td>${since !== null ? duration(s.now_s - since) : ""}</td><td class="why">${esc(why)}</td></tr>`;
