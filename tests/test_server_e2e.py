@@ -443,7 +443,7 @@ def test_cancel_goes_on_past_an_id_it_cannot_cancel(start_server):  # type: igno
     first, second = server.submit("true"), server.submit("true")
     reasons = wait_until(lambda: [t["waiting_reason"] for t in server.json("queue") if t["waiting_reason"]], 10, "")
     assert reasons[0] == "the server is draining: no placements until `carma resume`"  # not "behind the head"
-    result = server.cli("cancel", first, 999, second)
+    result = server.cli("cancel", first, 999, second, first)  # an id given twice is answered once
     assert result.returncode == 2 and result.stderr == "error: no task with id 999\n"
     assert result.stdout == f"task {first}: cancelled\ntask {second}: cancelled\n"
     assert server.cli("queue", "--state", "queued").stdout.count("\n") == 1  # the header alone

@@ -319,7 +319,8 @@ def _through_restarts(request: Callable[[], Any], following: str) -> Any:
 def cancel_cmd(task_ids: list[int]) -> None:
     """Cancel tasks: waiting ones leave the queue; running ones get SIGTERM, then SIGKILL."""
     refused = 0
-    for result in _call(_client().cancel_many, task_ids):  # together: no task starts on a GPU one of them freed
+    ids = list(dict.fromkeys(task_ids))  # an id given twice is one task, answered once
+    for result in _call(_client().cancel_many, ids):  # together: no task starts on a GPU one of them freed
         if "error" in result:  # each on its own, as scancel does: one bad id does not keep the others running
             error_line(result["error"])
             refused += 1
@@ -396,7 +397,7 @@ def gpus_cmd(as_json: JsonOption = False) -> None:
                 ",".join(map(str, g["tasks"])) + (f" +{g['other_processes']} other" if g["other_processes"] else ""),
             ]
         )
-    headers = ("GPU", "NAME", "MEMORY", "SMACT", "SMOCC", "DRAMA", "RISK (S/O/D)", "STATE", "TASKS")
+    headers = ("GPU", "NAME", "MEMORY", "SMACT", "SMOCC", "DRAMA", "RISK (S/O/D)", "STATE", "TASK IDS")
     print(columns(headers, rows))
 
 
