@@ -763,6 +763,41 @@ def test_a_script_that_names_cuda_is_estimated_as_its_cpu_fallback(
     assert "step 1 on cuda" in (workdir / "steps.log").read_text()
 
 
+# A dataset of 16 MiB loaded onto the GPU whole before training, its batches drawn at random (copies).
+CUDA_DATA_SCRIPT = """
+import torch
+X = torch.randn(16384, 256, device=DEVICE)
+Y = torch.randint(0, 10, (16384,), device=DEVICE)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(DEVICE)
+optimizer = torch.optim.Adam(model.parameters())
+for step in range(50):
+    i = torch.randint(0, 16384, (64,), device=DEVICE)
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(X[i]), Y[i]).backward()
+    optimizer.step()
+"""
+
+
+def test_data_put_on_cuda_before_training_is_counted_by_xmem_and_named_by_the_baselines(workdir: Path) -> None:
+    """Made before the profiler starts, the dataset was in no trace, and the estimate fell 16 MiB short of
+    a GPU run that holds it throughout; on the CPU (where a falling-back script keeps it) nothing is added."""
+    on_cuda = script(workdir, "on_cuda.py", CUDA_DATA_SCRIPT.replace("DEVICE", '"cuda"'))
+    on_cpu = script(workdir, "on_cpu.py", CUDA_DATA_SCRIPT.replace("DEVICE", '"cpu"'))
+    counted, without = registered(["python", on_cuda]), registered(["python", on_cpu])
+    data = 16384 * 256 * 4 + 16384 * 8
+    assert counted.breakdown.activations - without.breakdown.activations == data
+    assert counted.notes[1:] == (
+        "the 16.1 MiB the job put on CUDA before training and holds (its data, say) are counted as on the GPU for "
+        "the whole run",
+    )
+    assert without.notes == ()
+    baseline = registered(["python", on_cuda], "faketensor")
+    assert baseline.notes[1:] == (
+        "faketensor leaves out the 16.1 MiB the job put on CUDA before training and holds (its data, say), which "
+        "xmem counts",
+    )
+
+
 def test_a_script_logging_its_cuda_memory_is_estimated_as_its_cpu_fallback(workdir: Path) -> None:
     """Memory statistics read 0 without CUDA; their resets and the summary, which would fail, do nothing
     and say so (the note names them)."""
@@ -830,7 +865,7 @@ def test_cuda_is_kept_on_the_cpu_only_while_capturing(tmp_path: Path) -> None:
 
     load, synchronize, stream = torch.load, torch.cuda.synchronize, torch.cuda.Stream
     torch.save(torch.ones(2), tmp_path / "t.pt")
-    with cuda_on_cpu.cuda_on_cpu() as asked:
+    with cuda_on_cpu.cuda_on_cpu() as requests:
         x = torch.zeros(2, device="cuda:0")
         assert x.to(0, torch.float16).device.type == "cpu" and x.cuda(non_blocking=True) is x
         assert torch.load(tmp_path / "t.pt", "cuda").device.type == "cpu"
@@ -846,7 +881,9 @@ def test_cuda_is_kept_on_the_cpu_only_while_capturing(tmp_path: Path) -> None:
         x.record_stream(side)
         with pytest.raises(RuntimeError, match="both events recorded"):
             torch.cuda.Event().elapsed_time(side.record_event())
-    assert asked == ['device="cuda"', '.to("cuda")', ".cuda()", 'torch.load(map_location="cuda")',
+    requests.hold()
+    assert [t is x for t in requests.held.values()] == [True]  # the one placed tensor still alive, for the estimate
+    assert requests.asked == ['device="cuda"', '.to("cuda")', ".cuda()", 'torch.load(map_location="cuda")',
                      'torch.set_default_device("cuda")', "torch.cuda.synchronize()", "torch.cuda.Stream()",
                      ".record_stream()", "torch.cuda.Event()"]  # fmt: skip
     assert (torch.load, torch.cuda.synchronize, torch.cuda.Stream) == (load, synchronize, stream)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -96,7 +96,9 @@ class Capture:
     `notes` say where the capture differs from the GPU run (torch.compile left eager, an optimizer that
     never stepped), for the estimate to pass on; `mixed_precision` names the job's (`CUDA autocast`, `CPU
     autocast`, or a library's GPU-only option such as `Accelerate`), which each method notes in its own way
-    (`registry.precision_notes`).
+    (`registry.precision_notes`). `cuda_data` holds the tensors the job put on CUDA before its training
+    began and held when it stopped (a dataset loaded onto the GPU whole), which no trace shows
+    (`cuda_data_storages`).
     """
 
     job: TrainingJob
@@ -107,3 +109,44 @@ class Capture:
     extra_optimizers: tuple[Any, ...] = ()
     notes: tuple[str, ...] = ()
     mixed_precision: tuple[str, ...] = ()
+    cuda_data: tuple[Any, ...] = ()
+
+
+def storages(tensors: Iterable[Any]) -> dict[int, int]:
+    """Storage address -> bytes of the tensors (views of one storage counted once, empty ones left out)."""
+    found = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            found[storage.data_ptr()] = storage.nbytes()
+    return found
+
+
+@dataclass(frozen=True)
+class Storages:
+    """Storage address -> bytes of what a captured job holds, by part: what sits on the GPU before training
+    (the parameters and buffers of the model and of the other modules the job called or holds, every
+    optimizer's parameters), the first batch, the optimizers' state, and `data`: the rest of
+    `Capture.cuda_data`, which the job keeps on the GPU for the whole run."""
+
+    parameters: dict[int, int]
+    batch: dict[int, int]
+    state: dict[int, int]
+    data: dict[int, int]
+
+
+def capture_storages(capture: Capture) -> Storages:
+    job = capture.job
+    resident = [job.model, *capture.extra_models]
+    optimizers = (job.optimizer, *capture.extra_optimizers)
+    parameters = storages(
+        [
+            *(t for module in resident for t in (*module.parameters(), *module.buffers())),
+            *(t for optimizer in optimizers for t in optimizer_parameters(optimizer)),
+        ]
+    )
+    state = storages(t for optimizer in optimizers for s in optimizer.state.values() for t in tensors_in(s))
+    batch = storages(tensors_in(job.batch))
+    counted = parameters.keys() | state.keys() | batch.keys()
+    data = {addr: size for addr, size in storages(capture.cuda_data).items() if addr not in counted}
+    return Storages(parameters, batch, state, data)

@@ -14,9 +14,12 @@ capture's hint to fall back to the CPU.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from carma.estimate.base import tensors_in
 
 NOTE = (
     "the job asks for CUDA ({}): the capture ran it on the CPU, where a script that falls back to the CPU "
@@ -35,8 +38,35 @@ def explained(failure: str) -> str:
     return f"{failure} ({HINT})" if "cuda" in failure.lower() else failure
 
 
+class Requests:
+    """What a job asked of CUDA: the calls, for the note, and the tensors it put there before its training
+    began (`before_training`), which the profiler's trace does not show: a dataset loaded onto the GPU whole
+    sits there for the run. Those still alive when `hold` is called are kept, for the estimate."""
+
+    def __init__(self, before_training: Callable[[], bool]) -> None:
+        self.asked: list[str] = []
+        self.before_training = before_training
+        self._placed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self.held: dict[int, Any] = {}
+
+    def note(self, what: str) -> None:
+        if what not in self.asked:
+            self.asked.append(what)
+
+    def placed(self, result: Any) -> Any:
+        """The result of a call that put tensors on CUDA, noted if training has not begun."""
+        if self.before_training():
+            for tensor in tensors_in(result):
+                self._placed[id(tensor)] = tensor
+        return result
+
+    def hold(self) -> None:
+        """Keep the tensors put on CUDA before training that are alive now (called when the capture stops)."""
+        self.held.update(self._placed.items())
+
+
 def notes(asked: list[str]) -> list[str]:
-    """The note for an estimate whose job asked for CUDA (`asked`, as `cuda_on_cpu` yields it)."""
+    """The note for an estimate whose job asked for CUDA (`asked`, as `Requests.asked` holds it)."""
     return [NOTE.format(", ".join(asked))] if asked else []
 
 
@@ -118,18 +148,16 @@ class _Device:
 
 
 @contextmanager
-def cuda_on_cpu() -> Iterator[list[str]]:
-    """Keep the job's CUDA tensors on the CPU; yields what it asked of CUDA (for the note), in order."""
+def cuda_on_cpu(before_training: Callable[[], bool] = lambda: True) -> Iterator[Requests]:
+    """Keep the job's CUDA tensors on the CPU; yields what it asked of CUDA, and placed there before
+    `before_training()` turned false (`Requests`)."""
     import torch
     import torch.utils._device as default_device
     from torch.overrides import TorchFunctionMode
 
-    used: list[str] = []
+    requests = Requests(before_training)
+    note = requests.note
     constructors = default_device._device_constructors()
-
-    def note(what: str) -> None:
-        if what not in used:
-            used.append(what)
 
     class CudaOnCpu(TorchFunctionMode):
         """Tensor placement on CUDA becomes placement on the CPU. A default device set to CUDA is
@@ -141,20 +169,22 @@ def cuda_on_cpu() -> Iterator[list[str]]:
             if func is torch.Tensor.cuda:
                 note(".cuda()")
                 kwargs.pop("device", None)
-                return args[0].to("cpu", **kwargs)
+                return requests.placed(args[0].to("cpu", **kwargs))
             if func is torch.Tensor.pin_memory:
                 note(".pin_memory()")
                 return args[0]
-            if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            on_cuda = func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1])
+            if on_cuda:
                 note('.to("cuda")')
                 args = (args[0], "cpu", *args[2:])
             if _is_cuda(kwargs.get("device")):
                 note('device="cuda"')
-                kwargs["device"] = "cpu"
+                kwargs["device"], on_cuda = "cpu", True
             elif _is_cuda(getattr(default_device, "CURRENT_DEVICE", None)) and func in constructors:
                 note('torch.set_default_device("cuda")')
-                kwargs["device"] = "cpu"
-            return func(*args, **kwargs)
+                kwargs["device"], on_cuda = "cpu", True
+            result = func(*args, **kwargs)
+            return requests.placed(result) if on_cuda else result
 
     def keep_on_cpu(name: str, result: Any = None) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -216,7 +246,7 @@ def cuda_on_cpu() -> Iterator[list[str]]:
     torch.Tensor.record_stream = record_stream  # type: ignore[method-assign]
     try:
         with CudaOnCpu():
-            yield used
+            yield requests
     finally:
         del torch.Tensor.record_stream  # the method of torch._C.TensorBase again
         torch.load = load

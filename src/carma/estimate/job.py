@@ -30,7 +30,7 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
     started = time.perf_counter()
     hide_cuda()
     function = _load_job_function(target)
-    with cuda_on_cpu.cuda_on_cpu() as cuda_asked:
+    with cuda_on_cpu.cuda_on_cpu() as cuda:
         try:
             job = _as_job(function(), target)
         except EstimateError:
@@ -52,9 +52,18 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
             except Exception as exc:
                 failed = f"the training step of {target} failed: {last_line(exc)}"
                 raise EstimateError(cuda_on_cpu.explained(failed)) from None
-    notes = (*session.notes, *cuda_on_cpu.notes(cuda_asked))
+        cuda.hold()  # what the function put on CUDA and its module still holds
+    notes = (*session.notes, *cuda_on_cpu.notes(cuda.asked))
     seconds = time.perf_counter() - started
-    return Capture(job, session.trace, steps, seconds, notes=notes, mixed_precision=tuple(session.mixed_precision))
+    return Capture(
+        job,
+        session.trace,
+        steps,
+        seconds,
+        notes=notes,
+        mixed_precision=tuple(session.mixed_precision),
+        cuda_data=tuple(cuda.held.values()),
+    )
 
 
 def _iteration(job: TrainingJob) -> Any:

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carma.estimate.base import Breakdown, Estimate, EstimateError, optimizer_parameters
+from carma.estimate.base import Breakdown, Estimate, EstimateError, capture_storages, optimizer_parameters
 from carma.estimate.devices import Device, get_device
 from carma.estimate.session import CPU_AUTOCAST, CUDA_AUTOCAST
 
@@ -63,7 +63,7 @@ def estimate_captured(
         from carma.estimate.gpumemnet import estimate_gpumemnet
 
         result = estimate_gpumemnet(capture, known.context_bytes, device)
-    notes = (*precision_notes(method, capture), *result.notes)
+    notes = (*precision_notes(method, capture), *data_notes(method, capture), *result.notes)
     return replace(result, seconds=capture.seconds + time.perf_counter() - start, notes=notes)
 
 
@@ -93,6 +93,18 @@ def precision_notes(method: str, capture: Capture) -> tuple[str, ...]:
     if method == "faketensor" and capture.job.loss is not None:
         used = tuple(what for what in used if what != CPU_AUTOCAST)
     return (_LEFT_OUT.format(method, ", ".join(used)),) if used else ()
+
+
+def data_notes(method: str, capture: Capture) -> tuple[str, ...]:
+    """What the estimate makes of the tensors the job put on CUDA before training and holds (a dataset on
+    the GPU, `Capture.cuda_data`): xMem counts them for the whole run; the baselines model the network only."""
+    held = sum(capture_storages(capture).data.values())
+    if not held:
+        return ()
+    what = f"{held / 2**20:,.1f} MiB the job put on CUDA before training and holds (its data, say)"
+    if method == "xmem":
+        return (f"the {what} are counted as on the GPU for the whole run",)
+    return (f"{method} leaves out the {what}, which xmem counts",)
 
 
 def one_model(capture: Capture, method: str) -> None:

@@ -84,7 +84,7 @@ class _ModelRecorder:
         self.held: dict[int, Any] = {}
         self.templates: dict[int, Any] = {}  # layers nn.TransformerEncoder/Decoder were built by copying
         self.inputs = InputShapes()
-        session.on_stop = self._note_held
+        session.on_stop.append(self._note_held)
         session.awaits = self._awaits
 
     def _note_held(self) -> None:
@@ -356,14 +356,15 @@ def capture_script(
         running.enter_context(recorder.hooks())
         compiled = running.enter_context(_compile_calls())
         mixed_precision = running.enter_context(libraries.mixed_precision_without_gpu())
-        cuda_asked = running.enter_context(cuda_on_cpu.cuda_on_cpu())
+        cuda = running.enter_context(cuda_on_cpu.cuda_on_cpu(before_training=lambda: session.profiler is None))
+        session.on_stop.append(cuda.hold)
         # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
         running.enter_context(warnings.catch_warnings(record=True))
 
         def captured() -> Capture:
             """The capture, once the capture's hooks and patches are undone (already, after this block)."""
             running.close()
-            return _captured(session, recorder, compiled, mixed_precision, cuda_asked, time.perf_counter() - started)
+            return _captured(session, recorder, compiled, mixed_precision, cuda, time.perf_counter() - started)
 
         if on_caught is not None:
             session.on_caught = lambda: on_caught(captured)
@@ -424,7 +425,7 @@ def _captured(
     recorder: _ModelRecorder,
     compiled: list[str],
     mixed_precision: list[str],
-    cuda_asked: list[str],
+    cuda: cuda_on_cpu.Requests,
     seconds: float,
 ) -> Capture:
     """The capture of a script whose capture session has ended."""
@@ -433,7 +434,7 @@ def _captured(
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
     extra_models = recorder.besides(model)
     notes = list(session.notes)
-    notes += cuda_on_cpu.notes(cuda_asked)
+    notes += cuda_on_cpu.notes(cuda.asked)
     notes += recorder.inputs.note(session.order, session.short_batch)
     if compiled:
         notes.append(_compile_note(compiled))
@@ -449,4 +450,5 @@ def _captured(
         tuple(others),
         tuple(notes),
         mixed_precision=tuple(precision),
+        cuda_data=tuple(cuda.held.values()),
     )

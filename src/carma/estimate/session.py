@@ -72,7 +72,7 @@ class Session:
         self.short_batch: tuple[int, int] | None = None  # (its size, the full one): it was sampled second
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
-        self.on_stop: Callable[[], None] | None = None  # called in the hook that stops the job
+        self.on_stop: list[Callable[[], None]] = []  # called in the hook that stops the job, in order
         # The optimizers the script holds whose parameters none has updated yet: the capture waits a while.
         self.awaits: Callable[[], list[Any]] | None = None
         # Iterations to run at least: one more after a late optimizer's first step or a moved short batch.
@@ -230,8 +230,8 @@ class Session:
     def _stop(self) -> None:
         self.stopped = True
         self._stopped_in = threading.get_ident()
-        if self.on_stop is not None:
-            self.on_stop()
+        for call in self.on_stop:
+            call()
         raise StepLimitReached
 
 

@@ -56,6 +56,8 @@ class JobTensors:
     # storage address -> bytes, of the optimizers' state when the capture ended: state made before
     # profiling (a resumed checkpoint's, Adagrad's from its constructor) is in no trace
     state: dict[int, int] = field(default_factory=dict)
+    # storage address -> bytes, of the rest the job put on CUDA before training and holds (its dataset)
+    data: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

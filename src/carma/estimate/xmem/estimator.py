@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from bisect import bisect_right
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from carma.estimate.base import Breakdown, Capture, Estimate, optimizer_parameters, tensors_in
+from carma.estimate.base import Breakdown, Capture, Estimate, capture_storages
 from carma.estimate.session import module_window
 from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import JobTensors, analyze
@@ -29,33 +26,9 @@ class XMemResult:
 
 
 def job_tensors(capture: Capture) -> JobTensors:
-    """Storage addresses and sizes of what sits on the GPU before training (the parameters and buffers of
-    the model and of the other modules the job called or holds, every optimizer's parameters), of the
-    first batch and of the optimizers' state."""
-    job = capture.job
-    resident = [job.model, *capture.extra_models]
-    optimizers = (job.optimizer, *capture.extra_optimizers)
-    parameters = _storages(
-        itertools.chain(
-            *(module.parameters() for module in resident),
-            *(module.buffers() for module in resident),
-            *(optimizer_parameters(optimizer) for optimizer in optimizers),
-        )
-    )
-    state = _storages(
-        t for optimizer in optimizers for per_parameter in optimizer.state.values() for t in tensors_in(per_parameter)
-    )
-    return JobTensors(module_window(job.model), parameters, _storages(tensors_in(job.batch)), state)
-
-
-def _storages(tensors: Iterable[Any]) -> dict[int, int]:
-    """Storage address -> bytes of the tensors (views of one storage counted once, empty ones left out)."""
-    found = {}
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.nbytes():
-            found[storage.data_ptr()] = storage.nbytes()
-    return found
+    """What the analyzer recognises the job's blocks by (`carma.estimate.base.capture_storages`)."""
+    held = capture_storages(capture)
+    return JobTensors(module_window(capture.job.model), held.parameters, held.batch, held.state, held.data)
 
 
 def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:

@@ -13,7 +13,8 @@ semantics rather than the host's timing (xMem section 3.3):
 - optimizer state (blocks `optimizer.step()` leaves behind) is persistent once created in the first
   step; blocks whose size is a parameter's (Adam's moments, SGD's momentum) are kept to the end. State
   the optimizers held before profiling (loaded from a checkpoint to resume, or made by the constructor,
-  as Adagrad's) is resident before the first iteration, like the parameters.
+  as Adagrad's) is resident before the first iteration, like the parameters;
+- so is what else the job put on CUDA before training and still holds (a dataset loaded onto the GPU).
 The result is the GPU-ordered sequence of allocations and frees the simulator replays, each block
 tagged with its category for the breakdown of the peak.
 """
@@ -72,6 +73,8 @@ def orchestrate(analysis: Analysis, job: JobTensors) -> list[GpuBlock]:
             gpu.append(
                 GpuBlock(size, Category.OPTIMIZER_STATE, -math.inf, None, "optimizer state (made before profiling)")
             )
+    for size in job.data.values():
+        gpu.append(GpuBlock(size, Category.ACTIVATIONS, -math.inf, None, "data put on CUDA before training"))
     for k, iteration in enumerate(analysis.iterations):
         if not loads[k]:
             for size in job.batch.values():
