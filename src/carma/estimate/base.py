@@ -136,6 +136,7 @@ class Storages:
 
 
 def capture_storages(capture: Capture) -> Storages:
+    """The capture's storages by part; `data` is what no other part holds already."""
     job = capture.job
     resident = [job.model, *capture.extra_models]
     optimizers = (job.optimizer, *capture.extra_optimizers)
