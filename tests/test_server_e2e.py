@@ -477,8 +477,8 @@ def test_raw_api_rejections(start_server):  # type: ignore[no-untyped-def]
         ({"command": ["true"], "workdir": "/tmp", "colour": "red"}, "colour"),
         ({"command": ["a", "b"], "workdir": "/tmp", "shell": True}, "one shell line"),
         ({"command": ["true"]}, "workdir"),
-        ({"command": ["true"], "workdir": "/tmp", "gpus": True}, "gpus: Input should be a valid integer"),
-        ({"command": ["true"], "workdir": "/tmp", "shell": "yes"}, "shell: Input should be a valid boolean"),
+        ({"command": ["true"], "workdir": "/tmp", "gpus": True}, "gpus = True: Input should be a valid integer"),
+        ({"command": ["true"], "workdir": "/tmp", "shell": "yes"}, "shell = 'yes': Input should be a valid boolean"),
         ({"command": ["true"], "workdir": "/tmp", "mem": True}, "mem"),
     ):
         with pytest.raises(ClientError, match=message):
