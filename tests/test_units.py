@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from carma.units import in_unit, parse_mib, pluralize, time_unit
+from carma.units import in_unit, inflect, parse_mib, pluralize, time_unit
 
 KIB, GIB, TIB = 2**10, 2**30, 2**40
 
@@ -93,6 +93,11 @@ def test_an_infinite_size_is_a_value_error():
 @pytest.mark.parametrize(("n", "text"), [(0, "0 tasks"), (1, "1 task"), (2, "2 tasks")])
 def test_a_count_takes_the_noun_in_its_number(n, text):
     assert pluralize(n, "task") == text
+
+
+@pytest.mark.parametrize(("n", "verb"), [(0, "have"), (1, "has"), (2, "have")])
+def test_a_verb_agrees_with_its_count(n, verb):
+    assert inflect(n, "has", "have") == verb
 
 
 def test_a_noun_with_an_irregular_plural_names_it():

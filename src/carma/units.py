@@ -36,9 +36,14 @@ def parse_mib(text: str | int | float) -> int:
     return math.ceil(value * _UNITS_BYTES[unit] / 2**20)
 
 
+def inflect(n: int, one: str, many: str) -> str:
+    """The word that agrees with a count of `n`: `one` for 1, else `many` ("has" or "have", "was" or "were")."""
+    return one if n == 1 else many
+
+
 def pluralize(n: int, noun: str, plural: str | None = None) -> str:
     """`n` and the noun in the number it takes: "1 task", "0 tasks", "2 relaunches" (`plural` when not noun + s)."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+    return f"{n} {inflect(n, noun, plural or noun + 's')}"
 
 
 def time_unit(seconds: float) -> tuple[float, str]:

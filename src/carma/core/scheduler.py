@@ -33,7 +33,7 @@ from carma.core.types import (
     TaskSpec,
     TaskState,
 )
-from carma.units import pluralize
+from carma.units import inflect, pluralize
 
 HEAD_OF_LINE = "behind the head of the queue (FIFO)"
 
@@ -463,18 +463,18 @@ class Scheduler:
             required = need.mib + cfg.margin_mib if need.kind is NeedKind.KNOWN else cfg.min_free_mib
             fitting = [g for g in gpus if self._free_mib(g) >= required]
             if len(fitting) < n:
-                has = "has" if len(fitting) == 1 else "have"
+                has = inflect(len(fitting), "has", "have")
                 reason = f"needs {pluralize(n, 'GPU')} with {required} MiB free; {len(fitting)} {has} it"
                 shown = sum(self._free_mib(g, hold=False) >= required for g in gpus)
                 more = shown - len(fitting)
-                show = "shows" if more == 1 else "show"
+                show = inflect(more, "shows", "show")
                 held = f" ({more} more {show} it free, but their tasks' known needs hold it)"
                 return reason + (held if shown > len(fitting) else "")
             gpus = fitting
             if cfg.risk.enabled:
                 gpus = [g for g in gpus if not self._windows[g].risk().excluded(cfg.risk)]
                 if len(gpus) < n:
-                    passes = "passes" if len(gpus) == 1 else "pass"
+                    passes = inflect(len(gpus), "passes", "pass")
                     return f"needs {pluralize(n, 'GPU')}; only {len(gpus)} with enough memory {passes} the risk filter"
         return [c.gpu for c in order(cfg.policy, self._candidates(gpus), self._rr)[:n]]
 

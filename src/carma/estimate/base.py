@@ -98,7 +98,7 @@ class Capture:
     autocast`, or a library's GPU-only option such as `Accelerate`), which each method notes in its own way
     (`registry.precision_notes`). `cuda_data` holds the tensors the job put on CUDA before its training
     began and held when it stopped (a dataset loaded onto the GPU whole), which no trace shows
-    (`cuda_data_storages`).
+    (`capture_storages` sorts them from what the other parts hold).
     """
 
     job: TrainingJob

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from carma.server.paths import Paths, carma_home
+from carma.units import inflect
 
 TIMEOUT_S = 30.0
 RECONNECT_S = 60.0  # how long `wait` and `logs -f` poll a server that stopped answering (a restart takes seconds)
@@ -243,7 +244,7 @@ class Outage:
 def _ids(ids: list[int]) -> str:
     """Task ids for a message: all of a few, the first ones of many."""
     if len(ids) <= FEW_TASKS:
-        return ("task " if len(ids) == 1 else "tasks ") + ", ".join(map(str, ids))
+        return f"{inflect(len(ids), 'task', 'tasks')} " + ", ".join(map(str, ids))
     return f"{len(ids)} tasks ({', '.join(map(str, ids[:5]))}, ...)"
 
 

@@ -41,7 +41,7 @@ from carma.core.types import Launch, ProcessExit, Task, TaskId
 from carma.server import proctree
 from carma.server.shim import ABANDONED, EXIT_FILE, SHIM_FILE, STDERR_FILE, STDOUT_FILE, claim
 from carma.server.spec import JobSpec
-from carma.units import pluralize
+from carma.units import inflect, pluralize
 
 log = logging.getLogger("carma.server")
 
@@ -309,7 +309,7 @@ def _without_record(run: _Run, left: int, code: int | None, sig: int | None) -> 
         return (
             f"carma: the task's supervisor (its shim, pid {run.record.pid}) ended without recording how the task "
             f"ended; {pluralize(left, 'process', 'processes')} left in its group "
-            f"{'was' if left == 1 else 'were'} killed"
+            f"{inflect(left, 'was', 'were')} killed"
         )
     if code is None and sig is None:
         return (

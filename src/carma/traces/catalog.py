@@ -21,6 +21,7 @@ _FRACTIONS = ("gract", "smact", "smocc", "drama")
 # The longest time a trace may give (about 317 years): a larger one is another unit's (milliseconds or
 # nanoseconds since the epoch), and at 1e18 the twin's clock could tell times only 256 s apart.
 LONGEST_S = 1e10
+OVER_LONGEST = f"is over {LONGEST_S:g} s ({LONGEST_S / (365.25 * 86400):.0f} years): give it in seconds"
 
 
 class UnknownTaskError(KeyError):
@@ -54,7 +55,7 @@ class Workload:
         if not (0 < self.solo_s < math.inf and self.mem_mib > 0):
             raise ValueError("solo time and memory must be positive and finite")
         if self.solo_s > LONGEST_S:
-            raise ValueError(f"solo time {self.solo_s:g} s is over {LONGEST_S:g} s (317 years): give it in seconds")
+            raise ValueError(f"solo time {self.solo_s:g} s {OVER_LONGEST}")
         if self.ttfk_s < 0 or self.warmup_s < 0 or self.ttfk_s + self.warmup_s >= self.solo_s:
             raise ValueError(
                 f"time to first kernel ({self.ttfk_s:g} s) and warm-up ({self.warmup_s:g} s) must be "

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
-from carma.traces.catalog import LONGEST_S, Catalog, UnknownTaskError, Workload, data_file, define_workload
+from carma.traces.catalog import (
+    LONGEST_S,
+    OVER_LONGEST,
+    Catalog,
+    UnknownTaskError,
+    Workload,
+    data_file,
+    define_workload,
+)
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
 
@@ -80,8 +88,8 @@ class _Builder:
             raise TraceError(f"{self.source}, {where}: submit time must not be negative, got {t}")
         if t > LONGEST_S:
             raise TraceError(
-                f"{self.source}, {where}: submit time {t:g} s is over {LONGEST_S:g} s (317 years): give it in "
-                "seconds, not milliseconds or nanoseconds since the epoch"
+                f"{self.source}, {where}: submit time {t:g} s {OVER_LONGEST}, not milliseconds or nanoseconds "
+                "since the epoch"
             )
         try:
             workload = define_workload(name, fields or {}, self.catalog)
