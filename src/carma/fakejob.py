@@ -142,8 +142,11 @@ def _traceback(message: str) -> str:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """Stop like a training script that handles SIGTERM: the finally clause releases the memory."""
-    print("received SIGTERM", file=sys.stderr, flush=True)
+    """Stop like a training script that handles SIGTERM: the finally clause releases the memory.
+
+    os.write, not print: a signal landing inside a print to stderr would make print re-enter the stream and
+    raise RuntimeError instead of stopping cleanly."""
+    os.write(sys.stderr.fileno(), b"received SIGTERM\n")
     raise SystemExit(SIGTERM_EXIT)
 
 
