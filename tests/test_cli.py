@@ -456,6 +456,15 @@ def test_replay_refuses_bad_options_in_one_line_before_it_asks_a_server(args, me
     assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: {message}\n")
 
 
+@pytest.mark.parametrize("option", [["--time-scale", "50"], ["--sharing", "timeslice"]])
+def test_server_refuses_fake_gpu_options_without_fake_gpus_before_touching_its_state(option, tmp_path):
+    home = tmp_path / "home"
+    result = run_carma("server", *option, env=cli_env(CARMA_HOME=str(home)))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"error: {option[0]} only applies to fake GPUs (--fake-gpus)\n"
+    assert not home.exists()
+
+
 def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr

@@ -20,7 +20,9 @@ def server_cmd(
         str | None, typer.Option(help="Run on fake GPUs, e.g. 3xA100-40GB (the twin's GPU model in wall-clock time).")
     ] = None,
     time_scale: Annotated[float, typer.Option(help="With fake GPUs: simulated seconds per wall second.")] = 1.0,
-    sharing: Annotated[str, typer.Option(help="With fake GPUs: how they share, mps or timeslice.")] = "mps",
+    sharing: Annotated[
+        str | None, typer.Option(help="With fake GPUs: how they share, mps or timeslice (default mps).")
+    ] = None,
     policy: Annotated[
         str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
     ] = None,
@@ -59,14 +61,15 @@ def server_cmd(
         scheduler = settings.scheduler
         if policy:
             scheduler = replace(scheduler, policy=Policy(choice(policy, [p.value for p in Policy], "--policy")))
-        if time_scale != 1.0 and not fake_gpus:
-            raise ValueError("--time-scale only applies to fake GPUs (--fake-gpus)")
+        for given, option in ((time_scale != 1.0, "--time-scale"), (sharing is not None, "--sharing")):
+            if given and not fake_gpus:
+                raise ValueError(f"{option} only applies to fake GPUs (--fake-gpus)")
         positive(time_scale, "--time-scale")  # before the state directory keeps a clock of that scale
         check_socket_path(paths.socket)
         paths.create()
         refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
         tokens = Tokens(paths.tokens)  # a malformed file stops the start before an MPS daemon or GPU is touched
-        backend, env = _backend(paths, fake_gpus, choice(sharing, SHARING_MODES, "--sharing"), time_scale)
+        backend, env = _backend(paths, fake_gpus, choice(sharing or "mps", SHARING_MODES, "--sharing"), time_scale)
         control = MpsControl(paths.home) if mps else None
         if control is not None:
             control.start()
