@@ -226,11 +226,23 @@ def test_tasks_larger_than_every_gpu_fail_and_the_run_says_which_and_why_with_no
 # --- errors ------------------------------------------------------------------------------------------
 
 
-def test_a_two_gpu_task_on_a_one_gpu_server_is_a_one_line_error():
+def test_a_two_gpu_task_on_a_one_gpu_server_is_a_one_line_error_naming_its_line():
     result = run_carma("simulate", "--trace", "carma-t1", "--gpus", "1xA100-40GB")
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert result.stderr == "error: trace carma-t1: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1\n"
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "error: carma-t1 (t1.csv), line 10: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1\n"
+    )
+
+
+def test_a_trace_files_task_needing_more_gpus_than_the_server_is_named_by_its_line(tmp_path):
+    (tmp_path / "t.csv").write_text("submit_s,task,solo_s,mem_mib,gpus\n0,a,600,4000,1\n5,b,600,4000,4\n")
+    (tmp_path / "t.yaml").write_text(
+        "tasks:\n- {at: 0, task: resnet}\n- {at: 5, task: b}\nworkloads:\n  b: {solo_s: 600, mem_mib: 4000, gpus: 4}\n"
+    )
+    for trace, where in (("t.csv", "line 3"), ("t.yaml", "task 2")):
+        result = run_carma("simulate", "--trace", trace, "--gpus", "2xA100-40GB", cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr == f"error: {trace}, {where}: task 'b' needs 4 GPUs but this server has 2\n"
 
 
 BAD_FILES = {
@@ -277,7 +289,7 @@ BAD_INPUTS = {
     "sharing": (["--sharing", "mig"], "--sharing must be one of mps, timeslice; got 'mig'"),
     "unknown-task": (
         ["--trace", "carma-heavy60"],
-        "heavy60.csv, line 4: unknown task 'mnist_train': it is not in the workload catalog "
+        "carma-heavy60 (heavy60.csv), line 4: unknown task 'mnist_train': it is not in the workload catalog "
         "(use --skip-unknown to leave it out)",
     ),
     "bad-trace-file": (["--trace", "negative.csv"], "negative.csv, line 2: submit time must not be negative"),

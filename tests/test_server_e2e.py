@@ -841,3 +841,15 @@ def test_a_replay_longer_than_the_retention_still_gives_its_figures(start_server
     first = json.loads(result.stdout)["ids"][0]
     assert server.cli("show", first).returncode == 2  # forgotten before the second ended
     assert json.loads(result.stdout)["figures"]["completed"] == 2
+
+
+def test_a_replayed_task_the_server_refuses_is_named_by_its_trace_line(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400")
+    (tmp_path / "t.csv").write_text("submit_s,task\n0,vgg\n0,xlnet_large_cased_2\n")
+    result = server.cli("replay", tmp_path / "t.csv")
+    assert result.returncode == 2
+    first = server.json("queue", "--all")[0]["id"]
+    assert result.stderr.splitlines()[-1] == (
+        "error: t.csv, line 3: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1 "
+        f"(submitted 1 of 2 tasks: {first})"
+    )

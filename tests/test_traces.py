@@ -60,7 +60,7 @@ def test_builtin_trace_with_an_unknown_task_names_file_line_and_task(catalog, re
     with pytest.raises(TraceError) as excinfo:
         load_trace(ref, catalog)
     assert str(excinfo.value) == (
-        f"{file}, line {line}: unknown task 'mnist_train': it is not in the workload catalog "
+        f"{ref} ({file}), line {line}: unknown task 'mnist_train': it is not in the workload catalog "
         "(use --skip-unknown to leave it out)"
     )
 

@@ -117,6 +117,8 @@ class _Ended:
 def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int], on_wait=None) -> None:  # type: ignore[no-untyped-def]
     """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known; `on_wait` is
     called every second of a wait between two submissions."""
+    from carma.server.client import Refused
+
     start = time.monotonic()
     first, workdir = entries[0].submit_s, str(absolute())
     for entry in entries:
@@ -133,7 +135,10 @@ def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: l
         }
         if oracle:
             spec["mem"] = w.mem_mib
-        task = client.submit(spec)
+        try:
+            task = client.submit(spec)
+        except Refused as e:  # a task this server cannot take: the trace's line says which
+            raise Refused(f"{entry.where}: {e}", e.status) from None
         ids.append(task["id"])
         if not quiet:
             err.print(f"t={entry.submit_s:g}s submitted task {task['id']} ({w.name})", highlight=False)

@@ -73,7 +73,6 @@ def simulate_cmd(
     """Run a trace through the digital twin of a GPU server."""
     from carma.config import ConfigError
     from carma.core.config import Policy
-    from carma.core.scheduler import SpecError
     from carma.metrics.plots import PlotsUnavailable, plot_sweep, pyplot
     from carma.metrics.record import from_run_result, write_records
     from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
@@ -122,8 +121,6 @@ def simulate_cmd(
             source = f"carma simulate, trace {loaded.name} on {_server_name(results[0], twin)}"
             with _naming("--save", save):
                 write_records([from_run_result(r, source) for r in results], save)
-    except SpecError as e:  # a task the simulated server cannot run
-        raise fail(f"trace {loaded.name}: {e}") from None
     except (UsageError, ConfigError, TraceError, PlotsUnavailable, SimulationStalled, ValueError, OSError) as e:
         raise fail(e) from None
     if as_json or csv_out:

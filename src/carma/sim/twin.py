@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 
 from carma.core.loop import SchedulingLoop
 from carma.core.ports import GpuProcesses, TaskExit, TelemetryReading
-from carma.core.scheduler import Scheduler
+from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import GpuInfo, GpuSample, Launch, ProcessExit, Task, TaskId, TaskSpec
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType
 from carma.sim.models import InterferenceModel, Load, PowerModel
 from carma.traces.catalog import Workload
-from carma.traces.loaders import Trace
+from carma.traces.loaders import Trace, TraceEntry
 from carma.units import pluralize
 
 # event priorities at equal times: task events first, then submissions, then the decision tick
@@ -147,7 +147,7 @@ class TwinServer:
 
     def run(self, trace: Trace) -> None:
         for entry in trace.entries:
-            self._push(entry.submit_s, _SUBMIT, entry.workload, 0)
+            self._push(entry.submit_s, _SUBMIT, entry, 0)
         while self._events:
             t, kind, _, payload, version = heapq.heappop(self._events)
             self._now = t
@@ -208,9 +208,13 @@ class TwinServer:
         if timer is not None:
             self._tick_at(self._next_grid(timer))
 
-    def _submit(self, workload: Workload) -> None:
+    def _submit(self, entry: TraceEntry) -> None:
+        workload = entry.workload
         mem = workload.mem_mib if self._oracle_memory else None
-        task = self.loop.submit(TaskSpec(workload.name, workload.gpus, mem))
+        try:
+            task = self.loop.submit(TaskSpec(workload.name, workload.gpus, mem))
+        except SpecError as e:  # a task this server can never run: the trace's line, not just the task's name
+            raise SpecError(f"{entry.where}: {e}" if entry.where else str(e)) from None
         load = Load(workload.gract, workload.smact, workload.smocc, workload.drama)
         self._tasks[task.id] = _SimTask(workload, load)
 

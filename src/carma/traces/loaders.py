@@ -18,7 +18,7 @@ import math
 import shlex
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
@@ -49,6 +49,7 @@ class TraceError(ValueError):
 class TraceEntry:
     submit_s: float
     workload: Workload
+    where: str = field(default="", compare=False)  # its file and line (or YAML task): errors found at submission
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class _Builder:
             raise TraceError(f"{self.source}, {where}: {err}") from None
         if len(self.entries) == MAX_ENTRIES:  # a `repeat: 100000000` filled gigabytes before anything ran
             raise TraceError(f"{self.source}, {where}: a trace holds at most {MAX_ENTRIES} tasks")
-        self.entries.append(TraceEntry(t, workload))
+        self.entries.append(TraceEntry(t, workload, f"{self.source}, {where}"))
 
     def build(self, name: str) -> Trace:
         entries = sorted(self.entries, key=lambda e: e.submit_s)  # stable: ties keep file order
@@ -302,8 +303,10 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
     """Load a built-in trace by name or a trace file in any supported format."""
     if ref in BUILTIN_TRACES:
         path, name = data_file(BUILTIN_TRACES[ref]), ref
+        source = f"{ref} ({path.name})"
     else:
         path, name = Path(ref), Path(ref).stem
+        source = path.name
         if not path.is_file():
             known = ", ".join(BUILTIN_TRACES)
             raise TraceError(f"no trace file {ref!r} (built-in traces: {known})")
@@ -311,7 +314,7 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
         text = read_text(path, path.name)
     except NotText as err:
         raise TraceError(str(err)) from None
-    b = _Builder(path.name, catalog, skip_unknown)
+    b = _Builder(source, catalog, skip_unknown)
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml", ".json"):  # JSON is YAML too
         name = _read_yaml(text, b) or name
