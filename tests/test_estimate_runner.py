@@ -928,23 +928,24 @@ def test_batches_from_data_loader_workers_are_estimated_as_from_the_loop_itself(
 @pytest.mark.parametrize(
     ("samples", "batch", "drop_last", "sizes", "moved"),
     [
-        (11, 3, False, [3, 2, 3, 3], [(2, 3)]),  # the short batch second
+        (11, 3, False, [3, 2, 3, 3], [(2, 3, True)]),  # the short batch second
         (10, 3, True, [3, 3, 3], []),  # no short batch
         (9, 3, False, [3, 3, 3], []),  # none either
-        (5, 3, False, [3, 2], []),  # already second
-        (7, 3, False, [3, 3, 1], []),  # one sample: batch norm fails on it, as the GPU run would
+        (2, 3, False, [2], []),  # no full one either
+        (5, 3, False, [3, 2], [(2, 3, False)]),  # already second
+        (7, 3, False, [3, 3, 1], [(1, 3, False)]),  # one sample: batch norm fails on it, as the GPU run would
     ],
 )
 def test_an_epochs_short_last_batch_is_sampled_second_while_capturing(
-    samples: int, batch: int, drop_last: bool, sizes: list[int], moved: list[tuple[int, int]]
+    samples: int, batch: int, drop_last: bool, sizes: list[int], moved: list[tuple[int, int, bool]]
 ) -> None:
     from torch.utils.data import BatchSampler, SequentialSampler
 
     from carma.estimate.epochs import short_batch_second
 
     sampler = BatchSampler(SequentialSampler(range(samples)), batch, drop_last)
-    calls: list[tuple[int, int]] = []
-    with short_batch_second(lambda short, full: calls.append((short, full))):
+    calls: list[tuple[int, int, bool]] = []
+    with short_batch_second(lambda short, full, moved: calls.append((short, full, moved))):
         batches = list(sampler)
     assert [len(b) for b in batches] == sizes and calls == moved
     flat = [i for b in batches for i in b]
@@ -965,6 +966,15 @@ def test_a_short_last_batch_is_trained_second_and_one_more_step_captured(workdir
         "each epoch's short last batch (80 samples, not 128) was trained second, so that the step after it, "
         "which the GPU run takes at every epoch's end, is captured (one step more)",
     )
+
+
+@pytest.mark.parametrize("samples", [200, 129])
+def test_an_epoch_of_one_full_batch_and_a_short_one_is_no_difference_in_inputs(workdir: Path, samples: int) -> None:
+    """Its short batch is second already (or, of one sample, last): the inputs' note called it a padded
+    batch, and told the user to train the largest batch first, which the capture had."""
+    small = LOADER_SCRIPT.replace("LOADER", "num_workers=0").replace("2048", str(samples))
+    result = estimate(["python", script(workdir, "small.py", small)])
+    assert result.notes == ()
 
 
 # Token sequences padded to the longest of each batch of four; LONG: the indices of the 512-token ones.

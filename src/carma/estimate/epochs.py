@@ -20,9 +20,10 @@ from typing import Any
 
 
 @contextmanager
-def short_batch_second(moved: Callable[[int, int], None]) -> Iterator[None]:
+def short_batch_second(seen: Callable[[int, int, bool], None]) -> Iterator[None]:
     """Within the block, a `BatchSampler` epoch of three or more batches whose last is short (two samples
-    or more) yields it second; `moved(short, full)` is called with the two sizes each time it does."""
+    or more) yields it second. `seen(short, full, moved)` is called with the two sizes for each epoch of
+    full batches and a short one, and whether it was moved (an epoch of two batches has it second already)."""
     from torch.utils.data import BatchSampler
 
     original = BatchSampler.__iter__
@@ -33,10 +34,14 @@ def short_batch_second(moved: Callable[[int, int], None]) -> Iterator[None]:
         except TypeError:  # an iterable of unknown length: its epoch's end is unknown too
             samples = 0
         full, short = self.batch_size, samples % self.batch_size
-        if self.drop_last or short < 2 or samples < 2 * full + short:
+        if self.drop_last or short == 0 or samples < full:
             yield from original(self)
             return
-        moved(short, full)
+        moved = short >= 2 and samples >= 2 * full + short
+        seen(short, full, moved)
+        if not moved:
+            yield from original(self)
+            return
         indices = iter(self.sampler)
         for size in itertools.chain((full, short), itertools.repeat(full)):
             batch = list(itertools.islice(indices, size))

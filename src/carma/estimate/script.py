@@ -398,7 +398,7 @@ def capture_script(
             crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
             if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
                 crash += " (the capture gives the script no input: let it run without asking)"
-            raise (ShortBatchEnded if session.short_batch else ScriptFailed)(cuda_on_cpu.explained(crash)) from None
+            raise (ShortBatchEnded if session.short_moved else ScriptFailed)(cuda_on_cpu.explained(crash)) from None
         if not session.order and session.unprofiled_steps:
             raise EstimateError(
                 f"the script took {session.unprofiled_steps} optimizer steps without calling a torch.nn.Module with "
@@ -414,7 +414,7 @@ def capture_script(
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             ended = f"the script ended after {len(session.order)} optimizer steps"
-            raise (ShortBatchEnded if session.short_batch else ScriptFailed)(
+            raise (ShortBatchEnded if session.short_moved else ScriptFailed)(
                 f"{ended}; the capture needs {steps}{each}"
             )
     return captured()

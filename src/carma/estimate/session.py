@@ -69,7 +69,8 @@ class Session:
         # Given the script's capture once it catches the stop and goes on (`went_on`); must end the process.
         self.on_caught: Callable[[], NoReturn] | None = None
         self.unprofiled_steps = 0  # steps taken before any call of a module with parameters
-        self.short_batch: tuple[int, int] | None = None  # (its size, the full one): it was sampled second
+        self.short_batch: tuple[int, int] | None = None  # an epoch's short last batch: (its size, the full one)
+        self.short_moved = False  # that short batch was sampled second
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
         self.on_stop: list[Callable[[], None]] = []  # called in the hook that stops the job, in order
@@ -200,14 +201,18 @@ class Session:
             self._stop()
         self.profiler.step()
 
-    def short_batch_moved(self, short: int, full: int) -> None:
-        """An epoch's short last batch is trained second (`carma.estimate.epochs`): capture one iteration
-        more than asked, so that a full batch after a full one is captured as well as one after the short."""
+    def short_batch_seen(self, short: int, full: int, moved: bool) -> None:
+        """An epoch ends with a short batch (`carma.estimate.epochs`). Moved to be trained second, capture one
+        iteration more than asked, so that a full batch after a full one is captured as well as one after the
+        short."""
+        self.short_batch = (short, full)
+        if not moved:
+            return
+        self.short_moved = True
         note = (
             f"each epoch's short last batch ({short} samples, not {full}) was trained second, so that the "
             "step after it, which the GPU run takes at every epoch's end, is captured (one step more)"
         )
-        self.short_batch = (short, full)
         if note not in self.notes:
             self.notes.append(note)
             self._until = max(self._until, self.steps + 1)
@@ -322,7 +327,7 @@ def capturing(steps: int, exact: bool, short_second: bool = True) -> Iterator[Se
         register_module_forward_hook(session.leave_module, always_call=True),
     ]
     try:
-        reordered = short_batch_second(session.short_batch_moved) if short_second else nullcontext()
+        reordered = short_batch_second(session.short_batch_seen) if short_second else nullcontext()
         with cuda_like_operators(), cuda_autocast() as regions, reordered:
             yield session
             named = {"cuda": CUDA_AUTOCAST, "cpu": CPU_AUTOCAST}
