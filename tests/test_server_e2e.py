@@ -432,6 +432,16 @@ def test_show_escapes_control_characters_of_a_command(start_server, tmp_path):  
     assert "workdir: " + str(tmp_path) + "/a\\x1b[2Jb;" in shown and "\x1b" not in shown
 
 
+def test_piped_output_keeps_each_line_whole(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """A failure's reason longer than the 200 columns a pipe gets was broken in two, and grep found half."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    why = "ValueError: " + "x" * 220  # under the reason's 300 characters, over the 200 columns
+    task = server.submit(sys.executable, "-c", f"raise SystemExit({why!r})", workdir=tmp_path)
+    waited = server.cli("wait", task)
+    assert waited.returncode == 1 and f"exit code 1: {why}" in waited.stdout.splitlines()[-1]
+    assert any(line.endswith(f"exit code 1: {why}") for line in server.cli("show", task).stdout.splitlines())
+
+
 def _file(folder: Path, name: str, content: bytes) -> Path:
     (folder / name).write_bytes(content)
     return folder / name

@@ -23,7 +23,8 @@ app = typer.Typer(
 )
 # No markup: what carma prints holds file, task and config names, and "[b]" or "[scheduler.risk]" in one
 # must print as written
-out = Console(width=None if sys.stdout.isatty() else 200, markup=False)  # pipes and CI logs get whole rows
+_PIPED = not sys.stdout.isatty()
+out = Console(width=200 if _PIPED else None, markup=False, soft_wrap=_PIPED)  # pipes and CI logs: whole rows, lines
 err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # whole lines, as logs need
 
 
