@@ -19,9 +19,12 @@ from pathlib import Path
 from subprocess import PIPE
 
 import pytest
+import typer
 
+import carma.server.client
+from carma.cli import app
 from carma.core.config import Policy
-from carma.server.client import Client, ClientError
+from carma.server.client import Client, ClientError, WaitTimeout
 from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import Trace, load_trace
@@ -301,6 +304,27 @@ def test_wait_gives_up_on_a_server_that_does_not_come_back(start_server):  # typ
         f"the carma server is not running (nothing answers at {server.home / 'carma.sock'}); start it with "
         f"`carma server`; gave up waiting for task {task} after 1 s"
     ]
+    assert isinstance(errors[0], WaitTimeout) and errors[0].tasks[0]["state"] == "running"  # `wait` exits 3
+    server.start()
+    server.cli("cancel", task)
+
+
+@pytest.mark.parametrize("command", [["wait"], ["logs", "-f"]])
+def test_a_follower_giving_up_on_a_stopped_server_exits_3_not_2_as_for_bad_input(  # type: ignore[no-untyped-def]
+    start_server, monkeypatch, capsys, command
+):
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    task = server.submit(*fakejob(100000))
+    server.wait_state(task, "running")
+    monkeypatch.setattr(carma.server.client, "RECONNECT_S", 1.0)
+    monkeypatch.setenv("CARMA_HOME", str(server.home))
+    stopping = threading.Timer(1, server.stop)
+    stopping.start()
+    with pytest.raises(SystemExit) as ended:
+        typer.main.get_command(app).main([*command, str(task)], prog_name="carma")
+    stopping.join()
+    assert ended.value.code == 3
+    assert capsys.readouterr().err.endswith("after 1 s\n")
     server.start()
     server.cli("cancel", task)
 

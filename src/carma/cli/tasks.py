@@ -277,7 +277,9 @@ def logs_cmd(
     """Print a task's output; with -f, follow it, into the relaunches after an out-of-memory crash.
 
     All of it, chunk by chunk; following the latest attempt goes on to the attempts that relaunch it, and
-    through a restart of the server (for up to a minute)."""
+    through a restart of the server (for up to a minute: exit 3 if it gave up)."""
+    from carma.server.client import ClientError, GaveUp
+
     client = _client()
     stream, offset, number = "stderr" if stderr else "stdout", 0, attempt
     chunk = _call(client.logs, task_id, stream, number, offset)  # a server not running is an error at once
@@ -296,7 +298,12 @@ def logs_cmd(
             return
         elif not chunk["text"]:
             time.sleep(0.5)
-        chunk = _call(_through_restarts, partial(client.logs, task_id, stream, number, offset), f"task {task_id}'s log")
+        try:
+            chunk = _through_restarts(partial(client.logs, task_id, stream, number, offset), f"task {task_id}'s log")
+        except GaveUp as e:
+            raise fail(e, code=3) from None
+        except ClientError as e:
+            raise fail(e) from None
 
 
 def _through_restarts(request: Callable[[], Any], following: str) -> Any:

@@ -41,8 +41,13 @@ class ServerDown(ClientError):
     """Nothing answers where the server should be: it is not started, or is between a stop and a restart."""
 
 
+class GaveUp(ServerDown):
+    """The server stayed down longer than a command following tasks through a restart waits for it."""
+
+
 class WaitTimeout(ClientError):
-    """Tasks still had not ended when the wait gave up; `tasks` are their last known states."""
+    """Tasks still had not ended when the wait gave up (its timeout, or the server down too long); `tasks` are
+    their last known states."""
 
     def __init__(self, message: str, tasks: list[dict[str, Any]]) -> None:
         super().__init__(message)
@@ -149,14 +154,15 @@ class Client:
         task_ids: list[int],
         timeout_s: float | None = None,
         poll_s: float = 0.5,
-        reconnect_s: float = RECONNECT_S,
+        reconnect_s: float | None = None,
         whole: bool = False,
     ) -> list[dict[str, Any]]:
         """The tasks once every one has ended (completed, failed or cancelled); with `whole`, each as `task`
         gives it (with its attempts), read as soon as it is seen to end: the server may forget it later.
 
-        A server that stops answering after the first poll is polled on for `reconnect_s`: a daemon restart
-        (an upgrade, a service manager's restart) re-adopts running tasks, so a script's wait should outlive it.
+        A server that stops answering after the first poll is polled on for `reconnect_s` (RECONNECT_S by
+        default): a daemon restart (an upgrade, a service manager's restart) re-adopts running tasks, so a
+        script's wait should outlive it; WaitTimeout after that, as after `timeout_s`.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         tasks = self.states(task_ids)  # a server not running at all is an error at once
@@ -175,7 +181,10 @@ class Client:
                 tasks = [polled.get(t["id"], t) for t in tasks]
                 outage.over()
             except ServerDown as e:
-                outage.goes_on(e, f"waiting for {_ids(pending)}")
+                try:
+                    outage.goes_on(e, f"waiting for {_ids(pending)}")
+                except GaveUp as gave_up:
+                    raise WaitTimeout(str(gave_up), tasks) from None
 
     def states(self, task_ids: list[int], whole: bool = False) -> list[dict[str, Any]]:
         """The tasks now (id, state, reason and more), in the order given, without waiting; with `whole`, the
@@ -227,15 +236,15 @@ class Outage:
     upgrade, a service manager's restart: it re-adopts the running tasks) instead of failing at its first
     second down."""
 
-    def __init__(self, reconnect_s: float = RECONNECT_S) -> None:
-        self.reconnect_s = reconnect_s
+    def __init__(self, reconnect_s: float | None = None) -> None:
+        self.reconnect_s = RECONNECT_S if reconnect_s is None else reconnect_s
         self.since: float | None = None
 
     def goes_on(self, error: ServerDown, doing: str) -> None:
-        """Note a failed request; once the server has been down `reconnect_s`, ServerDown saying what gave up."""
+        """Note a failed request; once the server has been down `reconnect_s`, GaveUp saying what gave up."""
         self.since = self.since or time.monotonic()
         if time.monotonic() - self.since > self.reconnect_s:
-            raise ServerDown(f"{error}; gave up {doing} after {self.reconnect_s:g} s") from None
+            raise GaveUp(f"{error}; gave up {doing} after {self.reconnect_s:g} s") from None
 
     def over(self) -> None:
         self.since = None
