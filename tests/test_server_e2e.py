@@ -483,6 +483,21 @@ def test_cancel_goes_on_past_an_id_it_cannot_cancel(start_server):  # type: igno
     assert server.cli("queue", "--state", "queued").stdout.count("\n") == 1  # the header alone
 
 
+def test_a_task_stopping_after_a_cancel_says_so_and_a_second_cancel_sends_nothing(start_server):  # type: ignore[no-untyped-def]
+    """In the grace period before SIGKILL, the task looked like any running one, and a second cancel said
+    it had sent SIGTERM again."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--grace", "30")
+    task = server.submit("sh", "-c", "trap '' TERM; sleep 60")
+    server.wait_state(task, "dispatched")
+    assert server.cli("cancel", task).stdout == f"task {task}: stopping (SIGTERM sent)\n"
+    assert server.cli("cancel", task).stdout == f"task {task}: already stopping (cancelled before)\n"
+    stopping = "cancelled; stopping (SIGTERM sent, SIGKILL if it runs on after 30 s)"
+    (row,) = [r for r in server.cli("queue").stdout.splitlines() if r.split()[0] == str(task)]
+    assert " dispatched " in row and row.rstrip().endswith(stopping)
+    assert f"now: {stopping}\n" in server.cli("show", task).stdout
+    assert server.task(task)["activity"] == stopping
+
+
 def test_cancelling_many_tasks_starts_none_of_the_waiting_ones(start_server, tmp_path):  # type: ignore[no-untyped-def]
     """One request per id: each running task's cancel freed its GPU, and a waiting task was placed there
     before its own cancel came (18 of 100 ran their command)."""

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from carma.server.client import Client
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-NOT_SEEN_YET = "started; not yet seen on its GPU"  # a dispatched task: running once its first kernel shows
 TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "estimate", "env", "shell", "mps_threads"}
 
 
@@ -192,7 +191,7 @@ def queue_cmd(
                 gpus,
                 _need_text(t),
                 _age(started, t["ended_s"] or now),
-                t["waiting_reason"] or t["reason"] or (NOT_SEEN_YET if t["state"] == "dispatched" else ""),
+                t["waiting_reason"] or t["activity"] or t["reason"] or "",
             ]
         )
     print(columns(("ID", "NAME", "USER", "STATE", "GPUS", "MEMORY", "TIME", "REASON"), rows))
@@ -231,6 +230,8 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
     lines += _estimate_lines(task["memory_estimate"])
     if task["waiting_reason"]:
         lines.append(f"waiting: {task['waiting_reason']}")
+    if task["activity"]:
+        lines.append(f"now: {task['activity']}")
     if task["reason"]:
         lines.append(f"reason: {task['reason']}")
     for a in task["attempt_list"]:
@@ -333,7 +334,8 @@ def cancel_cmd(task_ids: list[int]) -> None:
             refused += 1
             continue
         live = result["state"] in ("dispatched", "running")
-        out.print(f"task {result['id']}: " + ("stopping (SIGTERM sent)" if live else "cancelled"))
+        stopping = "already stopping (cancelled before)" if result.get("again") else "stopping (SIGTERM sent)"
+        out.print(f"task {result['id']}: " + (stopping if live else "cancelled"))
     if refused:
         raise typer.Exit(2)
 

@@ -222,7 +222,8 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         results: list[dict[str, Any]] = []
         for task_id in body.ids:
             try:
-                results.append({"id": task_id, "state": cancel_one(task_id, who).state.value})
+                again = task_or_404(task_id).cancel_requested  # a second cancel sends no second SIGTERM
+                results.append({"id": task_id, "state": cancel_one(task_id, who).state.value, "again": again})
             except HTTPException as e:
                 results.append({"id": task_id, "error": e.detail})
         return {"results": results}

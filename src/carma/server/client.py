@@ -209,7 +209,8 @@ class Client:
         return self.request("POST", f"/v1/tasks/{task_id}/cancel")
 
     def cancel_many(self, task_ids: list[int]) -> list[dict[str, Any]]:
-        """Per id, in order: {"id", "state"} once cancelled (or stopping), {"id", "error"} if refused."""
+        """Per id, in order: {"id", "state", "again"} once cancelled or stopping (again: it was before this
+        request), {"id", "error"} if refused."""
         return self.request("POST", "/v1/cancel", json_body={"ids": task_ids})["results"]
 
     def logs(self, task_id: int, stream: str = "stdout", attempt: int | None = None, offset: int = 0) -> dict[str, Any]:

@@ -7,10 +7,11 @@ from typing import Any
 from carma import __version__
 from carma.core.memory import RECOVERY_NEED, given_need
 from carma.core.scheduler import ESTIMATING
-from carma.core.types import MemoryNeed, Task, TaskId, TaskState
+from carma.core.types import ACTIVE_STATES, MemoryNeed, Task, TaskId, TaskState
 from carma.server.daemon import Daemon
 
 DRAINING = "the server is draining: no placements until `carma resume`"
+NOT_SEEN_YET = "started; not yet seen on its GPU"  # a dispatched task: running once its first kernel shows
 
 
 def status_view(daemon: Daemon) -> dict[str, Any]:
@@ -52,8 +53,19 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "ended_s": task.ended_s,
         "attempts": len(task.attempts),
         "waiting_reason": _waiting_reason(daemon, task.id),
+        "activity": _activity(daemon, task),
         "reason": task.reason,
     }
+
+
+def _activity(daemon: Daemon, task: Task) -> str | None:
+    """What a started task is doing that its state does not say: stopping after a cancel (in the grace period
+    it looked like any running task), or not yet seen on its GPU."""
+    if task.state not in ACTIVE_STATES:
+        return None
+    if task.cancel_requested:
+        return f"cancelled; stopping (SIGTERM sent, SIGKILL if it runs on after {daemon.executor.grace_s:g} s)"
+    return NOT_SEEN_YET if task.state is TaskState.DISPATCHED else None
 
 
 def _waiting_reason(daemon: Daemon, task_id: TaskId) -> str | None:

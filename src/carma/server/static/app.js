@@ -258,7 +258,7 @@ function renderQueue(s) {
     const running = t.state === "running" || t.state === "dispatched";
     const since = running ? t.start_s : t.submit_s;
     const gpus = running ? t.gpus.join(",") : `(${t.gpus_requested})`;
-    const why = t.state === "dispatched" ? "started; not yet seen on its GPU" : running ? "" : t.waiting_reason || t.reason || "";
+    const why = running ? t.activity || "" : t.waiting_reason || t.reason || "";
     return `<tr data-task="${t.id}"><td>${t.id}</td><td>${esc(t.name)}</td><td>${esc(t.user)}</td>
       <td>${t.state}</td><td>${gpus}</td><td title="${esc(t.need_source ?? "")}">${needText(t)}</td>
       <td>${since !== null ? duration(s.now_s - since) : ""}</td><td class="why">${esc(why)}</td></tr>`;
@@ -307,6 +307,7 @@ async function showTask(id, reveal = false) {
     <p><code>${esc(t.command.join(" "))}</code> <span class="muted">in ${esc(t.workdir)}</span></p>
     <p>memory: <b>${needText(t)}</b> <span class="muted">${esc(t.need_source ?? "")}</span></p>
     ${t.waiting_reason ? `<p>waiting: ${esc(t.waiting_reason)}</p>` : ""}
+    ${t.activity ? `<p>now: ${esc(t.activity)}</p>` : ""}
     ${t.reason ? `<p class="reason">reason: ${esc(t.reason)}</p>` : ""}
     ${estimate}${attempts ? `<ul>${attempts}</ul>` : ""}`;
   panel.hidden = false;
