@@ -234,11 +234,19 @@ def test_a_drain_lasts_across_a_restart_until_resume(start_server):  # type: ign
     """Drained for maintenance, which often means a restart: the restarted daemon placed the queue at once."""
     server = start_server("--fake-gpus", "1xA100-40GB")
     server.cli("drain")
-    task = server.submit("true")
+    submitted = server.cli("submit", "--", "true")  # said at once: nothing else showed the task would wait
+    assert submitted.stderr == "note: the server is draining: no placements until `carma resume`\n"
+    task = int(submitted.stdout.split()[2])
     server.stop()
     server.start()
     time.sleep(2)  # a couple of scheduling steps
     assert server.task(task)["state"] == "queued" and "draining" in server.cli("queue").stdout
+    started = (server.home / "test-server.log").read_text().splitlines()
+    assert [line for line in started if "listening" in line][-1].endswith(
+        "; draining, as before the restart: no placements until `carma resume`"
+    )
+    waited = server.cli("wait", task, "--timeout", "0", "--json")
+    assert json.loads(waited.stdout)[0]["waiting_reason"].startswith("the server is draining")
     server.cli("resume")
     assert server.cli("wait", task, "--timeout", "30").returncode == 0
 

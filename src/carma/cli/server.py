@@ -104,6 +104,7 @@ def server_cmd(
         f"policy {daemon.scheduler.config.policy.value}; GPUs {gpus}"
         + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
         + ("; tasks run under MPS" if mps else "")
+        + ("; draining, as before the restart: no placements until `carma resume`" if daemon.draining else "")
         + (f"; clients reach it with CARMA_HOME={paths.home}" if home else "")
     )
     asyncio.run(serve(daemon, sockets, tokens))

@@ -154,7 +154,11 @@ def submit_cmd(
     if as_json:
         _print_json({"id": task["id"]})
     else:
+        from carma.server.client import DRAINING
+
         out.print(f"submitted task {task['id']} ({task['name']})")
+        if task["waiting_reason"] == DRAINING:  # easily missed: the task would wait without a word
+            err.print(f"note: {DRAINING}")
 
 
 def _age(seconds: float | None, now: float) -> str:
@@ -368,7 +372,7 @@ def wait_cmd(
 
 
 def _ending(task: dict[str, Any]) -> dict[str, Any]:
-    return {"id": task["id"], "state": task["state"], "reason": task["reason"]}
+    return {k: task[k] for k in ("id", "state", "waiting_reason", "reason")}
 
 
 def _pct(value: float | None) -> str:

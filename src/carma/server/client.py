@@ -22,6 +22,7 @@ from carma.units import inflect
 TIMEOUT_S = 30.0
 RECONNECT_S = 60.0  # how long `wait` and `logs -f` poll a server that stopped answering (a restart takes seconds)
 ENDED = frozenset({"completed", "failed", "cancelled"})
+DRAINING = "the server is draining: no placements until `carma resume`"  # a waiting task's reason, as the API says it
 FEW_TASKS = 20  # up to this many, `wait` asks for each task; beyond, it lists them all once per poll
 
 

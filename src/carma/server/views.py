@@ -7,10 +7,10 @@ from typing import Any
 from carma import __version__
 from carma.core.memory import RECOVERY_NEED, given_need
 from carma.core.scheduler import ESTIMATING
-from carma.core.types import ACTIVE_STATES, MemoryNeed, Task, TaskId, TaskState
+from carma.core.types import ACTIVE_STATES, MemoryNeed, Task, TaskState
+from carma.server.client import DRAINING
 from carma.server.daemon import Daemon
 
-DRAINING = "the server is draining: no placements until `carma resume`"
 NOT_SEEN_YET = "started; not yet seen on its GPU"  # a dispatched task: running once its first kernel shows
 
 
@@ -52,7 +52,7 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "start_s": a.dispatched_s if a else None,  # the latest attempt's: a relaunch's run starts anew
         "ended_s": task.ended_s,
         "attempts": len(task.attempts),
-        "waiting_reason": _waiting_reason(daemon, task.id),
+        "waiting_reason": _waiting_reason(daemon, task),
         "activity": _activity(daemon, task),
         "reason": task.reason,
     }
@@ -68,13 +68,14 @@ def _activity(daemon: Daemon, task: Task) -> str | None:
     return NOT_SEEN_YET if task.state is TaskState.DISPATCHED else None
 
 
-def _waiting_reason(daemon: Daemon, task_id: TaskId) -> str | None:
-    """The scheduler's reason, with how far the estimate is when the task waits for one."""
-    reason = daemon.scheduler.waiting_reason(task_id)
-    if reason is not None and daemon.draining:
+def _waiting_reason(daemon: Daemon, task: Task) -> str | None:
+    """The scheduler's reason, with how far the estimate is when the task waits for one; while the server
+    drains, that it drains (also for a task just submitted, which the scheduler has not yet looked at)."""
+    if daemon.draining and not task.terminal and task.state not in ACTIVE_STATES:
         return DRAINING
-    progress = daemon.estimates.progress(task_id) if reason == ESTIMATING else None
-    return f"{reason} ({daemon.jobs[task_id].estimator}: {progress})" if progress else reason
+    reason = daemon.scheduler.waiting_reason(task.id)
+    progress = daemon.estimates.progress(task.id) if reason == ESTIMATING else None
+    return f"{reason} ({daemon.jobs[task.id].estimator}: {progress})" if progress else reason
 
 
 def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
