@@ -358,6 +358,21 @@ def test_script_that_never_steps_is_a_clear_error(workdir: Path) -> None:
     )
     with pytest.raises(EstimateError, match="never reached an optimizer step; the capture needs 3 training steps"):
         estimate(["python", train])
+    by_hand = script(
+        workdir,
+        "by_hand.py",
+        """
+        import torch
+        model = torch.nn.Linear(4, 2)
+        for _ in range(5):
+            model(torch.randn(3, 4)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+        """,
+    )
+    with pytest.raises(EstimateError, match=r"each a torch\.optim optimizer's step\(\) \(weights updated by hand"):
+        estimate(["python", by_hand])
     helps = script(workdir, "helps.py", "import argparse\nargparse.ArgumentParser().parse_args()\n")
     with pytest.raises(EstimateError, match=r"^the script exited \(status 0\) before its first optimizer step"):
         estimate(["python", helps, "--help"])  # it said the script never reached one
@@ -522,7 +537,7 @@ def test_a_shape_bug_crashes_the_capture_as_it_crashes_the_script(workdir: Path)
     """A product of mismatched shapes was allocated at the shape of its operands' ends: under no_grad the
     capture returned an estimate of a script that crashes; else the backward reported a confusing error."""
     train = tiny_script(workdir, "bug.py", 5, "with torch.no_grad(): torch.randn(3, 4) @ torch.randn(7, 3)")
-    with pytest.raises(EstimateError, match=r"crashed after 1 optimizer steps: .*shapes cannot be multiplied \(3x4"):
+    with pytest.raises(EstimateError, match=r"crashed after 1 optimizer step: .*shapes cannot be multiplied \(3x4"):
         estimate(["python", train])
 
 
@@ -815,10 +830,37 @@ def test_a_script_logging_its_cuda_memory_is_estimated_as_its_cpu_fallback(workd
     assert logged.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),)
 
 
+def test_a_script_debugging_its_cuda_memory_is_estimated_as_its_cpu_fallback(workdir: Path) -> None:
+    """The allocator's history, snapshots and a memory cap have nothing to act on without CUDA: recording
+    the history failed ("torch._C has no attribute _cuda_record_memory_history"), the cap "not compiled
+    with CUDA"."""
+    argv = ["--batch-size", "64", "--log", "steps.log"]
+    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
+    debugging = MLP_SCRIPT.replace(
+        "optimizer = ",
+        "torch.cuda.set_per_process_memory_fraction(0.9)\n"
+        "torch.cuda.memory._record_memory_history(max_entries=100000)\noptimizer = ",
+    ).replace(
+        "    optimizer.step()\n",
+        "    optimizer.step()\n    torch.cuda.memory._dump_snapshot('snapshot.pickle')\n"
+        "    assert torch.cuda.memory._snapshot()['segments'] == torch.cuda.memory_snapshot() == []\n",
+    )
+    debugged = estimate(["python", script(workdir, "debugged.py", debugging), *argv])
+    assert (debugged.peak_bytes, debugged.breakdown) == (fallback.peak_bytes, fallback.breakdown)
+    asked = [
+        "torch.cuda.set_per_process_memory_fraction()",
+        "torch.cuda.memory._record_memory_history()",
+        "torch.cuda.memory._dump_snapshot()",
+        "torch.cuda.memory._snapshot()",
+        "torch.cuda.memory_snapshot()",
+    ]
+    assert debugged.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),)
+
+
 def test_a_failing_cuda_call_comes_with_the_hint_to_fall_back(workdir: Path) -> None:
-    recorded = MLP_SCRIPT.replace("optimizer = ", "torch.cuda.memory._record_memory_history()\noptimizer = ")
-    with pytest.raises(EstimateError, match=r"_cuda_record_memory_history.*let the job fall back to the CPU"):
-        estimate(["python", script(workdir, "recorded.py", recorded), "--log", "steps.log"])
+    named = MLP_SCRIPT.replace("optimizer = ", "print(torch.cuda.get_device_name(0))\noptimizer = ")
+    with pytest.raises(EstimateError, match=r"not compiled with CUDA.*let the job fall back to the CPU"):
+        estimate(["python", script(workdir, "named.py", named), "--log", "steps.log"])
 
 
 # MLP_SCRIPT's batches copied on a side stream, as a data prefetcher does, and each step timed by CUDA events.
@@ -1038,7 +1080,7 @@ def test_a_loop_that_ends_its_epoch_at_a_short_batch_is_captured_in_order(workdi
 
 def test_a_loop_that_crashes_on_the_short_batch_it_never_meets_is_captured_in_order(workdir: Path) -> None:
     """A loop leaving each epoch early with tensors sized for the full batch never meets the short batch; the
-    capture trains it second and crashed, blaming the script ("the script crashed after 1 optimizer steps")."""
+    capture trains it second and crashed, blaming the script ("the script crashed after 1 optimizer step")."""
     sized = LOADER_SCRIPT.replace("LOADER", "num_workers=0").replace("torch.randn(2048", "torch.randn(2000")
     sized = sized.replace("(2048,)", "(2000,)").replace("for x, y in loader:", "for i, (x, y) in enumerate(loader):")
     sized = sized.replace(
@@ -1388,8 +1430,12 @@ def test_the_capture_ends_with_the_process_that_waits_for_it(workdir: Path) -> N
 
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
     train = tiny_script(workdir, "short.py", 2)
-    with pytest.raises(EstimateError, match="ended after 2 optimizer steps; the capture needs 3"):
+    with pytest.raises(
+        EstimateError, match=r"ended after 2 optimizer steps; the capture needs 3 \(let it train longer"
+    ):
         estimate(["python", train])
+    with pytest.raises(EstimateError, match=r"^the script ended after 1 optimizer step; the capture needs 3 \("):
+        estimate(["python", tiny_script(workdir, "one.py", 1)])
     with pytest.raises(EstimateError, match="does not exist"):
         estimate(["python", "missing.py"])
     with pytest.raises(EstimateError, match="sh is a program, not a Python script"):

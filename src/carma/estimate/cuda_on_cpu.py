@@ -226,6 +226,8 @@ def cuda_on_cpu(before_training: Callable[[], bool] = lambda: True) -> Iterator[
         "reset_max_memory_cached": keep_on_cpu("reset_max_memory_cached"),
         "reset_accumulated_memory_stats": keep_on_cpu("reset_accumulated_memory_stats"),
         "memory_summary": keep_on_cpu("memory_summary", "(no CUDA memory: carma's capture runs the job on the CPU)"),
+        "memory_snapshot": keep_on_cpu("memory_snapshot", list),
+        "set_per_process_memory_fraction": keep_on_cpu("set_per_process_memory_fraction"),  # a cap on no GPU
         "device": noted("device", _Device),
         "Stream": noted("Stream", _Stream),
         "stream": keep_on_cpu("stream", _Stream),  # `with torch.cuda.stream(s):` enters the CPU's stream
@@ -233,9 +235,24 @@ def cuda_on_cpu(before_training: Callable[[], bool] = lambda: True) -> Iterator[
         "default_stream": keep_on_cpu("default_stream", _Stream),
         "Event": noted("Event", _Event),
     }
-    originals = {name: getattr(torch.cuda, name) for name in imitated}
-    for name, replacement in imitated.items():
-        setattr(torch.cuda, name, replacement)
+    # Debugging a job's memory: the allocator's history and snapshots, recorded by names only the memory
+    # module has, hold nothing without CUDA (recording failed, "torch._C has no attribute ...").
+    in_memory_module = {
+        "_record_memory_history": keep_on_cpu("memory._record_memory_history"),
+        "_dump_snapshot": keep_on_cpu("memory._dump_snapshot"),
+        "_snapshot": keep_on_cpu("memory._snapshot", lambda *args, **kwargs: {"segments": [], "device_traces": []}),
+    }
+    memory = torch.cuda.memory
+    replaced = [(torch.cuda, name, replacement) for name, replacement in imitated.items()]
+    replaced += [  # torch.cuda's memory functions are the memory module's, called by either name
+        (memory, name, replacement)
+        for name, replacement in imitated.items()
+        if getattr(memory, name, None) is getattr(torch.cuda, name)
+    ]
+    replaced += [(memory, name, replacement) for name, replacement in in_memory_module.items()]
+    originals = [(namespace, name, getattr(namespace, name)) for namespace, name, _ in replaced]
+    for namespace, name, replacement in replaced:
+        setattr(namespace, name, replacement)
     torch.load = load_on_cpu
 
     def record_stream(tensor: Any, stream: Any) -> None:
@@ -250,5 +267,5 @@ def cuda_on_cpu(before_training: Callable[[], bool] = lambda: True) -> Iterator[
     finally:
         del torch.Tensor.record_stream  # the method of torch._C.TensorBase again
         torch.load = load
-        for name, original in originals.items():
-            setattr(torch.cuda, name, original)
+        for namespace, name, original in originals:
+            setattr(namespace, name, original)

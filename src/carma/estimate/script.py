@@ -36,6 +36,7 @@ from carma.estimate.session import (
     last_line,
 )
 from carma.estimate.shapes import InputShapes
+from carma.units import pluralize
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
 HELD_ITEMS = 64  # containers larger than this are not looked into
@@ -382,20 +383,16 @@ def capture_script(
             pass
         except SystemExit as exc:
             if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
-                raise ScriptFailed(
-                    f"the script exited after {len(session.order)} optimizer steps: {exc.code}"
-                ) from None
+                raise ScriptFailed(f"the script exited after {_steps_taken(session)}: {exc.code}") from None
             if exc.code not in (None, 0):
-                raise ScriptExited(
-                    f"the script exited with status {exc.code} after {len(session.order)} optimizer steps"
-                ) from None
+                raise ScriptExited(f"the script exited with status {exc.code} after {_steps_taken(session)}") from None
             if not session.order:  # `train.py --help`, say
                 raise ScriptFailed(
                     f"the script exited (status {exc.code or 0}) before its first optimizer step; the capture needs "
                     f"{steps} training steps"
                 ) from None
         except Exception as exc:
-            crash = f"the script crashed after {len(session.order)} optimizer steps: {last_line(exc)}"
+            crash = f"the script crashed after {_steps_taken(session)}: {last_line(exc)}"
             if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
                 crash += " (the capture gives the script no input: let it run without asking)"
             raise (ShortBatchEnded if session.short_moved else ScriptFailed)(cuda_on_cpu.explained(crash)) from None
@@ -407,17 +404,21 @@ def capture_script(
             )
         if not session.order:
             raise ScriptFailed(
-                f"the script never reached an optimizer step; the capture needs {steps} training steps (one that "
-                "trains in processes it starts, with torch.multiprocessing.spawn say, is captured from a job "
-                "function: --job)"
+                f"the script never reached an optimizer step; the capture needs {steps} training steps, each a "
+                "torch.optim optimizer's step() (weights updated by hand are not found; a script that trains in "
+                "processes it starts, with torch.multiprocessing.spawn say, is captured from a job function: --job)"
             )
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
-            ended = f"the script ended after {len(session.order)} optimizer steps"
             raise (ShortBatchEnded if session.short_moved else ScriptFailed)(
-                f"{ended}; the capture needs {steps}{each}"
+                f"the script ended after {_steps_taken(session)}; the capture needs {steps}{each} (let it train "
+                "longer, or capture fewer steps with --steps)"
             )
     return captured()
+
+
+def _steps_taken(session: Session) -> str:
+    return pluralize(len(session.order), "optimizer step")
 
 
 def _captured(
