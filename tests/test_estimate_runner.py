@@ -813,48 +813,56 @@ def test_data_put_on_cuda_before_training_is_counted_by_xmem_and_named_by_the_ba
     )
 
 
-def test_a_script_logging_its_cuda_memory_is_estimated_as_its_cpu_fallback(workdir: Path) -> None:
-    """Memory statistics read 0 without CUDA; their resets and the summary, which would fail, do nothing
-    and say so (the note names them)."""
+MEMORY_LOGGING = {  # the script's edits, and the calls the note names
+    "logging": (  # statistics read 0 without CUDA; their resets and the summary would fail
+        [
+            (
+                "    optimizer.step()\n",
+                "    optimizer.step()\n    print(torch.cuda.max_memory_allocated(), torch.cuda.memory_summary())\n"
+                "    torch.cuda.reset_max_memory_allocated()\n    torch.cuda.reset_accumulated_memory_stats()\n",
+            )
+        ],
+        ["memory_summary", "reset_max_memory_allocated", "reset_accumulated_memory_stats"],
+    ),
+    "debugging": (  # recording the history failed ("torch._C has no attribute ..."), the cap "not compiled"
+        [
+            (
+                "optimizer = ",
+                "torch.cuda.set_per_process_memory_fraction(0.9)\n"
+                "torch.cuda.memory._record_memory_history(max_entries=100000)\noptimizer = ",
+            ),
+            (
+                "    optimizer.step()\n",
+                "    optimizer.step()\n    torch.cuda.memory._dump_snapshot('snapshot.pickle')\n"
+                "    assert torch.cuda.memory._snapshot()['segments'] == torch.cuda.memory_snapshot() == []\n",
+            ),
+        ],
+        [
+            "set_per_process_memory_fraction",
+            "memory._record_memory_history",
+            "memory._dump_snapshot",
+            "memory._snapshot",
+            "memory_snapshot",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("use", MEMORY_LOGGING)
+def test_a_script_logging_or_debugging_its_cuda_memory_is_estimated_as_its_cpu_fallback(
+    workdir: Path, use: str
+) -> None:
+    """The calls have nothing to act on without CUDA: they do nothing, read 0 or hold no segments, and the
+    note names them."""
+    edits, asked = MEMORY_LOGGING[use]
     argv = ["--batch-size", "64", "--log", "steps.log"]
     fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
-    logging = MLP_SCRIPT.replace(
-        "    optimizer.step()\n",
-        "    optimizer.step()\n    print(torch.cuda.max_memory_allocated(), torch.cuda.memory_summary())\n"
-        "    torch.cuda.reset_max_memory_allocated()\n    torch.cuda.reset_accumulated_memory_stats()\n",
-    )
-    logged = estimate(["python", script(workdir, "logged.py", logging), *argv])
+    edited = MLP_SCRIPT
+    for old, new in edits:
+        edited = edited.replace(old, new)
+    logged = estimate(["python", script(workdir, f"{use}_memory.py", edited), *argv])  # not logging.py: stdlib's
     assert (logged.peak_bytes, logged.breakdown) == (fallback.peak_bytes, fallback.breakdown)
-    asked = ["torch.cuda.memory_summary()", "torch.cuda.reset_max_memory_allocated()",
-             "torch.cuda.reset_accumulated_memory_stats()"]  # fmt: skip
-    assert logged.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),)
-
-
-def test_a_script_debugging_its_cuda_memory_is_estimated_as_its_cpu_fallback(workdir: Path) -> None:
-    """The allocator's history, snapshots and a memory cap have nothing to act on without CUDA: recording
-    the history failed ("torch._C has no attribute _cuda_record_memory_history"), the cap "not compiled
-    with CUDA"."""
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
-    debugging = MLP_SCRIPT.replace(
-        "optimizer = ",
-        "torch.cuda.set_per_process_memory_fraction(0.9)\n"
-        "torch.cuda.memory._record_memory_history(max_entries=100000)\noptimizer = ",
-    ).replace(
-        "    optimizer.step()\n",
-        "    optimizer.step()\n    torch.cuda.memory._dump_snapshot('snapshot.pickle')\n"
-        "    assert torch.cuda.memory._snapshot()['segments'] == torch.cuda.memory_snapshot() == []\n",
-    )
-    debugged = estimate(["python", script(workdir, "debugged.py", debugging), *argv])
-    assert (debugged.peak_bytes, debugged.breakdown) == (fallback.peak_bytes, fallback.breakdown)
-    asked = [
-        "torch.cuda.set_per_process_memory_fraction()",
-        "torch.cuda.memory._record_memory_history()",
-        "torch.cuda.memory._dump_snapshot()",
-        "torch.cuda.memory._snapshot()",
-        "torch.cuda.memory_snapshot()",
-    ]
-    assert debugged.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),)
+    assert logged.notes == (cuda_on_cpu.NOTE.format(", ".join(f"torch.cuda.{call}()" for call in asked)),)
 
 
 def test_a_failing_cuda_call_comes_with_the_hint_to_fall_back(workdir: Path) -> None:
