@@ -865,6 +865,29 @@ def test_a_script_logging_or_debugging_its_cuda_memory_is_estimated_as_its_cpu_f
     assert logged.notes == (cuda_on_cpu.NOTE.format(", ".join(f"torch.cuda.{call}()" for call in asked)),)
 
 
+@pytest.mark.parametrize(
+    ("stop", "failure"),
+    [
+        ("assert torch.cuda.is_available()", "the script crashed after 0 optimizer steps: AssertionError"),
+        (
+            "if not torch.cuda.is_available():\n    sys.exit('this script needs a GPU')",
+            "the script exited after 0 optimizer steps: this script needs a GPU",
+        ),
+        (
+            "if not torch.cuda.is_available():\n    print('no GPU found')\n    sys.exit(1)",
+            "the script exited with status 1 after 0 optimizer steps",
+        ),
+    ],
+)
+def test_a_script_that_stops_without_cuda_is_told_why(workdir: Path, stop: str, failure: str) -> None:
+    """None of these failures names CUDA, so the hint to fall back to the CPU was left out: the user saw
+    a bare AssertionError, or an exit status and nothing else."""
+    needs_gpu = script(workdir, "needs_gpu.py", f"import sys, torch\n{stop}\n")
+    with pytest.raises(EstimateError) as failed:
+        estimate(["python", needs_gpu])
+    assert str(failed.value) == f"{failure} ({cuda_on_cpu.HIDDEN})"
+
+
 def test_a_failing_cuda_call_comes_with_the_hint_to_fall_back(workdir: Path) -> None:
     named = MLP_SCRIPT.replace("optimizer = ", "print(torch.cuda.get_device_name(0))\noptimizer = ")
     with pytest.raises(EstimateError, match=r"not compiled with CUDA.*let the job fall back to the CPU"):

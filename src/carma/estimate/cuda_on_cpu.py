@@ -33,9 +33,20 @@ HINT = (
 )
 
 
-def explained(failure: str) -> str:
-    """A failure of the job, with the hint when it is about CUDA (`CUDA`, `cuda:0`, `torch._C._cuda_...`)."""
-    return f"{failure} ({HINT})" if "cuda" in failure.lower() else failure
+HIDDEN = (
+    "the script asked torch.cuda.is_available(), which is False in the capture: it runs the job on the CPU "
+    "with CUDA hidden, and a script that stops without CUDA cannot be captured; let it fall back to the CPU, e.g. "
+    'device = "cuda" if torch.cuda.is_available() else "cpu"'
+)
+
+
+def explained(failure: str, asked_if_available: bool = False) -> str:
+    """A failure of the job, with the hint when it is about CUDA (`CUDA`, `cuda:0`, `torch._C._cuda_...`),
+    or came after the job asked whether CUDA is available (an `assert torch.cuda.is_available()`, a script
+    printing "no GPU" and exiting, say nothing of CUDA themselves)."""
+    if "cuda" in failure.lower():
+        return f"{failure} ({HINT})"
+    return f"{failure} ({HIDDEN})" if asked_if_available else failure
 
 
 class Requests:
@@ -45,6 +56,7 @@ class Requests:
 
     def __init__(self, before_training: Callable[[], bool]) -> None:
         self.asked: list[str] = []
+        self.asked_if_available = False  # torch.cuda.is_available() was called (it answers False)
         self.before_training = before_training
         self._placed: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.held: dict[int, Any] = {}
@@ -216,7 +228,14 @@ def cuda_on_cpu(before_training: Callable[[], bool] = lambda: True) -> Iterator[
             kwargs["map_location"] = "cpu"
         return load(*args, **kwargs)
 
+    is_available = torch.cuda.is_available
+
+    def asked_if_available() -> bool:
+        requests.asked_if_available = True
+        return is_available()
+
     imitated = {
+        "is_available": asked_if_available,
         "synchronize": keep_on_cpu("synchronize"),  # the CPU's operators have finished when they return
         "set_device": keep_on_cpu("set_device"),
         "current_device": keep_on_cpu("current_device", 0),

@@ -31,6 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
+from carma.estimate import cuda_on_cpu
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError
 from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
@@ -205,8 +206,11 @@ def _estimate_in_child(
         if computed:
             payload, err = run(short_second, exact=True)
     if "error" in payload:
-        why = _last_line(err) if payload.get("stderr_says_why") else None
-        raise EstimateError(payload["error"] + (f": {why}" if why else ""))
+        if not payload.get("stderr_says_why"):
+            raise EstimateError(payload["error"])
+        why = _last_line(err)
+        exited = payload["error"] + (f": {why}" if why else "")
+        raise EstimateError(cuda_on_cpu.explained(exited, payload["asked_if_available"]))
     e = payload["estimate"]
     breakdown = Breakdown(**e["breakdown"])
     notes = (*e.get("notes", ()), *([COMPUTED_NOTE] if computed else []))
@@ -312,6 +316,7 @@ def _finish(spec: dict[str, Any], capture: Callable[[], Capture]) -> NoReturn:
         payload = {
             "error": str(exc),
             "stderr_says_why": isinstance(exc, ScriptExited),
+            "asked_if_available": isinstance(exc, ScriptExited) and exc.asked_if_available,
             "short_batch_ended": isinstance(exc, ShortBatchEnded),
             "script_failed": isinstance(exc, ScriptFailed),
         }

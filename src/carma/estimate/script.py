@@ -70,7 +70,12 @@ class ShortBatchEnded(ScriptFailed):
 
 class ScriptExited(ScriptFailed):
     """The script exited with an error status before its steps; why (argparse's complaint, say) is the
-    last line it wrote to stderr, which the process running the capture reads."""
+    last line it wrote to stderr, which the process running the capture reads and explains
+    (`cuda_on_cpu.explained`, told whether the script had asked if CUDA is available)."""
+
+    def __init__(self, message: str, asked_if_available: bool) -> None:
+        super().__init__(message)
+        self.asked_if_available = asked_if_available
 
 
 class _ModelRecorder:
@@ -383,9 +388,11 @@ def capture_script(
             pass
         except SystemExit as exc:
             if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
-                raise ScriptFailed(f"the script exited after {_steps_taken(session)}: {exc.code}") from None
+                exited = f"the script exited after {_steps_taken(session)}: {exc.code}"
+                raise ScriptFailed(cuda_on_cpu.explained(exited, _stopped_without_cuda(session, cuda))) from None
             if exc.code not in (None, 0):
-                raise ScriptExited(f"the script exited with status {exc.code} after {_steps_taken(session)}") from None
+                exited = f"the script exited with status {exc.code} after {_steps_taken(session)}"
+                raise ScriptExited(exited, _stopped_without_cuda(session, cuda)) from None
             if not session.order:  # `train.py --help`, say
                 raise ScriptFailed(
                     f"the script exited (status {exc.code or 0}) before its first optimizer step; the capture needs "
@@ -395,7 +402,8 @@ def capture_script(
             crash = f"the script crashed after {_steps_taken(session)}: {last_line(exc)}"
             if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
                 crash += " (the capture gives the script no input: let it run without asking)"
-            raise (ShortBatchEnded if session.short_moved else ScriptFailed)(cuda_on_cpu.explained(crash)) from None
+            explained = cuda_on_cpu.explained(crash, _stopped_without_cuda(session, cuda))
+            raise (ShortBatchEnded if session.short_moved else ScriptFailed)(explained) from None
         if not session.order and session.unprofiled_steps:
             raise EstimateError(
                 f"the script took {session.unprofiled_steps} optimizer steps without calling a torch.nn.Module with "
@@ -419,6 +427,11 @@ def capture_script(
 
 def _steps_taken(session: Session) -> str:
     return pluralize(len(session.order), "optimizer step")
+
+
+def _stopped_without_cuda(session: Session, cuda: cuda_on_cpu.Requests) -> bool:
+    """The script stopped before training after asking whether CUDA is available: likely because it is not."""
+    return cuda.asked_if_available and not session.order
 
 
 def _captured(
