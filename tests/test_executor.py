@@ -539,6 +539,21 @@ def test_a_task_killed_with_its_shim_unwatched_is_said_to_have_no_exit_status(wo
     )
 
 
+def test_an_abandoned_attempt_placed_again_runs_and_a_late_shim_of_it_still_does_not(world, tmp_path):
+    """A restart abandons an attempt whose shim had not started, and the daemon places the task again under
+    the same attempt number: the new shim found the marker and exited 1 without running the task."""
+    run_dir = world.executor.run_dir(1, 1)
+    run_dir.mkdir(parents=True)  # the old daemon died after creating it, before its shim wrote shim.json
+    assert world.executor.recover_unrecorded(1, 1) is None
+    task = world.start(py("open('ran', 'w')"))  # task 1, attempt 1 again
+    (ended,) = wait_for_exits(world.executor, 1)
+    assert (ended.task_id, ended.exit.exit_code) == (task, 0) and (tmp_path / "ran").exists()
+    late = subprocess.run(
+        [PY, "-m", "carma.server.shim", str(run_dir), "--", *py("open('late', 'w')")], cwd=tmp_path, capture_output=True
+    )
+    assert late.returncode == 1 and not (tmp_path / "late").exists()
+
+
 def test_kill_reaches_an_adopted_task(world):
     task = world.start(py(WAIT_FOR_TERM))
     wait_until(lambda: "ready" in world.log(task))

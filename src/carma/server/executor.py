@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import stat
@@ -39,7 +40,16 @@ import carma
 from carma.core.ports import TaskExit
 from carma.core.types import Launch, ProcessExit, Task, TaskId
 from carma.server import proctree
-from carma.server.shim import ABANDONED, EXIT_FILE, SHIM_FILE, STDERR_FILE, STDOUT_FILE, claim
+from carma.server.shim import (
+    ABANDONED,
+    ADMITS,
+    EXIT_FILE,
+    SHIM_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    claim,
+    write_json_atomically,
+)
 from carma.server.spec import JobSpec
 from carma.units import inflect, pluralize
 
@@ -108,9 +118,10 @@ class ProcessExecutor:
         """Start the attempt; a failure to start is reported as its exit at the next poll, never raised."""
         job = self.jobs(task.id)
         run_dir = self.run_dir(task.id, launch.attempt)
+        token = secrets.token_hex(8)  # lets this launch, and no late shim of an abandoned one, use the run dir
         try:
-            self._prepare_run_dir(run_dir, job)
-            child = self._spawn(run_dir, job, self._environment(job, task, launch))
+            self._prepare_run_dir(run_dir, job, token)
+            child = self._spawn(run_dir, job, self._environment(job, task, launch), token)
         except Exception as exc:  # OSError mostly, or a ValueError from a bad uid/gid: one task, never the loop
             message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
             if isinstance(exc, PermissionError) and exc.filename == sys.executable and self.run_as_owner:
@@ -203,9 +214,13 @@ class ProcessExecutor:
             "CUDA_VISIBLE_DEVICES": devices,
         }
 
-    def _prepare_run_dir(self, run_dir: Path, job: JobSpec) -> None:
-        """Create the run dir and empty logs; hand them to the job's owner when the task runs as them."""
+    def _prepare_run_dir(self, run_dir: Path, job: JobSpec, token: str) -> None:
+        """Create the run dir and empty logs; hand them to the job's owner when the task runs as them. A run
+        dir a restart abandoned (`recover_unrecorded`) is placed again: its marker admits this launch."""
         run_dir.mkdir(parents=True, exist_ok=True)
+        marker = _read_json(run_dir / SHIM_FILE)
+        if marker is not None and marker.get(ABANDONED):
+            write_json_atomically(run_dir / SHIM_FILE, {**marker, ADMITS: token})
         for name in (STDOUT_FILE, STDERR_FILE):
             (run_dir / name).touch()
         if self.run_as_owner:
@@ -215,13 +230,13 @@ class ProcessExecutor:
                 os.chown(path, job.uid, job.gid, follow_symlinks=False)
             run_dir.chmod(0o700)
 
-    def _spawn(self, run_dir: Path, job: JobSpec, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, run_dir: Path, job: JobSpec, env: dict[str, str], token: str) -> subprocess.Popen[bytes]:
         """Start the shim in a new session, in the job's workdir and environment (and user, as root).
 
         `-I` keeps the job's PYTHON* variables and working directory out of the shim's own interpreter.
         The shim's own diagnostics (say, a traceback) land in stderr.log.
         """
-        argv = [sys.executable, "-I", "-m", "carma.server.shim", str(run_dir)]
+        argv = [sys.executable, "-I", "-m", "carma.server.shim", str(run_dir), "--launch", token]
         argv += ["--shell", "--", *job.argv] if job.shell else ["--", *job.argv]
         owner: dict[str, object] = {}
         if self.run_as_owner:  # the user's own groups too: /dev/nvidia* is often group-restricted

@@ -29,6 +29,7 @@ EXIT_FILE = "exit.json"
 STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 ABANDONED = "abandoned"  # key of the marker the daemon leaves in place of shim.json (see `claim`)
+ADMITS = "admits"  # the marker's key naming the one launch that may take the run dir over (see `claim`)
 
 
 def _write_temp(path: Path, data: dict[str, object]) -> Path:
@@ -44,33 +45,48 @@ def write_json_atomically(path: Path, data: dict[str, object]) -> None:
     os.replace(_write_temp(path, data), path)
 
 
-def claim(path: Path, data: dict[str, object]) -> bool:
+def claim(path: Path, data: dict[str, object], launch: str | None = None) -> bool:
     """Create `path` with `data` atomically, unless it already exists.
 
     The shim and a restarting daemon race for shim.json: the shim to record that it started the task, the
     daemon to mark an attempt it gave up on as abandoned. Exactly one wins, so a task the daemon
-    considers never started cannot start later.
+    considers never started cannot start later. The daemon places such a task again in the same run dir,
+    and lets that new launch in: the marker then admits its `launch` token, which a late shim of the
+    abandoned launch does not have.
     """
     tmp = _write_temp(path, data)
     try:
         os.link(tmp, path)
         return True
     except FileExistsError:
-        return False
+        if launch is None or _read(path).get(ADMITS) != launch:
+            return False
+        os.replace(tmp, path)  # one launch holds the token: nobody else replaces the marker
+        return True
     finally:
-        tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
-def parse_args(args: list[str]) -> tuple[Path, bool, list[str]]:
-    """Split `RUN_DIR [--shell] -- ARGV...`; everything after `--` is the task's, untouched."""
+def _read(path: Path) -> dict[str, object]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def parse_args(args: list[str]) -> tuple[Path, bool, str | None, list[str]]:
+    """Split `RUN_DIR [--shell] [--launch TOKEN] -- ARGV...`; everything after `--` is the task's, untouched."""
     parser = argparse.ArgumentParser(prog="python -m carma.server.shim", description="Run and record one task.")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--shell", action="store_true", help="run ARGV joined by spaces through /bin/sh -c")
+    parser.add_argument("--launch", help="this launch's token, which an abandoned run dir's marker may admit")
     if "--" not in args or args.index("--") == len(args) - 1:
         parser.error("the task's command must follow '--'")
     cut = args.index("--")
     options = parser.parse_args(args[:cut])
-    return options.run_dir, options.shell, args[cut + 1 :]
+    return options.run_dir, options.shell, options.launch, args[cut + 1 :]
 
 
 def command(argv: list[str], shell: bool) -> list[str]:
@@ -82,13 +98,13 @@ def record_exit(run_dir: Path, exit_code: int | None, sig: int | None) -> None:
     write_json_atomically(run_dir / EXIT_FILE, {"exit_code": exit_code, "signal": sig, "ended_at": time.time()})
 
 
-def run(run_dir: Path, argv: list[str]) -> int:
+def run(run_dir: Path, argv: list[str], launch: str | None = None) -> int:
     """Start the task, wait for it, record how it ended; return the shim's own exit status."""
     cancelled = []
     for signum in (signal.SIGTERM, signal.SIGINT):  # a handler, not SIG_IGN: exec resets handlers only
         signal.signal(signum, lambda sig, _frame: cancelled.append(sig))
     me = {"pid": os.getpid(), "start_ticks": proctree.start_ticks(os.getpid()), "started_at": time.time()}
-    if not claim(run_dir / SHIM_FILE, me):
+    if not claim(run_dir / SHIM_FILE, me, launch):
         print("carma: the daemon abandoned this attempt before it started; not running it", file=sys.stderr)
         return 1
     if cancelled:  # cancelled before the task existed: the group signal had nobody else to reach
@@ -124,8 +140,8 @@ def end_stragglers() -> None:
 
 
 def main(args: list[str] | None = None) -> int:
-    run_dir, shell, argv = parse_args(sys.argv[1:] if args is None else args)
-    return run(run_dir, command(argv, shell))
+    run_dir, shell, launch, argv = parse_args(sys.argv[1:] if args is None else args)
+    return run(run_dir, command(argv, shell), launch)
 
 
 if __name__ == "__main__":
