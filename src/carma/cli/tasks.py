@@ -35,10 +35,13 @@ def _client() -> Client:
 
 
 def _call(fn, *args: Any, **kwargs: Any) -> Any:  # type: ignore[no-untyped-def]
-    from carma.server.client import ClientError
+    """`fn`'s answer; a refusal or a server down exits 2, a server down past a restart's minute (GaveUp) 3."""
+    from carma.server.client import ClientError, GaveUp
 
     try:
         return fn(*args, **kwargs)
+    except GaveUp as e:
+        raise fail(e, code=3) from None
     except ClientError as e:
         raise fail(e) from None
 
@@ -283,8 +286,6 @@ def logs_cmd(
 
     All of it, chunk by chunk; following the latest attempt goes on to the attempts that relaunch it, and
     through a restart of the server (for up to a minute: exit 3 if it gave up)."""
-    from carma.server.client import ClientError, GaveUp
-
     client = _client()
     stream, offset, number = "stderr" if stderr else "stdout", 0, attempt
     chunk = _call(client.logs, task_id, stream, number, offset)  # a server not running is an error at once
@@ -303,12 +304,7 @@ def logs_cmd(
             return
         elif not chunk["text"]:
             time.sleep(0.5)
-        try:
-            chunk = _through_restarts(partial(client.logs, task_id, stream, number, offset), f"task {task_id}'s log")
-        except GaveUp as e:
-            raise fail(e, code=3) from None
-        except ClientError as e:
-            raise fail(e) from None
+        chunk = _call(_through_restarts, partial(client.logs, task_id, stream, number, offset), f"task {task_id}'s log")
 
 
 def _through_restarts(request: Callable[[], Any], following: str) -> Any:
