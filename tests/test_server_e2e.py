@@ -277,7 +277,34 @@ def test_logs_follow_outlives_a_restart_of_the_server(start_server):  # type: ig
     server.start()
     stdout, stderr = following.communicate(timeout=60)
     assert (following.returncode, stdout) == (0, "".join(f"line {i}\n" for i in range(1, 13)))
-    assert stderr == f"carma: the server stopped answering; following task {task}'s log when it is back\n"
+    assert stderr == (
+        f"carma: the server stopped answering; following task {task}'s log when it is back\n"
+        f"carma: task {task} completed\n"
+    )
+
+
+def test_logs_of_a_task_not_started_say_why_and_a_follower_says_how_it_ended(start_server):  # type: ignore[no-untyped-def]
+    """`carma logs` printed nothing for a waiting task, as for one that printed nothing; `-f` ended on a
+    failed task as on a completed one."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    server.cli("drain")
+    task = server.submit("sh", "-c", "echo partial; exit 3")
+    waiting = server.cli("logs", task)
+    assert (waiting.returncode, waiting.stdout) == (0, "")
+    assert waiting.stderr == (
+        f"carma: task {task} has not started: no output yet. It is queued: the server is draining: no placements "
+        "until `carma resume`\n"
+    )
+    following = subprocess.Popen([CARMA, "logs", str(task), "-f"], env=server.env, stdout=PIPE, stderr=PIPE, text=True)
+    time.sleep(1)
+    server.cli("resume")
+    stdout, stderr = following.communicate(timeout=60)
+    assert (following.returncode, stdout) == (0, "partial\n")  # the status is `carma wait`'s to give
+    assert stderr.splitlines()[-1] == f"carma: task {task} failed: exit code 3 (its last output: partial)"
+    server.cli("drain")
+    never = server.submit("true")
+    server.cli("cancel", never)
+    assert server.cli("logs", never).stderr == f"carma: task {never} never ran: cancelled: cancelled by request\n"
 
 
 def test_wait_that_gives_up_still_prints_every_state_as_json(start_server):  # type: ignore[no-untyped-def]

@@ -289,6 +289,8 @@ def logs_cmd(
     client = _client()
     stream, offset, number = "stderr" if stderr else "stdout", 0, attempt
     chunk = _call(client.logs, task_id, stream, number, offset)  # a server not running is an error at once
+    if chunk["attempt"] is None:  # an empty answer alone reads as a task that printed nothing
+        err.print(f"carma: task {task_id} {_not_started(_call(client.task, task_id), follow)}", highlight=False)
     while True:
         if number is None and (latest := chunk["attempt"] or 0) > 1:  # the earlier output (an OOM, say) is elsewhere
             earlier = "--attempt 1" if latest == 2 else f"--attempt 1 to {latest - 1}"
@@ -301,10 +303,27 @@ def logs_cmd(
             number, offset = number + 1, 0
             err.print(f"carma: task {task_id} was relaunched: attempt {number}'s output follows")
         elif chunk["done"] or (not chunk["text"] and not follow):
+            if follow:  # how it ended, which the log alone may not say (a SIGKILL, an OOM crash)
+                err.print(f"carma: task {task_id} {_ended(_call(client.task, task_id))}", highlight=False)
             return
         elif not chunk["text"]:
             time.sleep(0.5)
         chunk = _call(_through_restarts, partial(client.logs, task_id, stream, number, offset), f"task {task_id}'s log")
+
+
+def _not_started(task: dict[str, Any], follow: bool) -> str:
+    """Why a task has no log yet, for `carma logs`."""
+    from carma.core.types import TERMINAL_STATES, TaskState
+
+    if TaskState(task["state"]) in TERMINAL_STATES:
+        return f"never ran: {_ended(task)}"
+    then = "its output follows once it starts" if follow else "no output yet"
+    why = task["waiting_reason"] or task["activity"]
+    return f"has not started: {then}. It is {task['state']}" + (f": {why}" if why else "")
+
+
+def _ended(task: dict[str, Any]) -> str:
+    return task["state"] + (f": {task['reason']}" if task["reason"] else "")
 
 
 def _through_restarts(request: Callable[[], Any], following: str) -> Any:
@@ -363,7 +382,7 @@ def wait_cmd(
         _print_json([_ending(t) for t in tasks])
     else:
         for t in tasks:
-            out.print(f"task {t['id']} {t['state']}" + (f": {t['reason']}" if t["reason"] else ""), highlight=False)
+            out.print(f"task {t['id']} {_ended(t)}", highlight=False)
     raise typer.Exit(0 if all(t["state"] == "completed" for t in tasks) else 1)
 
 
