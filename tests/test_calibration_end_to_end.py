@@ -9,6 +9,7 @@ same thing without writing.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +52,25 @@ def test_calibration_reproduces_the_shipped_profiles(calibration):
     assert len(fitted) == len(shipped)
     for ours, theirs in zip(fitted, shipped, strict=True):
         assert ours == theirs, ours["task"]
+
+
+def test_calibrate_writes_both_files_or_neither(calibration, tmp_path):
+    """A profiles path that could not be written left the parameters rewritten: a fit with the other's data."""
+    from carma.calibration.calibrate import write
+
+    params, profiles = tmp_path / "twin_params.json", tmp_path / "profiles"
+    params.write_text("old\n")
+    profiles.mkdir()
+    with pytest.raises(IsADirectoryError):
+        write(calibration, params, profiles)
+    assert params.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "profiles",
+        "twin_params.json",
+    ]
+    profiles.rmdir()
+    write(calibration, params, profiles)
+    assert json.loads(params.read_text()) == twin_params()
+    assert profiles.read_text() == data_file("profiles.csv").read_text()
 
 
 def markdown_table(report: str, header: str) -> list[list[str]]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,8 +110,23 @@ def shipped_paths() -> tuple[Path, Path]:
 
 
 def write(calibration: Calibration, params_path: Path, profiles_path: Path) -> None:
-    params_path.write_text(json.dumps(calibration.params(), indent=2) + "\n")
-    with open(profiles_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(calibration.profiles)
+    """Both files or neither: each is written beside its target first, then both replace theirs, so that a
+    target that cannot be written (a directory, a full disk) leaves the twin's parameters and profiles as
+    they were rather than one fit with the other's data."""
+    profiles = io.StringIO()
+    writer = csv.DictWriter(profiles, fieldnames=FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(calibration.profiles)
+    texts = {params_path: json.dumps(calibration.params(), indent=2) + "\n", profiles_path: profiles.getvalue()}
+    written: list[Path] = []
+    try:
+        for path, text in texts.items():
+            if path.is_dir():
+                raise IsADirectoryError(f"{path}: is a directory")
+            written.append(temp := path.with_name(f".{path.name}.new"))
+            temp.write_text(text)
+        for temp, path in zip(written, texts, strict=True):
+            os.replace(temp, path)
+    finally:
+        for temp in written:
+            temp.unlink(missing_ok=True)
