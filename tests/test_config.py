@@ -165,6 +165,7 @@ def test_weights_must_sum_to_one(weights):
         ({"server": {"keep_ended_days": -1}}, "keep_ended_days must be 0 (keep every task) or more, not -1"),
         ({"server": {"keep": 30}}, "carma.toml [server]: unknown key(s) keep"),
         ({"scheduler": {"sample_interval_s": float("inf")}}, "[scheduler]: sample_interval_s must be a finite number"),
+        ({"scheduler": {"sample_interval_s": 0.001}}, "sample_interval_s must be at least 0.1 s, got 0.001"),
         ({"twin": {"power_exponent": float("nan")}}, "[twin]: power_exponent must be a finite number, not nan"),
         (  # NaN would pass the sum check and switch the risk filter off unsaid
             {"scheduler": {"risk": {"weights": {"mean": float("nan")}}}},

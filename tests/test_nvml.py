@@ -155,7 +155,7 @@ def ampere(**extra):  # type: ignore[no-untyped-def]
     return {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-a", "total": 40 * GIB, **extra}
 
 
-def no_dcgm(_):  # type: ignore[no-untyped-def]
+def no_dcgm(_gpus, _interval_ms):  # type: ignore[no-untyped-def]
     raise FileNotFoundError("dcgmi not found")
 
 
@@ -184,8 +184,8 @@ def test_a_gpm_metric_the_gpu_cannot_give_is_missing_not_zero():
 class Dmon:
     """A DCGM stream that answers, until it dies."""
 
-    def __init__(self, gpus):  # type: ignore[no-untyped-def]
-        self.gpus = list(gpus)
+    def __init__(self, gpus, interval_ms):  # type: ignore[no-untyped-def]
+        self.gpus, self.interval_ms = list(gpus), interval_ms
         self.running = True
 
     def alive(self) -> bool:
@@ -200,10 +200,15 @@ class Dmon:
 
 def test_before_hopper_metrics_come_from_dcgm():
     backend = NvmlBackend(FakeNvml([ampere(), ampere(uuid="GPU-b")]), dcgm_factory=Dmon)
-    assert backend._dcgm.gpus == [0, 1]
+    assert (backend._dcgm.gpus, backend._dcgm.interval_ms) == ([0, 1], 1000)
     sample = backend.read(1.0)[1].sample
     assert (sample.smact, sample.smocc, sample.drama) == (0.6, 0.3, None)
     assert backend.missing() == {}
+
+
+def test_dcgm_streams_at_the_daemons_sampling_period():
+    """It streamed every second whatever `sample_interval_s` said, so a window of samples spanned other times."""
+    assert NvmlBackend(FakeNvml([ampere()]), dcgm_factory=Dmon, interval_s=0.25)._dcgm.interval_ms == 250
 
 
 def test_a_dcgm_stream_that_died_leaves_the_metrics_missing_not_zero():
@@ -360,7 +365,7 @@ def test_dcgm_without_a_host_engine_is_reported_missing_saying_why(monkeypatch, 
     monkeypatch.setenv("FAKE_DCGM_NO_ENGINE", "1")
     with pytest.raises(OSError, match=r"^dcgmi dmon stopped at once: Error: unable to establish a connection"):
         DcgmDmon([0], binary=DCGMI)
-    backend = NvmlBackend(FakeNvml([ampere()]), dcgm_factory=lambda gpus: DcgmDmon(gpus, binary=DCGMI))
+    backend = NvmlBackend(FakeNvml([ampere()]), dcgm_factory=lambda gpus, ms: DcgmDmon(gpus, ms, binary=DCGMI))
     assert backend.missing() == {0: ("smact", "smocc", "drama")}
     assert "Unable to connect to host engine" in caplog.text
 

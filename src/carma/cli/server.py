@@ -69,7 +69,8 @@ def server_cmd(
         paths.create()
         refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
         tokens = Tokens(paths.tokens)  # a malformed file stops the start before an MPS daemon or GPU is touched
-        backend, env = _backend(paths, fake_gpus, choice(sharing or "mps", SHARING_MODES, "--sharing"), time_scale)
+        sharing_mode = choice(sharing or "mps", SHARING_MODES, "--sharing")
+        backend, env = _backend(paths, fake_gpus, sharing_mode, time_scale, scheduler.sample_interval_s)
         control = MpsControl(paths.home) if mps else None
         if control is not None:
             control.start()
@@ -116,12 +117,13 @@ def _me() -> str:
     return user_name(os.geteuid())
 
 
-def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float):  # type: ignore[no-untyped-def]
-    """The GPU backend (NVML for real GPUs, or fake ones) and the environment every task gets with it."""
+def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float, interval_s: float):  # type: ignore[no-untyped-def]
+    """The GPU backend (NVML for real GPUs, sampled every `interval_s`, or fake ones) and the environment
+    every task gets with it."""
     if not fake_gpus:
         from carma.telemetry.nvml import NvmlBackend
 
-        return NvmlBackend(), {}
+        return NvmlBackend(interval_s=interval_s), {}
     from carma.sim.gpus import parse_gpus
     from carma.telemetry.fake import FakeGpuBackend, fake_env
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+MIN_SAMPLE_INTERVAL_S = 0.1  # NVML's utilization counters update every 1/6 s to 1 s
 MAX_WINDOW_SAMPLES = 3600  # an hour of 1-second samples; every decision and risk score reads the whole window
 
 
@@ -82,8 +83,10 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.window_samples <= MAX_WINDOW_SAMPLES:  # each decision reads the whole window
             raise ValueError(f"window_samples must be from 1 to {MAX_WINDOW_SAMPLES}, got {self.window_samples}")
-        if self.sample_interval_s <= 0:
-            raise ValueError("sample_interval_s must be positive")
+        if self.sample_interval_s < MIN_SAMPLE_INTERVAL_S:  # faster, the daemon spins a core on stale readings
+            raise ValueError(
+                f"sample_interval_s must be at least {MIN_SAMPLE_INTERVAL_S} s, got {self.sample_interval_s}"
+            )
         for name in ("margin_mib", "min_free_mib", "reserve_mib", "max_relaunches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

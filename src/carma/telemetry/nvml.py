@@ -107,10 +107,17 @@ class _Target:
 class NvmlBackend:
     """The daemon's GpuBackend for real GPUs."""
 
-    def __init__(self, nvml: Any | None = None, dcgm_factory: Callable[[Iterable[int]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        nvml: Any | None = None,
+        dcgm_factory: Callable[[Iterable[int], int], Any] | None = None,
+        interval_s: float = 1.0,
+    ) -> None:
+        """`interval_s`: the daemon's sampling period, which DCGM streams at, so that a monitor window of
+        `window_samples` covers the time the configuration says."""
         self._nvml = nvml if nvml is not None else load_nvml()
         self._targets = self._discover()
-        self._dcgm = self._start_dcgm(dcgm_factory)
+        self._dcgm = self._start_dcgm(dcgm_factory, round(interval_s * 1000))
         self._failing: set[tuple[int, str]] = set()  # (target, reading) whose failure is logged already
         self._queries = {  # per process list, the function this driver has (see `_processes`)
             name: getattr(self._nvml, name)
@@ -179,7 +186,7 @@ class NvmlBackend:
             log.warning("GPM unavailable: this pynvml lacks it (%s); `pip uninstall pynvml` leaves nvidia-ml-py's", e)
             return None
 
-    def _start_dcgm(self, factory: Callable[[Iterable[int]], Any] | None) -> Any:
+    def _start_dcgm(self, factory: Callable[[Iterable[int], int], Any] | None, interval_ms: int) -> Any:
         """DCGM for the whole GPUs GPM does not cover; None when there are none or DCGM is absent."""
         needy = sorted({t.physical for t in self._targets if t.gpm is None and not t.info.exclusive})
         if not needy:
@@ -187,7 +194,7 @@ class NvmlBackend:
         if factory is None:
             from carma.telemetry.dcgm import DcgmDmon as factory
         try:
-            return factory(needy)
+            return factory(needy, interval_ms)
         except FileNotFoundError as e:  # not installed: the start's warning on missing metrics says enough
             log.info("DCGM unavailable: %s", e)
         except OSError as e:  # installed, but it could not stream (e.g. no host engine runs): say why
