@@ -6,9 +6,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import pwd
 import re
 import shutil
+import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -245,6 +248,38 @@ def test_a_link_opened_in_a_tab_already_showing_the_dashboard_signs_in(browser, 
     expect(page.locator("#login")).to_be_hidden()
     assert "token" not in page.url
     page.close()
+
+
+def test_a_link_to_a_token_with_url_characters_signs_in(browser, start_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A token with '%', '&' or '#' (a tokens file takes any printable one) was printed as it stands: '%zz' made
+    the page's decoding throw, so it stayed blank, and '&' cut the token short."""
+    from playwright.sync_api import expect
+
+    home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))  # short: a unix socket's path is limited
+    token = "odd%zz&token#with-chars"
+    (home / "tokens").write_text(f"{token} {pwd.getpwuid(os.geteuid()).pw_name} {os.geteuid()} admin\n")
+    (home / "tokens").chmod(0o600)
+    port = free_port()
+    server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", home=home)
+    link = server.cli("dashboard").stdout.strip()
+    assert link == f"http://127.0.0.1:{port}/#token=odd%25zz%26token%23with-chars"
+    page = browser.new_page()
+    page.goto(link)
+    expect(page.locator("[data-gpu]")).to_have_count(1, timeout=WAIT_MS)
+    expect(page.locator("#login")).to_be_hidden()
+    page.close()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_dashboard_names_the_machine_for_a_wildcard_listener_and_the_server_warns_of_it(start_server):  # type: ignore[no-untyped-def]
+    """`--tcp 0.0.0.0:PORT` gave the link http://0.0.0.0:PORT/, which no browser elsewhere opens, and its start
+    said nothing of tokens crossing the network in clear."""
+    port = free_port()
+    server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"0.0.0.0:{port}")
+    link = server.cli("dashboard").stdout.strip()
+    assert link.startswith(f"http://{socket.getfqdn()}:{port}/#token=")
+    started = (server.home / "test-server.log").read_text()
+    assert f"warning: 0.0.0.0:{port} is reachable from other machines, and tokens travel in clear HTTP" in started
 
 
 def test_the_page_is_public_its_data_is_not(served):  # type: ignore[no-untyped-def]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from contextlib import closing
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import quote
 
 import typer
 
@@ -90,6 +93,11 @@ def server_cmd(
         err.print(
             f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus and --sharing"
         )
+    if tcp and not _loopback(tcp):
+        err.print(
+            f"warning: {tcp} is reachable from other machines, and tokens travel in clear HTTP: listen on "
+            "127.0.0.1 and reach it through an SSH tunnel, or put a TLS reverse proxy in front"
+        )
     missing = scheduler.risk.missing
     for gpu, names in backend.missing().items():
         effect = "kept out of collocation" if missing == "risky" else "judged without them"
@@ -109,6 +117,25 @@ def server_cmd(
         + (f"; clients reach it with CARMA_HOME={paths.home}" if home else "")
     )
     asyncio.run(serve(daemon, sockets, tokens))
+
+
+def _host(address: str) -> str:
+    return address.rpartition(":")[0].strip("[]")
+
+
+def _loopback(address: str) -> bool:
+    """Whether a HOST:PORT listener is reachable from this machine only (a name is taken as not)."""
+    try:
+        return ipaddress.ip_address(_host(address)).is_loopback
+    except ValueError:
+        return _host(address) == "localhost"
+
+
+def _reachable(address: str) -> str:
+    """The listener's HOST:PORT as a browser elsewhere opens it: the machine's name for a wildcard host."""
+    if _host(address) in ("0.0.0.0", "::"):
+        return f"{socket.getfqdn()}:{address.rpartition(':')[2]}"
+    return address
 
 
 def _me() -> str:
@@ -219,13 +246,13 @@ def dashboard_cmd(home: HomeOption = None) -> None:
         raise fail(e) from None
     if status is not None and not status.get("tcp"):
         raise fail("the server does not listen on TCP: start it with --tcp 127.0.0.1:8765 to use the dashboard")
-    url = remote.rstrip("/") + "/" if remote else f"http://{status['tcp']}/"
+    url = remote.rstrip("/") + "/" if remote else f"http://{_reachable(status['tcp'])}/"
     try:
         token = os.environ.get("CARMA_TOKEN") or (None if remote else Tokens(paths.tokens).of_uid(os.geteuid()))
     except (OSError, ValueError):  # not ours to read, or edited into a malformed one since the server started
         token = None
     if token:
-        out.print(f"{url}#token={token}", highlight=False, soft_wrap=True)
+        out.print(f"{url}#token={quote(token, safe='')}", highlight=False, soft_wrap=True)  # '&', '#', '%' too
     else:
         out.print(url, highlight=False)
         err.print("sign in on the page with your token (the server's admin can make you one)")

@@ -57,7 +57,11 @@ async function api(path) {
 function takeLinkToken() {
   const match = location.hash.match(/token=([^&]+)/);
   if (!match) return false;
-  state.token = decodeURIComponent(match[1]);
+  try {
+    state.token = decodeURIComponent(match[1]);
+  } catch {
+    state.token = match[1]; // a link written by hand, with a bare '%': the token as it stands
+  }
   localStorage.setItem("carma-token", state.token);
   history.replaceState(null, "", location.pathname + location.search);
   return true;
