@@ -163,6 +163,25 @@ def test_a_task_file_given_by_a_relative_path_runs_in_its_folder(start_server, t
         assert server.task(json.loads(result.stdout)["id"])["workdir"] == str(workdir)
 
 
+def test_a_task_file_on_standard_input_or_a_pipe_runs_in_the_current_folder(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """`-f -` was "no task file '-'"; `-f /dev/stdin` ran the task in /dev, and `-f <(...)` in /proc/PID/fd."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    server.cli("drain")
+    for file in ("-", "/dev/stdin"):
+        result = subprocess.run(
+            [CARMA, "submit", "--json", "-f", file],
+            input="command: [pwd]\n",
+            cwd=tmp_path,
+            env=server.env,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        assert server.task(json.loads(result.stdout)["id"])["workdir"] == str(tmp_path)
+    bad = subprocess.run([CARMA, "submit", "-f", "-"], input="[", env=server.env, capture_output=True, text=True)
+    assert bad.stderr.startswith("error: standard input: not valid YAML (line 1")
+
+
 def test_tasks_inherit_the_submitters_environment_unless_clean(start_server, tmp_path):  # type: ignore[no-untyped-def]
     """As sbatch exports it: a task finds its user's HOME, PATH and settings, never their carma token."""
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
@@ -430,6 +449,13 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             "sixty.yaml: not valid YAML (line 2: 1:30:00 is YAML 1.1's base-60 for 5400: write the number, or quote "
             "it)",
         ),
+        (  # these three were the server's "invalid request: command: Field required", naming no file
+            ["submit", "-f", _file(tmp_path, "t.toml", b'command = ["true"]\n')],
+            "t.toml: a task file is a YAML mapping with at least 'command' (task files are YAML; carma's configuration "
+            "file is the TOML one)",
+        ),
+        (["submit", "-f", _file(tmp_path, "nocmd.yaml", b"name: x\n")], "nocmd.yaml: 'command' is missing or empty"),
+        (["submit", "-f", _file(tmp_path, "blank.yaml", b"command: '  '\n")], "blank.yaml: 'command' is missing or"),
         (["queue", "--state", "queud"], "state must be one of queued, "),
         (["submit", "--", ""], "command: its program is empty"),  # these three were a 500 Internal Server Error
         (["submit", "--shell", "--", " "], "command: its program is empty"),

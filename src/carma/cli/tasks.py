@@ -53,8 +53,10 @@ def _print_json(value: object) -> None:
 def _spec_from_file(path: Path) -> dict[str, Any]:
     import yaml  # here: only `submit -f` reads YAML, and every command pays for a top-level import
 
+    stdin = str(path) == "-"
+    where = "standard input" if stdin else str(path)
     try:
-        doc = load_yaml(read_text(path))
+        doc = load_yaml(read_text(Path("/dev/stdin"), where) if stdin else read_text(path))
     except FileNotFoundError:
         raise fail(f"no task file {str(path)!r}") from None
     except NotText as e:
@@ -62,33 +64,41 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
     except OSError as e:  # a directory, say
         raise fail(f"cannot read task file {str(path)!r}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise fail(f"{path}: not valid YAML ({yaml_problem(e)})") from None
+        raise fail(f"{where}: not valid YAML ({yaml_problem(e)})") from None
     if not isinstance(doc, dict):
-        raise fail(f"{path}: a task file is a mapping with at least 'command'")
+        toml = " (task files are YAML; carma's configuration file is the TOML one)" if path.suffix == ".toml" else ""
+        raise fail(f"{where}: a task file is a YAML mapping with at least 'command'{toml}")
     unknown = set(doc) - TASK_FILE_KEYS
     if unknown:
-        raise fail(f"{path}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+        raise fail(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
     spec = dict(doc)
     if isinstance(spec.get("command"), str):  # split as the shell would, quotes and all
-        spec["command"] = [spec["command"]] if spec.get("shell") is True else _split(spec["command"], path)
+        spec["command"] = [spec["command"]] if spec.get("shell") is True else _split(spec["command"], where)
+    if not spec.get("command"):  # the server's own words ("Field required") would not name the file
+        raise fail(f"{where}: 'command' is missing or empty")
     if not isinstance(spec.get("workdir") or "", str):
-        raise fail(f"{path}: workdir must be a path, not {spec['workdir']!r}")
-    given = Path(spec.get("workdir") or ".").expanduser()  # relative to the file's folder, by default that
-    spec["workdir"] = str(given if given.is_absolute() else absolute(path.parent / given))
+        raise fail(f"{where}: workdir must be a path, not {spec['workdir']!r}")
+    # relative to the file's folder, by default that; to the current one for standard input or a pipe (<(...))
+    base = path.parent if not stdin and path.is_file() else Path()
+    given = Path(spec.get("workdir") or ".").expanduser()
+    spec["workdir"] = str(given if given.is_absolute() else absolute(base / given))
     return spec
 
 
-def _split(command: str, path: Path) -> list[str]:
+def _split(command: str, where: str) -> list[str]:
     try:
         return shlex.split(command)
     except ValueError as e:  # an unclosed quote
-        raise fail(f"{path}: cannot split command {command!r}: {e}") from None
+        raise fail(f"{where}: cannot split command {command!r}: {e}") from None
 
 
 @app.command("submit", context_settings={"allow_interspersed_args": False})
 def submit_cmd(
     command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments (after --).")] = None,
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="A task file (YAML) instead of a command.")] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="A task file (YAML; - reads standard input) instead of a command."),
+    ] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs the task needs (default 1).")] = None,
     mem: Annotated[
         str | None, typer.Option(help="GPU memory it needs on each of its GPUs, e.g. 8GiB (unknown: recovery only).")
