@@ -860,7 +860,7 @@ def test_a_replay_cut_short_says_which_tasks_it_had_submitted(start_server, tmp_
     replay = subprocess.Popen([CARMA, "replay", trace, "--skip-unknown"], env=server.env, stderr=subprocess.PIPE,
                               text=True)  # fmt: skip
     assert replay.stderr is not None
-    assert replay.stderr.readline() == "skipped 1 entries of unknown tasks: nonesuch\n"
+    assert replay.stderr.readline() == "skipped 1 entry of unknown tasks: nonesuch\n"
     submitted = re.fullmatch(r"t=0s submitted task (\d+) \(vgg\)\n", replay.stderr.readline())
     assert submitted
     server.stop()  # the second submission, 5 s of wall time later, finds no server

@@ -163,6 +163,26 @@ def test_csv_override_columns_change_only_their_rows(catalog, write):
     assert mine.ttfk_s == catalog.typical_profile()["ttfk_s"]
 
 
+def test_a_task_a_csv_row_defines_is_named_alone_by_the_rows_below(catalog, write):
+    """The row below said "unknown task 'my_job'", and --skip-unknown dropped a task the file defined."""
+    trace = load_trace(write("r.csv", "submit_s,task,solo_s,mem_mib\n0,my_job,1800,6000\n60,my_job,,\n"), catalog)
+    first, second = (e.workload for e in trace.entries)
+    assert second == first and (first.solo_s, first.mem_mib) == (1800.0, 6000)
+
+
+def test_a_short_new_task_is_told_to_give_its_own_start_up_times(catalog, write):
+    """It failed on the catalog's typical time to first kernel and warm-up, values the user never wrote."""
+    typical = catalog.typical_profile()
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(write("s.csv", "submit_s,task,solo_s,mem_mib\n0,short,10,1000\n"), catalog)
+    assert str(excinfo.value) == (
+        f"s.csv, line 2: task 'short': a task of 10 s needs its own ttfk_s and warmup_s: the catalog's "
+        f"({typical['ttfk_s']:g} s and {typical['warmup_s']:g} s) do not end before it"
+    )
+    trace = load_trace(write("s.csv", "submit_s,task,solo_s,mem_mib,ttfk_s,warmup_s\n0,short,10,1000,2,1\n"), catalog)
+    assert trace.entries[0].workload.solo_s == 10
+
+
 def test_csv_rows_with_equal_times_keep_file_order(catalog, write):
     trace = load_trace(write("tie.csv", "submit_s,task\n5,vgg\n5,dlrm\n0,Xception\n5,vgg2\n"), catalog)
     assert schedule(trace) == [(0.0, "Xception"), (5.0, "vgg"), (5.0, "dlrm"), (5.0, "vgg2")]
@@ -298,6 +318,7 @@ BAD_TRACES = [
     pytest.param("t.csv", "submit_s,task,ttfk_s\n0,vgg,nan\n", "ttfk_s must be a finite number", id="nan-field"),
     pytest.param("t.csv", "submit_s,task,gpus\n0,vgg,1.5\n", "gpus must be a whole number", id="fractional-gpus"),
     pytest.param("t.csv", "submit_s,task\n0,vgg\n5\n", "line 3: fewer values than the header", id="short-row"),
+    pytest.param("t.csv", "submit_s,task\n0,vgg\n5, \n", "t.csv, line 3: no task name", id="no-name"),
     pytest.param(
         "t.csv", "submit_s,task\n0,vgg\n\n\n5,nosuch\n", "line 5: unknown task 'nosuch'", id="line-after-blanks"
     ),
@@ -361,6 +382,11 @@ BAD_TRACES = [
         for item in ("repeat: 0", "repeat: 2.5", "repeat: many", "every: -1", "every: often")
     ),
 ]
+
+
+def test_one_skipped_entry_is_an_entry(catalog, write):
+    trace = load_trace(write("t.csv", "submit_s,task\n0,vgg\n5,foo\n"), catalog, skip_unknown=True)
+    assert trace.skipped_note() == "skipped 1 entry of unknown tasks: foo"
 
 
 def test_a_trace_of_unknown_tasks_only_says_what_was_left_out(catalog, write):

@@ -190,6 +190,12 @@ def define_workload(name: str, fields: Mapping[str, object], catalog: Catalog) -
         merged = {**base, **parsed, "estimates": {**base.get("estimates", {}), **estimates}}
         if "mem_first_mib" not in parsed:  # what shows first cannot exceed the (given) need
             merged["mem_first_mib"] = min(int(merged["mem_first_mib"]), int(merged["mem_mib"]))
+        start_s = float(merged["ttfk_s"]) + float(merged["warmup_s"])
+        if not {"ttfk_s", "warmup_s"} & set(parsed) and 0 < float(merged["solo_s"]) <= start_s:
+            raise ValueError(  # values the user never wrote: say whose they are and what to give
+                f"a task of {merged['solo_s']:g} s needs its own ttfk_s and warmup_s: the catalog's "
+                f"({merged['ttfk_s']:g} s and {merged['warmup_s']:g} s) do not end before it"
+            )
         return Workload(**merged)
     except UnknownTaskError:
         raise

@@ -31,6 +31,7 @@ from carma.traces.catalog import (
     data_file,
     define_workload,
 )
+from carma.units import pluralize
 
 BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
 
@@ -63,7 +64,7 @@ class Trace:
         return ", ".join(f"{name} (x{n})" if n > 1 else name for name, n in sorted(counts.items()))
 
     def skipped_note(self) -> str:
-        return f"skipped {len(self.skipped)} entries of unknown tasks: {self.skipped_summary()}"
+        return f"skipped {pluralize(len(self.skipped), 'entry', 'entries')} of unknown tasks: {self.skipped_summary()}"
 
 
 class _Builder:
@@ -75,6 +76,7 @@ class _Builder:
         self.skip_unknown = skip_unknown
         self.entries: list[TraceEntry] = []
         self.skipped: list[str] = []
+        self.defined: dict[str, Workload] = {}  # new tasks rows defined, for the rows below that name them alone
 
     def add(self, where: str, submit_s: object, name: str, fields: Mapping[str, object] | None = None) -> None:
         try:
@@ -93,7 +95,12 @@ class _Builder:
                 "since the epoch"
             )
         try:
-            workload = define_workload(name, fields or {}, self.catalog)
+            if not fields and name in self.defined:
+                workload = self.defined[name]
+            else:
+                workload = define_workload(name, fields or {}, self.catalog)
+                if fields and name not in self.catalog:
+                    self.defined[name] = workload
         except UnknownTaskError as err:
             if self.skip_unknown and not fields:  # a row that defines the task too thinly is a mistake, not a skip
                 self.skipped.append(name)
@@ -111,7 +118,8 @@ class _Builder:
         trace = Trace(name, tuple(entries), tuple(self.skipped))
         if not entries:
             left_out = (
-                f" once its {len(self.skipped)} entries of unknown tasks are left out: {trace.skipped_summary()}"
+                f" once its {pluralize(len(self.skipped), 'entry', 'entries')} of unknown tasks are left out: "
+                f"{trace.skipped_summary()}"
                 if self.skipped
                 else ""
             )
@@ -133,8 +141,10 @@ def _read_csv(text: str, b: _Builder) -> None:
             raise TraceError(f"{b.source}, line {lineno}: more values than the header has columns")
         if None in row.values():
             raise TraceError(f"{b.source}, line {lineno}: fewer values than the header has columns")
+        if not (name := (row["task"] or "").strip()):  # not an unknown task for --skip-unknown to leave out
+            raise TraceError(f"{b.source}, line {lineno}: no task name")
         fields = {k: v for k, v in row.items() if k not in ("submit_s", "task") and v not in (None, "")}
-        b.add(f"line {lineno}", row["submit_s"], (row["task"] or "").strip(), fields)
+        b.add(f"line {lineno}", row["submit_s"], name, fields)
 
 
 def _read_script(text: str, b: _Builder) -> None:
