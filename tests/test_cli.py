@@ -245,18 +245,6 @@ def test_a_trace_files_task_needing_more_gpus_than_the_server_is_named_by_its_li
         assert result.stderr == f"error: {trace}, {where}: task 'b' needs 4 GPUs but this server has 2\n"
 
 
-def test_an_oracle_refuses_a_trace_task_peaking_above_every_gpu_by_its_line(tmp_path):
-    """The need is known, as a declared one is to the daemon, which refuses it: `--memory oracle` ran the task
-    and counted an OOM crash it knew would come. Without the oracle the task runs and fails (its need unknown)."""
-    (tmp_path / "t.csv").write_text("submit_s,task,solo_s,mem_mib\n0,a,600,4000\n5,huge,600,50GiB\n")
-    result = run_carma("simulate", "--trace", "t.csv", "--gpus", "2xA100-40GB", "--memory", "oracle", cwd=tmp_path)
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == (
-        "error: t.csv, line 3: task 'huge' needs 50.00 GiB of GPU memory per GPU, more than any GPU of this server "
-        "has (40.00 GiB)\n"
-    )
-
-
 BAD_FILES = {
     "negative.csv": "submit_s,task\n-1,vgg\n",
     "invalid.toml": "[scheduler\n",

@@ -695,10 +695,10 @@ def test_a_known_need_goes_whole_only_to_a_gpu_that_can_hold_it(policy):
 
 def test_a_need_beyond_the_second_largest_gpu_takes_the_two_largest_for_a_two_gpu_task():
     b = Bench(totals=(81_920, 32_768, 40_960))
-    task = b.submit("wide", gpus=2, mem_mib=40_000)
+    task = b.submit("wide", gpus=2, mem_mib=45_000)
     assert b.placed() == {task.id: (0, 2)}
     assert task.current.need.kind is NeedKind.WHOLE_GPU
-    assert task.current.need.source == "user: 40000 MiB exceeds the 2 largest GPUs with the margin"
+    assert task.current.need.source == "user: 45000 MiB exceeds the 2 largest GPUs with the margin"
 
 
 def test_a_task_out_of_memory_alone_is_relaunched_on_a_larger_gpu_until_none_is_larger():

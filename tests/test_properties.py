@@ -63,10 +63,8 @@ def traces(draw, max_gpus, max_mem_mib, max_warmup_s=25):
 @st.composite
 def experiments(draw, policies=tuple(Policy), memory=("none", "oracle"), max_mem_mib=60000, max_warmup_s=25):
     twin = draw(servers())
-    run = RunConfig(draw(st.sampled_from(policies)), draw(st.sampled_from(memory)), draw(st.booleans()))
-    if run.memory == "oracle":  # a known need no GPU holds is refused when submitted, as the daemon refuses it
-        max_mem_mib = min(max_mem_mib, *(g.total_mib for g in twin.gpus))
     trace = draw(traces(len(twin.gpus), max_mem_mib, max_warmup_s))
+    run = RunConfig(draw(st.sampled_from(policies)), draw(st.sampled_from(memory)), draw(st.booleans()))
     return trace, run, twin
 
 

@@ -98,11 +98,7 @@ class Scheduler:
     # ----------------------------------------------------------------- inputs from a world
 
     def check(self, spec: TaskSpec) -> None:
-        """Raise SpecError for a task this server can never run (a world checks before it keeps the task).
-
-        A declared need no GPU could hold is refused as sbatch refuses a request no node meets: placed on a
-        whole GPU it would only run out of memory, and its relaunch would wait for a larger GPU that is not
-        there. An estimate that large still gets a whole GPU (`resolve_need`): estimates err."""
+        """Raise SpecError for a task this server can never run (a world checks before it keeps the task)."""
         if spec.gpus > len(self.gpus):
             raise SpecError(f"task {spec.name!r} needs {spec.gpus} GPUs but this server has {len(self.gpus)}")
         if spec.gpus > 1 and spec.gpus > len(self._usable_whole_mib):
@@ -110,16 +106,6 @@ class Scheduler:
                 f"task {spec.name!r} needs {spec.gpus} GPUs but this server has {len(self._usable_whole_mib)} whole "
                 "one(s): a process sees one MIG instance at most, so a MIG instance takes one-GPU tasks only"
             )
-        if spec.mem_mib is not None and spec.mem_mib > (capacity := self.capacity_mib(spec.gpus)):
-            has = (
-                "any GPU of this server has"
-                if spec.gpus == 1
-                else f"the {spec.gpus} largest GPUs of this server have each"
-            )
-            need, most = f"{spec.mem_mib / 1024:.2f} GiB", f"{capacity / 1024:.2f} GiB"
-            if need == most:  # rounded alike: the MiB say which is larger
-                need, most = f"{spec.mem_mib} MiB", f"{capacity} MiB"
-            raise SpecError(f"task {spec.name!r} needs {need} of GPU memory per GPU, more than {has} ({most})")
 
     def capacity_mib(self, n: int) -> int:
         """The memory (MiB) each GPU of an `n`-GPU task has at most: the largest GPU's, or MIG instance's, for

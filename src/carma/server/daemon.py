@@ -49,6 +49,19 @@ def placements_held(store: Store) -> int:
     return sum(stored.task.state in ACTIVE_STATES for stored in store.load())
 
 
+def _check_declared(job: JobSpec, capacity_mib: int) -> None:
+    """Refuse a declared memory need no GPU could hold (`capacity_mib`: the most each of the job's GPUs has),
+    as sbatch refuses a request no node meets: placed on a whole GPU it would only run out of memory, and its
+    relaunch would wait for a larger GPU that is not there. An estimate that large still gets a whole GPU."""
+    if job.mem_mib is None or job.mem_mib <= capacity_mib:
+        return
+    has = "any GPU of this server has" if job.gpus == 1 else f"the {job.gpus} largest GPUs of this server have each"
+    raise SpecError(
+        f"task {job.name!r} declares {job.mem_mib / 1024:.2f} GiB of GPU memory per GPU, more than {has} "
+        f"({capacity_mib / 1024:.2f} GiB)"
+    )
+
+
 class DaemonClock:
     """The scheduler's time base: wall-clock seconds, or sped up by `scale` for fake GPUs.
 
@@ -410,6 +423,7 @@ class Daemon:
     def submit(self, job: JobSpec) -> Task:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run)."""
         self.scheduler.check(job.task_spec())
+        _check_declared(job, self.scheduler.capacity_mib(job.gpus))
         if job.mps_threads is not None and self.mps is None:  # it was taken, and went nowhere
             raise SpecError("an MPS thread percentage applies to a server started with --mps, and this one was not")
         workdir = Path(job.workdir)
