@@ -308,7 +308,7 @@ BAD_INPUTS = {
     "config-key": (["--config", "unknown-key.toml"], "unknown key(s) gpu"),
     "config-value": (
         ["--config", "bad-policy.toml"],
-        "bad-policy.toml: policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'",
+        "bad-policy.toml [scheduler]: policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'",
     ),
     "config-weights": (["--config", "bad-weights.toml"], "risk weights must be non-negative and sum to 1"),
 }

@@ -137,7 +137,9 @@ def test_unknown_keys_name_their_section(doc, message):
     [{"mean": 0.5}, {"mean": 0.25, "median": 0.25, "p95": 0.25, "ema": 0.5}, {"mean": -0.2, "median": 0.7}],
 )
 def test_weights_must_sum_to_one(weights):
-    with pytest.raises(ConfigError, match=r"^carma\.toml: risk weights must be non-negative and sum to 1"):
+    with pytest.raises(
+        ConfigError, match=r"^carma\.toml \[scheduler\.risk\.weights\]: risk weights must be non-negative and sum to 1"
+    ):
         parse_config({"scheduler": {"risk": {"weights": weights}}}, "carma.toml")
 
 
@@ -157,21 +159,27 @@ def test_weights_must_sum_to_one(weights):
         ({"scheduler": {"margin_mib": True}}, "[scheduler]: margin_mib must be an integer, not True"),
         ({"scheduler": {"risk": {"enabled": "no"}}}, "[scheduler.risk]: enabled must be true or false, not 'no'"),
         ({"twin": {"gpus": 3}}, "[twin]: gpus must be a string, not 3"),
-        ({"scheduler": {"risk": {"smocc": 45}}}, "risk threshold smocc must be a fraction in [0, 1]"),
-        ({"twin": {"power_exponent": 0}}, "power exponent must be positive"),
-        ({"estimate": {"timeout_s": 0}}, "timeout_s must be positive"),
-        ({"estimate": {"captures": 0}}, "captures must be at least 1"),
+        ({"scheduler": {"risk": {"smocc": 45}}}, "[scheduler.risk]: risk threshold smocc must be a fraction in [0, 1]"),
+        ({"twin": {"power_exponent": 0}}, "[twin]: power exponent must be positive"),
+        ({"estimate": {"timeout_s": 0}}, "[estimate]: timeout_s must be positive"),
+        ({"estimate": {"captures": 0}}, "[estimate]: captures must be at least 1"),
         ({"estimate": {"captures": 1.5}}, "[estimate]: captures must be an integer, not 1.5"),
-        ({"server": {"keep_ended_days": -1}}, "keep_ended_days must be 0 (keep every task) or more, not -1"),
+        ({"server": {"keep_ended_days": -1}}, "[server]: keep_ended_days must be 0 (keep every task) or more, not -1"),
         ({"server": {"keep": 30}}, "carma.toml [server]: unknown key(s) keep"),
         ({"scheduler": {"sample_interval_s": float("inf")}}, "[scheduler]: sample_interval_s must be a finite number"),
-        ({"scheduler": {"sample_interval_s": 0.001}}, "sample_interval_s must be at least 0.1 s, got 0.001"),
+        (
+            {"scheduler": {"sample_interval_s": 0.001}},
+            "[scheduler]: sample_interval_s must be at least 0.1 s, got 0.001",
+        ),
         ({"twin": {"power_exponent": float("nan")}}, "[twin]: power_exponent must be a finite number, not nan"),
         (  # NaN would pass the sum check and switch the risk filter off unsaid
             {"scheduler": {"risk": {"weights": {"mean": float("nan")}}}},
             "[scheduler.risk.weights]: mean must be a finite number",
         ),
-        ({"scheduler": {"policy": "fast"}}, "policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'"),
+        (
+            {"scheduler": {"policy": "fast"}},
+            "[scheduler]: policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'",
+        ),
     ],
 )
 def test_invalid_values_are_config_errors(doc, message):

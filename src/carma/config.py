@@ -33,15 +33,18 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from carma.core.config import Policy, RiskConfig, RiskWeights, SchedulerConfig
 from carma.sim.experiment import TwinConfig
 from carma.sim.gpus import parse_gpus
 from carma.sim.models import PowerModel
 from carma.textfiles import NotText, read_text
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -124,33 +127,46 @@ def _defaults(obj: object) -> dict[str, object]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
+def _built(where: str, make: Callable[[], T]) -> T:
+    """`make()`, its ValueError (a value out of range) named by its file and section, as type errors are."""
+    try:
+        return make()
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
 def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
     top = _section(doc, {"scheduler": {}, "twin": {}, "estimate": {}, "server": {}}, source)
-    sched = _section(top.get("scheduler", {}), _defaults(SchedulerConfig()) | {"risk": {}}, f"{source} [scheduler]")
-    risk_where = f"{source} [scheduler.risk]"
+    sched_where, risk_where = f"{source} [scheduler]", f"{source} [scheduler.risk]"
+    weights_where = f"{source} [scheduler.risk.weights]"
+    sched = _section(top.get("scheduler", {}), _defaults(SchedulerConfig()) | {"risk": {}}, sched_where)
     risk = _section(sched.pop("risk", {}), _defaults(RiskConfig()) | {"weights": {}}, risk_where)
     twin = _section(top.get("twin", {}), _TWIN_KEYS, f"{source} [twin]")
     estimate = _section(top.get("estimate", {}), _defaults(EstimateConfig()), f"{source} [estimate]")
     server = _section(top.get("server", {}), _defaults(ServerConfig()), f"{source} [server]")
-    weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), f"{source} [scheduler.risk.weights]")
-    try:
-        if "policy" in sched:
-            policies = [p.value for p in Policy]
-            if sched["policy"] not in policies:
-                raise ValueError(f"policy must be one of {', '.join(policies)}; got {sched['policy']!r}")
-            sched["policy"] = Policy(sched["policy"])
-        scheduler = SchedulerConfig(**sched, risk=RiskConfig(**risk, weights=RiskWeights(**weights)))
-        twin_args: dict[str, Any] = {"scheduler": scheduler}
-        if "gpus" in twin:
-            twin_args["gpus"] = parse_gpus(twin["gpus"])
-        if "power_exponent" in twin:
-            twin_args["power"] = PowerModel(exponent=twin["power_exponent"])
-        for key in ("sharing", "fragmentation"):
-            if key in twin:
-                twin_args[key] = twin[key]
-        return Config(scheduler, TwinConfig(**twin_args), EstimateConfig(**estimate), ServerConfig(**server))
-    except ValueError as err:
-        raise ConfigError(f"{source}: {err}") from None
+    weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), weights_where)
+    if "policy" in sched:
+        policies = [p.value for p in Policy]
+        if sched["policy"] not in policies:
+            raise ConfigError(f"{sched_where}: policy must be one of {', '.join(policies)}; got {sched['policy']!r}")
+        sched["policy"] = Policy(sched["policy"])
+    risk_weights = _built(weights_where, lambda: RiskWeights(**weights))
+    risk_config = _built(risk_where, lambda: RiskConfig(**risk, weights=risk_weights))
+    scheduler = _built(sched_where, lambda: SchedulerConfig(**sched, risk=risk_config))
+    twin_args: dict[str, Any] = {"scheduler": scheduler}
+    if "gpus" in twin:
+        twin_args["gpus"] = _built(f"{source} [twin]", lambda: parse_gpus(twin["gpus"]))
+    if "power_exponent" in twin:
+        twin_args["power"] = _built(f"{source} [twin]", lambda: PowerModel(exponent=twin["power_exponent"]))
+    for key in ("sharing", "fragmentation"):
+        if key in twin:
+            twin_args[key] = twin[key]
+    return Config(
+        scheduler,
+        _built(f"{source} [twin]", lambda: TwinConfig(**twin_args)),
+        _built(f"{source} [estimate]", lambda: EstimateConfig(**estimate)),
+        _built(f"{source} [server]", lambda: ServerConfig(**server)),
+    )
 
 
 def load_config(path: Path | None) -> Config:
