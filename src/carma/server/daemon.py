@@ -56,10 +56,10 @@ def _check_declared(job: JobSpec, capacity_mib: int) -> None:
     if job.mem_mib is None or job.mem_mib <= capacity_mib:
         return
     has = "any GPU of this server has" if job.gpus == 1 else f"the {job.gpus} largest GPUs of this server have each"
-    raise SpecError(
-        f"task {job.name!r} declares {job.mem_mib / 1024:.2f} GiB of GPU memory per GPU, more than {has} "
-        f"({capacity_mib / 1024:.2f} GiB)"
-    )
+    need, most = f"{job.mem_mib / 1024:.2f} GiB", f"{capacity_mib / 1024:.2f} GiB"
+    if need == most:  # rounded alike ("40.00 GiB, more than ... 40.00 GiB"): the MiB say which is larger
+        need, most = f"{job.mem_mib} MiB", f"{capacity_mib} MiB"
+    raise SpecError(f"task {job.name!r} declares {need} of GPU memory per GPU, more than {has} ({most})")
 
 
 class DaemonClock:
