@@ -513,3 +513,14 @@ def test_the_memory_a_task_is_placed_with_as_the_lists_show_it(need, need_mib, e
     history_row = {**task, "gpus": list(range(gpus))}
     del history_row["gpus_requested"]
     assert _need_text(history_row) == shown
+
+
+def test_columns_align_by_terminal_cells_so_wide_characters_keep_the_table_straight():
+    """A CJK or emoji task name, two cells per character, pushed the later columns of `queue` out of line."""
+    from carma.cli.common import columns
+
+    assert columns(("NAME", "STATE"), [["训练🚀", "running"], ["resnet", "queued"]]).splitlines() == [
+        "NAME    STATE",
+        "训练🚀  running",
+        "resnet  queued",
+    ]

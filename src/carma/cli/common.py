@@ -48,10 +48,13 @@ def fail(problem: str | Exception, code: int = 2) -> typer.Exit:
 
 
 def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Plain aligned columns (the last one free-width): instant for thousands of rows, unlike a rich Table."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    """Plain aligned columns (the last one free-width): instant for thousands of rows, unlike a rich Table.
+    Padded by terminal cells, not characters: a CJK character or an emoji in a name takes two."""
+    from rich.cells import cell_len
+
+    widths = [max(map(cell_len, [h, *(r[i] for r in rows)])) for i, h in enumerate(headers)]
     lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
+        "  ".join(cell + " " * (w - cell_len(cell)) for cell, w in zip(row[:-1], widths, strict=False)) + "  " + row[-1]
         for row in [list(headers), *rows]
     ]
     return "\n".join(line.rstrip() for line in lines)
