@@ -21,6 +21,8 @@ class _Proxy(BaseHTTPRequestHandler):
         self.paths.append(self.path)
         if self.path.startswith("/carma/v1/"):
             self._send(200, "application/json", b"[]")
+        elif self.path.startswith("/prefix/"):  # carma itself (FastAPI) asked a path no route takes
+            self._send(404, "application/json", b'{"detail":"Not Found"}')
         elif self.path.startswith("/broken/"):
             self._send(502, "text/html", b"<html>\n<h1>502 Bad\nGateway</h1></html>")
         else:
@@ -55,7 +57,10 @@ def test_a_path_in_carma_url_prefixes_every_request(site: str) -> None:
 def test_a_url_that_is_not_a_carma_server_says_so_in_one_line(site: str) -> None:
     with pytest.raises(ClientError) as refused:
         Client(url=site).tasks()
-    assert str(refused.value) == f"HTTP 404 from {site}: no carma API there (check CARMA_URL)"
+    assert str(refused.value) == f"HTTP 404 from {site}: no carma API there (check CARMA_URL and its path)"
+    with pytest.raises(ClientError) as refused:  # was "Not Found" alone
+        Client(url=f"{site}/prefix").tasks()
+    assert str(refused.value) == f"HTTP 404 from {site}/prefix: no carma API there (check CARMA_URL and its path)"
     with pytest.raises(ClientError) as refused:
         Client(url=f"{site}/broken").tasks()
     assert str(refused.value) == "HTTP 502: <html> <h1>502 Bad Gateway</h1></html>"

@@ -130,11 +130,14 @@ class Client:
     def _refusal(self, status: int, data: Any, payload: bytes) -> str:
         if status == 413:  # carma's cap (16 MiB), or a proxy's in front of it
             return f"the request is larger than the server at {self.where} takes (HTTP 413)"
-        if isinstance(data, dict) and data.get("detail"):
+        detail = data.get("detail") if isinstance(data, dict) else None
+        # carma's 404s say what is missing; a bare "Not Found" is a path no route takes (CARMA_URL's path
+        # wrong), and no detail at all some other web server
+        if status == 404 and detail in (None, "Not Found"):
+            return f"HTTP 404 from {self.where}: no carma API there (check CARMA_URL and its path)"
+        if detail:
             hint = " (set CARMA_TOKEN to your token)" if status == 401 and not self._headers else ""
-            return f"{data['detail']}{hint}"
-        if status == 404:  # every path of the API answers a 404 with a detail: this is some other web server
-            return f"HTTP 404 from {self.where}: no carma API there (check CARMA_URL)"
+            return f"{detail}{hint}"
         text = " ".join(payload.decode(errors="replace").split())
         return f"HTTP {status}" + (f": {text[:200]}" if text else "")
 
