@@ -371,7 +371,7 @@ def test_a_relaunch_goes_only_to_a_gpu_that_holds_the_need_it_was_placed_with():
     assert b.placed() == {big.id: (1,)}
     b.oom(big.id)
     assert b.placed() == {}
-    assert b.sched.waiting_reason(big.id) == "recovery: waiting for 1 whole idle GPU holding 26048 MiB"
+    assert b.sched.waiting_reason(big.id) == "recovery: waiting for 1 whole idle GPU that can hold 26048 MiB"
     b.exit(filler.id)
     assert b.placed() == {big.id: (1,)}
 
@@ -690,7 +690,7 @@ def test_a_known_need_goes_whole_only_to_a_gpu_that_can_hold_it(policy):
         b.first_kernel(big.id)
         again = b.submit("again", mem_mib=36_000)
         assert b.placed() == {}
-        assert b.sched.waiting_reason(again.id) == "waiting for 1 whole idle GPU holding 38048 MiB"
+        assert b.sched.waiting_reason(again.id) == "waiting for 1 whole idle GPU that can hold 38048 MiB"
 
 
 def test_a_need_beyond_the_second_largest_gpu_takes_the_two_largest_for_a_two_gpu_task():

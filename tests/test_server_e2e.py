@@ -892,8 +892,11 @@ def test_mps_clients_get_carmas_pipe_and_their_limits(start_server):  # type: ig
 
 def test_history_records_what_the_gpus_saw_of_a_run(start_server):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    empty = server.cli("history", "--hours", "1")  # a header alone read as a listing that failed
+    assert (empty.returncode, empty.stderr) == (0, "no run ended in the last 1 h\n")
     task_id = server.submit(*fakejob(200, "3GiB", "--smact", "0.4", "--smocc", "0.2", "--drama", "0.3"), mem="4GiB")
-    assert server.cli("wait", task_id).returncode == 0
+    waited = server.cli("wait", task_id, task_id)
+    assert (waited.returncode, waited.stdout) == (0, f"task {task_id} completed\n")  # a repeated id said once
     (run,) = server.json("history")
     assert (run["task_id"], run["attempt"], run["outcome"], run["peak_mib"]) == (task_id, 1, "success", 3072)
     assert (run["need_mib"], run["need_source"]) == (4096, "user")  # what it was placed with, beside its peak
@@ -918,7 +921,8 @@ def test_ended_tasks_are_forgotten_after_the_configured_days(start_server, tmp_p
         f"error: no task with id {done}: it ended over 0.01 day(s) ago and was forgotten ([server] keep_ended_days)"
     )
     assert not (server.home / "tasks" / str(done)).exists()
-    many = server.cli("wait", *[done] * 21)  # beyond 20 ids wait reads the listing, which has no reason to give
+    # beyond 20 ids wait reads the listing, which has no reason to give; the first missing id is the one asked
+    many = server.cli("wait", done, *range(slow + 1, slow + 21))
     assert many.returncode == 2 and "was forgotten ([server] keep_ended_days)" in many.stderr
     assert server.submit("true") == slow + 1
 

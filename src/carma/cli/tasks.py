@@ -381,7 +381,7 @@ def wait_cmd(
     from carma.server.client import ClientError, WaitTimeout
 
     try:
-        tasks = _client().wait(task_ids, timeout)
+        tasks = _client().wait(list(dict.fromkeys(task_ids)), timeout)  # a repeated id is one task, said once
     except WaitTimeout as e:
         if as_json:  # a script still gets every task's state, the ones that ended and the ones it gave up on
             _print_json([_ending(t) for t in e.tasks])
@@ -496,6 +496,8 @@ def history_cmd(
     ]
     headers = ("RUN", "NAME", "USER", "OUTCOME", "GPUS", "MINUTES", "PEAK", "PLACED WITH", "FROM", "SMACT/SMOCC/DRAMA")
     print(columns(headers, rows))
+    if not runs:  # a header alone reads as a listing that failed
+        err.print("no run ended" + (f" in the last {hours:g} h" if hours is not None else " yet"), highlight=False)
 
 
 @app.command("drain")

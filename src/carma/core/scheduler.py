@@ -251,7 +251,7 @@ class Scheduler:
                 if len(idle) < n:
                     larger = f" larger than {outgrown} MiB" if outgrown else ""
                     required = None if first_need is None else self._whole_mib(first_need, n)
-                    holding = f" holding {required} MiB" if required is not None else ""
+                    holding = f" that can hold {required} MiB" if required is not None else ""
                     self._blocked[task.id] = f"recovery: waiting for {pluralize(n, 'whole idle GPU')}{larger}{holding}"
                     break
                 launches.append(self._launch(task, idle[:n], RECOVERY_NEED, now, recovery=True))
@@ -448,7 +448,7 @@ class Scheduler:
             if len(idle) >= n:  # in the policy's order too (Exclusive's is the index)
                 return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
             required = self._whole_mib(need, n)
-            holding = f" holding {required} MiB" if required is not None else ""
+            holding = f" that can hold {required} MiB" if required is not None else ""
             return f"waiting for {pluralize(n, 'whole idle GPU')}{holding}"
         if cfg.prefer_idle and len(idle) >= n:
             return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
