@@ -66,8 +66,9 @@ def estimate(work: Path, *args: object):  # type: ignore[no-untyped-def]
 
 def assert_estimate_json(stdout: str, method: str, device: str) -> dict:
     result = json.loads(stdout)
-    assert set(result) == {"method", "peak_bytes", "breakdown", "device", "seconds"}
+    assert set(result) == {"method", "peak_bytes", "breakdown", "device", "seconds", "device_bytes", "fits"}
     assert set(result["breakdown"]) == BREAKDOWN
+    assert result["fits"] is (result["peak_bytes"] <= result["device_bytes"])  # the table's last line, for scripts
     assert (result["method"], result["device"]) == (method, device)
     assert result["peak_bytes"] == sum(result["breakdown"].values()) > result["breakdown"]["context"] > 0
     assert result["seconds"] > 0

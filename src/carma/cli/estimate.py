@@ -119,8 +119,9 @@ def estimate_cmd(
                 estimate = estimate_job(job, method, device, steps, timeline=timeline, timeout_s=timeout)
     except EstimateError as e:
         raise fail(e) from None
-    if as_json:
-        print(json.dumps(estimate.to_json()))
+    if as_json:  # with the table's last line: whether it fits the device
+        total = _device_bytes(estimate)
+        print(json.dumps({**estimate.to_json(), "device_bytes": total, "fits": estimate.peak_bytes <= total}))
     else:
         _print_table(estimate)
         for note in estimate.notes:
@@ -177,14 +178,18 @@ def _status(message: str) -> AbstractContextManager[object]:
     return err.status(message, spinner="dots") if err.is_terminal else nullcontext()
 
 
+def _device_bytes(estimate: Estimate) -> int:
+    from carma.estimate.devices import get_device
+
+    return get_device(estimate.device).total_bytes
+
+
 def _print_table(estimate: Estimate) -> None:
     from dataclasses import asdict
 
     from rich.table import Table
 
-    from carma.estimate.devices import get_device
-
-    total = get_device(estimate.device).total_bytes
+    total = _device_bytes(estimate)
     table = Table(title=f"{estimate.method} estimate for {estimate.device}", title_justify="left")
     table.add_column("part")
     table.add_column("size", justify="right")
