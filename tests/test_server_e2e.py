@@ -418,7 +418,11 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "--gpus", "-1", "--", "true"], "greater than or equal to 1"),
         (["submit", "--gpus", "3", "--", "true"], "needs 3 GPUs but this server has 2"),
         (["submit", "--mem", "lots", "--", "true"], "cannot read 'lots' as a memory size"),
-        (["submit", "--mem", "99999999TiB", "--", "true"], "more than any GPU of this server has (40.00 GiB)"),
+        (["submit", "--mem", "999GiB", "--", "true"], "more than any GPU of this server has (40.00 GiB)"),
+        (
+            ["submit", "--mem", "99999999TiB", "--", "true"],
+            "memory size '99999999TiB' is over 1 PiB",
+        ),  # was float noise
         (
             ["submit", "--mps-threads", "50", "--", "true"],
             "applies to a server started with --mps, and this one was not",

@@ -113,3 +113,9 @@ def test_a_noun_with_an_irregular_plural_names_it():
 def test_spans_under_two_hours_are_in_minutes_longer_ones_in_hours(seconds, text):
     unit = time_unit(seconds)
     assert f"{in_unit(seconds, unit)} {unit[1]}" == text
+
+
+def test_a_size_past_a_pebibyte_is_refused_not_said_in_float_noise():
+    assert parse_mib("1024TiB") == 2**30
+    with pytest.raises(ValueError, match=r"^memory size '1025TiB' is over 1 PiB, more than any GPU holds$"):
+        parse_mib("1025TiB")

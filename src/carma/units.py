@@ -16,6 +16,9 @@ _UNITS_BYTES = {
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
+MAX_MIB = 2**30  # 1 PiB
+
+
 def parse_mib(text: str | int | float) -> int:
     """Parse a memory size into whole MiB (rounded up); a bare number is already MiB.
 
@@ -33,7 +36,9 @@ def parse_mib(text: str | int | float) -> int:
         raise ValueError(f"unknown memory unit {unit!r} in {text!r} (use B, KiB, MiB, GiB, TiB, KB, MB, GB)")
     if not 0 < value < math.inf:
         raise ValueError(f"memory size must be positive and finite, got {text!r}")
-    return math.ceil(value * _UNITS_BYTES[unit] / 2**20)
+    if (mib := math.ceil(value * _UNITS_BYTES[unit] / 2**20)) > MAX_MIB:  # past float precision, said in noise
+        raise ValueError(f"memory size {text!r} is over 1 PiB, more than any GPU holds")
+    return mib
 
 
 def inflect(n: int, one: str, many: str) -> str:
