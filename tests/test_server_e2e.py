@@ -744,7 +744,12 @@ def test_an_oom_crashed_task_is_recovered_and_completes(start_server):  # type: 
     assert server.cli("wait", big, late, "--timeout", "90").returncode == 0
     followed, said = follow.communicate(timeout=30)  # followed from the crashed attempt into its relaunch
     assert follow.returncode == 0 and "step 10/10" in followed
-    assert said == f"carma: task {late} was relaunched: attempt 2's output follows\n"
+    *before, relaunched, ended = said.splitlines()  # before: a line saying it has not started, if it had not
+    assert len(before) <= 1 and all(line.startswith(f"carma: task {late} has not started: ") for line in before)
+    assert (relaunched, ended) == (
+        f"carma: task {late} was relaunched: attempt 2's output follows",
+        f"carma: task {late} completed",
+    )
     attempts = server.task(late)["attempt_list"]
     assert server.task(late)["start_s"] == attempts[1]["dispatched_s"]  # queue's TIME: the relaunch's run
     assert [a["outcome"] for a in attempts] == ["oom", "success"]
