@@ -19,7 +19,6 @@ scheduling loop's step does): it reaps the shims and escalates a cancel to SIGKI
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import pwd
@@ -48,6 +47,8 @@ from carma.server.shim import (
     STDERR_FILE,
     STDOUT_FILE,
     claim,
+    open_record,
+    read_json,
     write_json_atomically,
 )
 from carma.server.spec import JobSpec
@@ -172,7 +173,7 @@ class ProcessExecutor:
         run_dir = self.run_dir(task_id, attempt)
         if run_dir.is_dir():
             claim(run_dir / SHIM_FILE, {ABANDONED: True, "at": time.time()})
-        shim = _read_json(run_dir / SHIM_FILE) or {}
+        shim = read_json(run_dir / SHIM_FILE) or {}
         pid = _int(shim.get("pid"))
         if pid is None or shim.get(ABANDONED):
             return None
@@ -218,7 +219,7 @@ class ProcessExecutor:
         """Create the run dir and empty logs; hand them to the job's owner when the task runs as them. A run
         dir a restart abandoned (`recover_unrecorded`) is placed again: its marker admits this launch."""
         run_dir.mkdir(parents=True, exist_ok=True)
-        marker = _read_json(run_dir / SHIM_FILE)
+        marker = read_json(run_dir / SHIM_FILE)
         if marker is not None and marker.get(ABANDONED):
             write_json_atomically(run_dir / SHIM_FILE, {**marker, ADMITS: token})
         for name in (STDOUT_FILE, STDERR_FILE):
@@ -279,7 +280,7 @@ class ProcessExecutor:
 
     def _exit(self, run: _Run) -> TaskExit:
         """How the attempt ended: exit.json if the shim wrote one, else what the kernel or we know."""
-        ended = _read_json(run.run_dir / EXIT_FILE)
+        ended = read_json(run.run_dir / EXIT_FILE)
         if ended is not None:
             code, sig, ended_at = _int(ended.get("exit_code")), _int(ended.get("signal")), ended.get("ended_at")
         else:
@@ -346,14 +347,9 @@ def _open_log(path: Path) -> BinaryIO:
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
 
 
-def _open_record(path: Path) -> BinaryIO:
-    """Open a run-dir file for reading without following a symlink (the daemon may read it as root)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
-
-
 def _read_tail(path: Path, size: int) -> str:
     try:
-        with _open_record(path) as f:
+        with open_record(path) as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - size))
             return f.read(size).decode(errors="replace")
     except OSError:
@@ -370,16 +366,6 @@ def _log_tail(run_dir: Path) -> tuple[str, bool]:
 def _int(value: object) -> int | None:
     """An integer field of a record file, None when absent or not an integer."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _read_json(path: Path) -> dict[str, object] | None:
-    """A record file, or None when it is missing or unreadable (never half-written: written atomically)."""
-    try:
-        with _open_record(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def groups_of(job: JobSpec) -> list[int]:

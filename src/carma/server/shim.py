@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from carma.server import proctree
 
@@ -59,7 +60,7 @@ def claim(path: Path, data: dict[str, object], launch: str | None = None) -> boo
         os.link(tmp, path)
         return True
     except FileExistsError:
-        if launch is None or _read(path).get(ADMITS) != launch:
+        if launch is None or (read_json(path) or {}).get(ADMITS) != launch:
             return False
         os.replace(tmp, path)  # one launch holds the token: nobody else replaces the marker
         return True
@@ -67,13 +68,19 @@ def claim(path: Path, data: dict[str, object], launch: str | None = None) -> boo
         tmp.unlink(missing_ok=True)
 
 
-def _read(path: Path) -> dict[str, object]:
+def open_record(path: Path) -> BinaryIO:
+    """Open a run-dir file for reading without following a symlink (the daemon may read it as root)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
+
+def read_json(path: Path) -> dict[str, object] | None:
+    """A record file, or None when it is missing or unreadable (never half-written: written atomically)."""
     try:
-        with open(path) as f:
+        with open_record(path) as f:
             data = json.load(f)
     except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def parse_args(args: list[str]) -> tuple[Path, bool, str | None, list[str]]:
