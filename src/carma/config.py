@@ -138,10 +138,10 @@ def _built(where: str, make: Callable[[], T]) -> T:
 def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
     top = _section(doc, {"scheduler": {}, "twin": {}, "estimate": {}, "server": {}}, source)
     sched_where, risk_where = f"{source} [scheduler]", f"{source} [scheduler.risk]"
-    weights_where = f"{source} [scheduler.risk.weights]"
+    weights_where, twin_where = f"{source} [scheduler.risk.weights]", f"{source} [twin]"
     sched = _section(top.get("scheduler", {}), _defaults(SchedulerConfig()) | {"risk": {}}, sched_where)
     risk = _section(sched.pop("risk", {}), _defaults(RiskConfig()) | {"weights": {}}, risk_where)
-    twin = _section(top.get("twin", {}), _TWIN_KEYS, f"{source} [twin]")
+    twin = _section(top.get("twin", {}), _TWIN_KEYS, twin_where)
     estimate = _section(top.get("estimate", {}), _defaults(EstimateConfig()), f"{source} [estimate]")
     server = _section(top.get("server", {}), _defaults(ServerConfig()), f"{source} [server]")
     weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), weights_where)
@@ -155,15 +155,15 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
     scheduler = _built(sched_where, lambda: SchedulerConfig(**sched, risk=risk_config))
     twin_args: dict[str, Any] = {"scheduler": scheduler}
     if "gpus" in twin:
-        twin_args["gpus"] = _built(f"{source} [twin]", lambda: parse_gpus(twin["gpus"]))
+        twin_args["gpus"] = _built(twin_where, lambda: parse_gpus(twin["gpus"]))
     if "power_exponent" in twin:
-        twin_args["power"] = _built(f"{source} [twin]", lambda: PowerModel(exponent=twin["power_exponent"]))
+        twin_args["power"] = _built(twin_where, lambda: PowerModel(exponent=twin["power_exponent"]))
     for key in ("sharing", "fragmentation"):
         if key in twin:
             twin_args[key] = twin[key]
     return Config(
         scheduler,
-        _built(f"{source} [twin]", lambda: TwinConfig(**twin_args)),
+        _built(twin_where, lambda: TwinConfig(**twin_args)),
         _built(f"{source} [estimate]", lambda: EstimateConfig(**estimate)),
         _built(f"{source} [server]", lambda: ServerConfig(**server)),
     )

@@ -120,15 +120,17 @@ def server_cmd(
 
 
 def _host(address: str) -> str:
+    """HOST of a HOST:PORT listener, an IPv6 one without its brackets."""
     return address.rpartition(":")[0].strip("[]")
 
 
 def _loopback(address: str) -> bool:
     """Whether a HOST:PORT listener is reachable from this machine only (a name is taken as not)."""
+    host = _host(address)
     try:
-        return ipaddress.ip_address(_host(address)).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return _host(address) == "localhost"
+        return host == "localhost"
 
 
 def _reachable(address: str) -> str:

@@ -323,9 +323,9 @@ def logs_cmd(
 
 def _not_started(task: dict[str, Any], follow: bool) -> str:
     """Why a task has no log yet, for `carma logs`."""
-    from carma.core.types import TERMINAL_STATES, TaskState
+    from carma.server.client import ENDED
 
-    if TaskState(task["state"]) in TERMINAL_STATES:
+    if task["state"] in ENDED:
         return f"never ran: {_ended(task)}"
     then = "its output follows once it starts" if follow else "no output yet"
     why = task["waiting_reason"] or task["activity"]

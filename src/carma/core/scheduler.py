@@ -250,9 +250,8 @@ class Scheduler:
                     idle = self._whole(idle, first_need, n)
                 if len(idle) < n:
                     larger = f" larger than {outgrown} MiB" if outgrown else ""
-                    required = None if first_need is None else self._whole_mib(first_need, n)
-                    holding = f" that can hold {required} MiB" if required is not None else ""
-                    self._blocked[task.id] = f"recovery: waiting for {pluralize(n, 'whole idle GPU')}{larger}{holding}"
+                    waiting = self._waiting_whole(n, first_need, larger)
+                    self._blocked[task.id] = f"recovery: {waiting}"
                     break
                 launches.append(self._launch(task, idle[:n], RECOVERY_NEED, now, recovery=True))
                 continue
@@ -375,6 +374,12 @@ class Scheduler:
         known in MiB with the margin, or the n largest GPUs' for a need larger; None for a need not known."""
         return None if need.mib is None else min(need.mib + self.config.margin_mib, self._usable(n))
 
+    def _waiting_whole(self, n: int, need: MemoryNeed | None, larger: str = "") -> str:
+        """Why a task waits for whole idle GPUs, with the memory each must hold when its need is known."""
+        required = None if need is None else self._whole_mib(need, n)
+        can_hold = f" that can hold {required} MiB" if required is not None else ""
+        return f"waiting for {pluralize(n, 'whole idle GPU')}{larger}{can_hold}"
+
     def _usable(self, n: int) -> int:
         """The most memory (MiB, less the reserve) each GPU of an `n`-GPU task can have."""
         return self._usable_mib[0] if n == 1 else self._usable_whole_mib[n - 1]
@@ -447,9 +452,7 @@ class Scheduler:
         if cfg.policy is Policy.EXCLUSIVE or need.kind is NeedKind.WHOLE_GPU:
             if len(idle) >= n:  # in the policy's order too (Exclusive's is the index)
                 return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
-            required = self._whole_mib(need, n)
-            holding = f" that can hold {required} MiB" if required is not None else ""
-            return f"waiting for {pluralize(n, 'whole idle GPU')}{holding}"
+            return self._waiting_whole(n, need)
         if cfg.prefer_idle and len(idle) >= n:
             return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
         gpus = [
