@@ -76,8 +76,18 @@ def step_until(d: Daemon, predicate, timeout: float = 20.0):  # type: ignore[no-
 def test_jobs_it_can_never_run_are_refused_and_not_stored(home, spec, message):
     d = daemon(home)
     with pytest.raises(SpecError, match=message):
+        d.check(spec)  # a dry run says what the submission will
+    with pytest.raises(SpecError, match=message):
         d.submit(spec)
     assert d.store.load() == [] and d.scheduler.tasks == []
+    d.close()
+
+
+def test_a_dry_run_of_a_job_it_can_run_keeps_nothing(home):
+    d = daemon(home)
+    d.check(job("true", gpus=2, mem_mib=1024))
+    assert d.store.load() == [] and d.scheduler.tasks == []
+    assert d.submit(job("true")).id == 1  # no id was spent on the dry run
     d.close()
 
 

@@ -96,6 +96,8 @@ def test_metrics_export_gpus_tasks_and_decisions_and_leave_missing_metrics_out(d
     assert states["completed"] == 1.0 and states["queued"] == 0.0
     decisions = {s.name: s.value for s in families["carma_decision_seconds"]}
     assert decisions["carma_decision_seconds_count"] >= 1
+    assert all(name.startswith("carma_") for name in families)
+    assert "carma_decision_seconds_created" not in families  # prometheus_client's default, in no table of ours
     assert families["carma_gpu_risk_excluded"][0].value in (0.0, 1.0)
 
 

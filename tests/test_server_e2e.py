@@ -966,13 +966,29 @@ def test_a_replay_longer_than_the_retention_still_gives_its_figures(start_server
     assert json.loads(result.stdout)["figures"]["completed"] == 2
 
 
-def test_a_replayed_task_the_server_refuses_is_named_by_its_trace_line(start_server, tmp_path):  # type: ignore[no-untyped-def]
+def test_a_replayed_task_the_server_refuses_stops_the_replay_before_any_submission(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """The two-GPU task, 2 hours into the trace, was found 18 s of wall time in, with the first task running."""
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400")
-    (tmp_path / "t.csv").write_text("submit_s,task\n0,vgg\n0,xlnet_large_cased_2\n")
+    (tmp_path / "t.csv").write_text("submit_s,task,gpus,solo_s,mem_mib\n0,vgg,,,\n7200,xlnet_large_cased_2,,,\n"
+                                    "7300,huge,1,600,50GiB\n")  # fmt: skip
     result = server.cli("replay", tmp_path / "t.csv")
     assert result.returncode == 2
-    first = server.json("queue", "--all")[0]["id"]
-    assert result.stderr.splitlines()[-1] == (
-        "error: t.csv, line 3: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1 "
-        f"(submitted 1 of 2 tasks: {first})"
+    assert result.stderr.splitlines() == [
+        "error: t.csv, line 3: task 'xlnet_large_cased_2' needs 2 GPUs but this server has 1 (submitted 0 of 3 tasks)"
+    ]
+    assert server.json("queue", "--all") == []
+    (tmp_path / "t.csv").write_text("submit_s,task,gpus,solo_s,mem_mib\n0,vgg,,,\n7300,huge,1,600,50GiB\n")
+    oracle = server.cli("replay", tmp_path / "t.csv", "--memory", "oracle")
+    assert (oracle.returncode, oracle.stderr.splitlines()) == (2, [
+        "error: t.csv, line 3: task 'huge' declares 50.00 GiB of GPU memory per GPU, more than any GPU of this "
+        "server has (40.00 GiB) (submitted 0 of 2 tasks)"
+    ])  # fmt: skip
+    assert server.json("queue", "--all") == []
+    (tmp_path / "t.csv").write_text("submit_s,task,gpus,solo_s,mem_mib\n0,huge,1,600,50GiB\n")
+    unknown = server.cli("replay", tmp_path / "t.csv")  # recovery only: replayed, as a job bound to fail
+    assert unknown.returncode == 0
+    assert unknown.stderr.splitlines()[0] == (
+        "warning: t.csv, line 2: task 'huge' declares 50.00 GiB of GPU memory per GPU, more than any GPU of this "
+        "server has (40.00 GiB): replayed without its need, it will run out of memory"
     )
+    assert [t["name"] for t in server.json("queue", "--all")] == ["huge"]

@@ -496,6 +496,12 @@ def test_missing_trace_file_lists_the_builtin_traces(catalog, tmp_path):
     )
 
 
+def test_a_directory_given_as_trace_is_named_as_one(catalog, tmp_path):
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(str(tmp_path), catalog)
+    assert str(excinfo.value) == f"trace {str(tmp_path)!r} is a directory: give a trace file in it"
+
+
 def test_a_csv_row_with_more_values_than_columns_is_a_trace_error(catalog, write):
     with pytest.raises(TraceError, match="line 2"):
         load_trace(write("t.csv", "submit_s,task\n0,vgg,extra\n"), catalog)

@@ -70,6 +70,7 @@ def replay_cmd(
             )
         ended = _Ended(client, ids)  # read whole as they end: a server's retention may forget the first ones
         on_wait = ended.look if wait else None
+        _check_all(client, entries, memory == "oracle")
         _submit_all(client, entries, time_scale or server_scale, memory == "oracle", as_json, ids, on_wait)
         figures = run_figures(ended.all()) if wait else None
     except ClientError as e:
@@ -114,30 +115,54 @@ class _Ended:
         return [i for i in self._ids if i not in self._ended]
 
 
+def _spec(w: Workload, oracle: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {"command": fakejob_command(w), "workdir": str(absolute()), "gpus": w.gpus, "name": w.name}
+    if oracle:
+        spec["mem"] = w.mem_mib
+    return spec
+
+
+def _check_all(client, entries, oracle: bool) -> None:  # type: ignore[no-untyped-def]
+    """Ask the server, before the first submission, about every entry's GPU count and memory (a dry run), so
+    that a task it can never run stops the replay with nothing submitted rather than hours into it. Without
+    --memory oracle a task larger than every GPU is still replayed, as a job that will run out of memory: a
+    warning says so."""
+    from carma.server.client import Refused
+
+    seen: set[tuple[int, int]] = set()
+    for entry in entries:
+        w = entry.workload
+        if (w.gpus, w.mem_mib) in seen:  # the server's checks read nothing else of a replayed task
+            continue
+        seen.add((w.gpus, w.mem_mib))
+        try:
+            client.check(_spec(w, oracle))
+        except Refused as e:  # a task this server cannot take: the trace's line says which
+            raise Refused(f"{entry.where}: {e}", e.status) from None
+        if oracle:
+            continue
+        try:
+            client.check(_spec(w, oracle=True))
+        except Refused as e:
+            err.print(f"warning: {entry.where}: {e}: replayed without its need, it will run out of memory")
+
+
 def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int], on_wait=None) -> None:  # type: ignore[no-untyped-def]
     """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known; `on_wait` is
     called every second of a wait between two submissions."""
     from carma.server.client import Refused
 
     start = time.monotonic()
-    first, workdir = entries[0].submit_s, str(absolute())
+    first = entries[0].submit_s
     for entry in entries:
         while (delay := start + (entry.submit_s - first) / scale - time.monotonic()) > 0:
             time.sleep(min(delay, 1.0))
             if on_wait is not None:
                 on_wait()
         w = entry.workload
-        spec: dict[str, Any] = {
-            "command": fakejob_command(w),
-            "workdir": workdir,
-            "gpus": w.gpus,
-            "name": w.name,
-        }
-        if oracle:
-            spec["mem"] = w.mem_mib
         try:
-            task = client.submit(spec)
-        except Refused as e:  # a task this server cannot take: the trace's line says which
+            task = client.submit(_spec(w, oracle))
+        except Refused as e:  # the server changed since the check (restarted with fewer GPUs, say)
             raise Refused(f"{entry.where}: {e}", e.status) from None
         ids.append(task["id"])
         if not quiet:

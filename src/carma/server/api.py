@@ -136,7 +136,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         return [gpu_view(status) for status in daemon.scheduler.gpu_status(daemon.clock.now())]
 
     @app.post("/v1/tasks", status_code=201)
-    async def submit(request: SubmitRequest, who: Who) -> dict[str, Any]:
+    async def submit(request: SubmitRequest, who: Who, response: Response, dry_run: bool = False) -> dict[str, Any]:
         bad_env = [k for k in request.env if not ENV_NAME.match(k)]
         if bad_env:
             raise HTTPException(422, f"invalid request: environment variable name {bad_env[0]!r}")
@@ -180,9 +180,15 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             estimator=request.estimate,
         )
         try:
-            task = daemon.submit(job)
+            if dry_run:
+                daemon.check(job)
+            else:
+                task = daemon.submit(job)
         except SpecError as e:
             raise HTTPException(422, str(e)) from None
+        if dry_run:
+            response.status_code = 200
+            return {"dry_run": True, "name": name}
         return task_view(daemon, task)
 
     @app.get("/v1/tasks")

@@ -422,6 +422,15 @@ class Daemon:
 
     def submit(self, job: JobSpec) -> Task:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run)."""
+        self.check(job)
+        task_id = self.store.add(job, self.clock.now())
+        self.jobs[task_id] = job
+        task = self.loop.submit(job.task_spec(), task_id)  # queued before anything else can fail
+        self.estimates.request(task_id, job)
+        return task
+
+    def check(self, job: JobSpec) -> None:
+        """Raise SpecError for a job this server could never run, keeping nothing (a dry run's whole answer)."""
         self.scheduler.check(job.task_spec())
         _check_declared(job, self.scheduler.capacity_mib(job.gpus))
         if job.mps_threads is not None and self.mps is None:  # it was taken, and went nowhere
@@ -432,11 +441,6 @@ class Daemon:
         if not workdir.is_dir():
             what = "is not a directory" if workdir.exists() else "does not exist"
             raise SpecError(f"working directory {job.workdir!r} {what}")
-        task_id = self.store.add(job, self.clock.now())
-        self.jobs[task_id] = job
-        task = self.loop.submit(job.task_spec(), task_id)  # queued before anything else can fail
-        self.estimates.request(task_id, job)
-        return task
 
     def no_task(self, task_id: TaskId) -> str:
         """Why there is no task with that id: it never was, or it ended and the retention forgot it."""

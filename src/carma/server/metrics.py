@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -37,7 +37,12 @@ LABELS = ("gpu", "name", "uuid")
 
 
 def decision_histogram() -> Histogram:
-    """The scheduler's decision latency, observed by the scheduling loop (registered by `Metrics`)."""
+    """The scheduler's decision latency, observed by the scheduling loop (registered by `Metrics`).
+
+    Without the `carma_decision_seconds_created` series prometheus_client adds by default (a setting of the
+    whole process, the daemon's): a gauge of when the daemon made the histogram, undocumented and a family of
+    its own in the text format."""
+    disable_created_metrics()
     return Histogram(
         "carma_decision_seconds", "Time one scheduling decision took", buckets=DECISION_BUCKETS, registry=None
     )

@@ -317,6 +317,8 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
     else:
         path, name = Path(ref), Path(ref).stem
         source = path.name
+        if path.is_dir():
+            raise TraceError(f"trace {ref!r} is a directory: give a trace file in it")
         if not path.is_file():
             known = ", ".join(BUILTIN_TRACES)
             raise TraceError(f"no trace file {ref!r} (built-in traces: {known})")
