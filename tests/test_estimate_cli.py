@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import textwrap
@@ -126,6 +127,29 @@ def test_timeline_writes_a_png_for_xmem_making_its_folder(work):
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
+def test_an_interpreter_that_does_not_run_is_reported_by_its_first_line(work, tmp_path):
+    """A pyenv shim for a Python not installed: its last line, the one reported, was a fragment of advice."""
+    shim = tmp_path / "bin" / "python2"
+    shim.parent.mkdir()
+    shim.write_text(
+        "#!/bin/sh\necho 'pyenv: python2: command not found' >&2\necho >&2\n"
+        "echo 'The python2 command exists in these Python versions:' >&2\necho '  2.7.18' >&2\nexit 127\n"
+    )
+    shim.chmod(0o755)
+    env = cli_env(CARMA_HOME=str(work / "home"))
+    env["PATH"] = f"{shim.parent}{os.pathsep}{env['PATH']}"
+    result = run_carma("estimate", "--", "python2", "train.py", cwd=work, env=env)
+    assert one_error_line(result) == (
+        "error: the estimating process died (exit status 127): pyenv: python2: command not found"
+    )
+
+
+def test_a_timeline_named_as_a_folder_is_refused_before_the_capture(work):
+    (work / "plots.png").mkdir()
+    result = estimate(work, "--timeline", "plots.png", "--", "python", "slow.py")
+    assert one_error_line(result) == "error: --timeline: 'plots.png' is a folder: give a file name ending in .png"
+
+
 def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_path):
     (tmp_path / "matplotlib").mkdir()
     (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
@@ -157,6 +181,7 @@ def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_p
         (("--timeout", "nan", "--", "python", "train.py"), "--timeout must be a positive number of seconds, not nan"),
         (("--job", "tinyjob:job", "--timeline", "plot"), "--timeline writes a PNG: give a file name ending in .png"),
         (("--job", "tinyjob:job", "--timeline", "tinyjob.py/t.png"), "--timeline: cannot make the folder 'tinyjob.py'"),
+        (("--job", "tinyjob:job", "--timeline", "/proc/t.png"), "--timeline: cannot write '/proc/t.png': "),
         (("--timeout", "1", "--", "python", "slow.py"), "did not reach 3 optimizer steps within 1 s"),
         (("--steps", "1", "--", "python", "slow.py"), "xmem needs at least 2 training steps, not 1"),  # not captured
     ],
@@ -180,6 +205,20 @@ def test_calibrate_without_a_gpu_is_one_line(work):
         pytest.skip("this machine has a GPU")
     assert "no CUDA GPU found" in one_error_line(estimate(work, "calibrate"))
     assert not (work / "home" / "devices.toml").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "given"),
+    [
+        (("--device", "h100-80gb", "--json", "calibrate"), "--device, --json"),  # stored under the GPU's name
+        (("calibrate", "--", "python", "train.py"), "a training command after --"),
+    ],
+)
+def test_calibrate_refuses_what_only_an_estimate_reads(work, args, given):
+    assert one_error_line(estimate(work, *args)) == (
+        f"error: carma estimate calibrate takes none of the estimate's options ({given}); its own come after it: "
+        "carma estimate calibrate --help"
+    )
 
 
 def test_without_pytorch_the_command_says_how_to_install_it(work, tmp_path):

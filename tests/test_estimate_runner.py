@@ -184,6 +184,16 @@ def estimate(argv: list[str], **kwargs: object):
     return estimate_script(argv, "xmem", "test-gpu", estimator="xmem_only:estimate", **kwargs)
 
 
+def test_a_timeline_that_cannot_be_written_after_the_capture_leaves_the_estimate_with_a_note(workdir: Path) -> None:
+    """The capture's work was thrown away: `estimating with xmem failed: IsADirectoryError ...`."""
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    (workdir / "taken.png").mkdir()  # as a folder made there after the CLI checked the name
+    result = estimate(["python", train, "--batch-size", "8", "--log", "steps.log"], timeline=workdir / "taken.png")
+    assert result.peak_bytes > 0
+    (note,) = result.notes
+    assert note.startswith("the timeline was not written: [Errno 21] Is a directory:")
+
+
 def registered(argv: list[str], method: str = "xmem"):
     """The estimate `carma estimate` makes: the method's estimator from the registry, its notes included."""
     return estimate_script(argv, method, "a100-40gb")
@@ -868,7 +878,10 @@ def test_a_script_logging_or_debugging_its_cuda_memory_is_estimated_as_its_cpu_f
 @pytest.mark.parametrize(
     ("stop", "failure"),
     [
-        ("assert torch.cuda.is_available()", "the script crashed after 0 optimizer steps: AssertionError"),
+        (
+            "assert torch.cuda.is_available()",
+            "the script crashed after 0 optimizer steps: AssertionError at needs_gpu.py:2",
+        ),
         (
             "if not torch.cuda.is_available():\n    sys.exit('this script needs a GPU')",
             "the script exited after 0 optimizer steps: this script needs a GPU",
@@ -886,6 +899,35 @@ def test_a_script_that_stops_without_cuda_is_told_why(workdir: Path, stop: str, 
     with pytest.raises(EstimateError) as failed:
         estimate(["python", needs_gpu])
     assert str(failed.value) == f"{failure} ({cuda_on_cpu.HIDDEN})"
+
+
+@pytest.mark.parametrize(
+    ("stop", "failure"),
+    [
+        (
+            "p = argparse.ArgumentParser()\np.add_argument('--data', required=True)\np.parse_args()",
+            "the script exited with status 2 after 0 optimizer steps: falls_back.py: error: the following arguments "
+            "are required: --data",
+        ),
+        (
+            "open('missing.csv')",
+            "the script crashed after 0 optimizer steps: FileNotFoundError: [Errno 2] No such file or directory: "
+            "'missing.csv' at falls_back.py:3",
+        ),
+        (
+            "sys.exit('data/train.csv not found: run prepare.py first')",
+            "the script exited after 0 optimizer steps: data/train.csv not found: run prepare.py first",
+        ),
+    ],
+)
+def test_a_script_that_falls_back_and_stops_for_another_reason_gets_no_hint_to_fall_back(
+    workdir: Path, stop: str, failure: str
+) -> None:
+    """It had asked torch.cuda.is_available(), and was told to do what it already did."""
+    text = f'import argparse, sys, torch\ndevice = "cuda" if torch.cuda.is_available() else "cpu"\n{stop}\n'
+    with pytest.raises(EstimateError) as failed:
+        estimate(["python", script(workdir, "falls_back.py", text)])
+    assert str(failed.value) == failure
 
 
 def test_a_failing_cuda_call_comes_with_the_hint_to_fall_back(workdir: Path) -> None:
@@ -1412,7 +1454,9 @@ def test_the_layer_a_transformer_encoder_copies_is_not_counted_on_the_gpu(workdi
 
 def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
     train = tiny_script(workdir, "crash.py", 5, 'if step == 1: raise ValueError("boom in the training loop")')
-    with pytest.raises(EstimateError, match="crashed after 2 optimizer steps: ValueError: boom in the training loop"):
+    with pytest.raises(
+        EstimateError, match=r"crashed after 2 optimizer steps: ValueError: boom in the training loop at crash\.py:\d+$"
+    ):  # the job's own line: the innermost of its files (not PyTorch's or carma's)
         estimate(["python", train])
     on_gpu = script(workdir, "on_gpu.py", "import torch\ntorch.cuda.get_device_properties(0)\n")
     with pytest.raises(
@@ -1469,6 +1513,12 @@ def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
         estimate(["python", tiny_script(workdir, "one.py", 1)])
     with pytest.raises(EstimateError, match="does not exist"):
         estimate(["python", "missing.py"])
+    (workdir / "app").mkdir()  # `python app` is no missing script
+    with pytest.raises(EstimateError, match=r"^app is a folder, and has no __main__\.py for Python to run$"):
+        estimate(["python", "app"])
+    (workdir / "app" / "__main__.py").write_text(MLP_SCRIPT)
+    with pytest.raises(EstimateError, match=r"^app is a folder: give the script Python runs in it, `python app/"):
+        estimate(["python", "app"])
     with pytest.raises(EstimateError, match="sh is a program, not a Python script"):
         estimate(["sh", "-c", "torchrun train.py"])  # a launcher, as torchrun or accelerate would be
     for launcher in ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"):
@@ -1503,6 +1553,12 @@ def test_job_function_errors(workdir: Path) -> None:
         capture_job("no_such_module:make")
     with pytest.raises(EstimateError, match="has no function missing"):
         capture_job("jobs:missing")
+    (workdir / "settings.py").write_text("BATCH = 32\n")
+    with pytest.raises(EstimateError, match=r"^settings:BATCH is not a function \(type int\)$"):
+        capture_job("settings:BATCH")
+    (workdir / "typo.py").write_text("import torch\n\ndef job(:\n    pass\n")  # where, which the line leaves out
+    with pytest.raises(EstimateError, match=r"^cannot import typo: SyntaxError: invalid syntax at typo\.py:3$"):
+        capture_job("typo:job")
     with pytest.raises(EstimateError, match="is not 'module:function'"):
         capture_job("jobs")
     with pytest.raises(EstimateError, match=r"never calls the model \(a ModuleDict\): .* must call the model itself"):

@@ -119,3 +119,14 @@ def test_a_size_past_a_pebibyte_is_refused_not_said_in_float_noise():
     assert parse_mib("1024TiB") == 2**30
     with pytest.raises(ValueError, match=r"^memory size '1025TiB' is over 1 PiB, more than any GPU holds$"):
         parse_mib("1025TiB")
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0.0 MiB"), (512, "0.5 KiB"), (40 * 2**10, "40.0 KiB"), (2**20, "1.0 MiB"), (3 * 2**29, "1.50 GiB")],
+)
+def test_sizes_for_people_keep_a_small_model_s_kibibytes(n, text):
+    """A model of a few KiB read "0.0 MiB" in each part of its estimate."""
+    from carma.cli.common import size_text
+
+    assert size_text(n) == text

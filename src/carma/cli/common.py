@@ -61,8 +61,11 @@ def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def size_text(n: int) -> str:
-    """Bytes for people: GiB from 1 GiB up, MiB below."""
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    """Bytes for people: GiB from 1 GiB up, MiB from 0.1 MiB, KiB below (a small model's parameters read
+    "0.0 MiB" when they were a few KiB)."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 // 10 or n == 0 else f"{n / 2**10:.1f} KiB"
 
 
 def choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str:

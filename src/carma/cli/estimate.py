@@ -76,6 +76,7 @@ def estimate_cmd(
     `carma estimate -- python train.py ...` runs the script's first steps with CUDA hidden; `carma estimate
     --job module:function` runs a job function."""
     if ctx.invoked_subcommand:
+        _estimate_options_unused(ctx)
         return
     script = ctx.meta.get(_SCRIPT)
     try:
@@ -130,6 +131,23 @@ def estimate_cmd(
             out.print(f"wrote {timeline}")
 
 
+def _estimate_options_unused(ctx: typer.Context) -> None:
+    """Refuse an estimate's options, or a training command, given to `calibrate`, which reads neither:
+    `carma estimate --device h100-80gb calibrate` stored the value under the GPU's own name."""
+    given = [  # by the source's name: Typer brings a click of its own, whose enum is not click's
+        param.opts[0]
+        for param in ctx.command.params
+        if param.name and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
+    ]
+    if ctx.meta.get(_SCRIPT) is not None:
+        given.append("a training command after --")
+    if given:
+        raise fail(
+            f"carma estimate {ctx.invoked_subcommand} takes none of the estimate's options ({', '.join(given)}); "
+            f"its own come after it: carma estimate {ctx.invoked_subcommand} --help"
+        )
+
+
 def _interpreter(command: list[str]) -> str | None:
     """The Python the command names (`python` on the PATH, a path, or a script's `#!` line), which runs the
     capture with its environment's packages, as the server's does; None: this one."""
@@ -151,6 +169,15 @@ def _check_timeline(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"--timeline: cannot make the folder {str(path.parent)!r}: {e.strerror}") from None
+    if path.is_dir():
+        raise UsageError(f"--timeline: {str(path)!r} is a folder: give a file name ending in .png")
+    existed = path.exists()
+    try:  # a folder it may not write in, found now rather than after a capture of minutes
+        path.open("ab").close()
+    except OSError as e:
+        raise UsageError(f"--timeline: cannot write {str(path)!r}: {e.strerror}") from None
+    if not existed:
+        path.unlink()
     try:
         pyplot()
     except PlotsUnavailable as e:

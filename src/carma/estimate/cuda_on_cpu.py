@@ -13,6 +13,7 @@ capture's hint to fall back to the CPU.
 
 from __future__ import annotations
 
+import re
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -40,13 +41,19 @@ HIDDEN = (
 )
 
 
-def explained(failure: str, asked_if_available: bool = False) -> str:
-    """A failure of the job, with the hint when it is about CUDA (`CUDA`, `cuda:0`, `torch._C._cuda_...`),
-    or came after the job asked whether CUDA is available (an `assert torch.cuda.is_available()`, a script
-    printing "no GPU" and exiting, say nothing of CUDA themselves)."""
+# A job's own reason for stopping that reads as the lack of a GPU: it speaks of one, or there is none at all
+# (`assert torch.cuda.is_available()`, a script that prints "no GPU" on stdout and exits 1).
+NO_GPU_REASON = re.compile(r"gpu|cuda|device|accelerat|nvidia|^(AssertionError)?$", re.IGNORECASE)
+
+
+def explained(failure: str, why: str = "", asked_if_available: bool = False) -> str:
+    """A failure of the job (`why`: its own reason within it, the message or last line of stderr), with the
+    hint when it is about CUDA (`CUDA`, `cuda:0`, `torch._C._cuda_...`), or when the job had asked whether
+    CUDA is available and gives a reason that reads as the lack of a GPU. A missing data file or a usage
+    error after that question gets no hint: the script already falls back, or stopped before it mattered."""
     if "cuda" in failure.lower():
         return f"{failure} ({HINT})"
-    return f"{failure} ({HIDDEN})" if asked_if_available else failure
+    return f"{failure} ({HIDDEN})" if asked_if_available and NO_GPU_REASON.search(why.strip()) else failure
 
 
 class Requests:

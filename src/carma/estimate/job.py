@@ -106,9 +106,11 @@ def _load_job_function(target: str) -> Callable[[], Any]:
         raise
     except Exception as exc:
         raise EstimateError(f"cannot import {where}: {last_line(exc)}") from None
-    function = getattr(module, name, None)
-    if not callable(function):
+    if not hasattr(module, name):
         raise EstimateError(f"{where} has no function {name}")
+    function = getattr(module, name)
+    if not callable(function):
+        raise EstimateError(f"{where}:{name} is not a function (type {type(function).__name__})")
     return function
 
 

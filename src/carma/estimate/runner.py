@@ -210,7 +210,7 @@ def _estimate_in_child(
             raise EstimateError(payload["error"])
         why = _last_line(err)
         exited = payload["error"] + (f": {why}" if why else "")
-        raise EstimateError(cuda_on_cpu.explained(exited, payload["asked_if_available"]))
+        raise EstimateError(cuda_on_cpu.explained(exited, why or "", payload["asked_if_available"]))
     e = payload["estimate"]
     breakdown = Breakdown(**e["breakdown"])
     notes = (*e.get("notes", ()), *([COMPUTED_NOTE] if computed else []))
@@ -228,7 +228,11 @@ def _death(returncode: int, err: str) -> str:
         )
     if returncode < 0:
         return f"the estimating process was killed by {signal.Signals(-returncode).name}"
-    return f"the estimating process died (exit status {returncode}): {_last_line(err) or 'no error output'}"
+    lines = [line.strip() for line in err.splitlines() if line.strip()]
+    # 126 and 127: the interpreter did not run (a pyenv shim for a version not installed says so first, then
+    # where the version is to be found); otherwise the last line is the latest word
+    why = (lines[0] if returncode in (126, 127) else lines[-1]) if lines else "no error output"
+    return f"the estimating process died (exit status {returncode}): {why}"
 
 
 def _read_result(path: Path) -> str | None:

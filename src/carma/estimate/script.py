@@ -257,6 +257,11 @@ def parse_argv(argv: list[str], cwd: str | Path | None = None) -> tuple[str, str
     if not args:
         raise EstimateError("no training script given")
     path = Path(cwd or ".") / args[0]
+    if path.is_dir():  # `python app` runs app/__main__.py with app first on sys.path, as `python app/__main__.py` does
+        main = os.path.join(args[0], "__main__.py")
+        if (path / "__main__.py").is_file():
+            raise EstimateError(f"{args[0]} is a folder: give the script Python runs in it, `python {main} ...`")
+        raise EstimateError(f"{args[0]} is a folder, and has no __main__.py for Python to run")
     if not path.is_file():
         if not interpreted and shutil.which(args[0]):  # `torchrun train.py`, `accelerate launch ...`
             raise EstimateError(
@@ -389,7 +394,8 @@ def capture_script(
         except SystemExit as exc:
             if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
                 exited = f"the script exited after {_steps_taken(session)}: {exc.code}"
-                raise ScriptFailed(cuda_on_cpu.explained(exited, _stopped_without_cuda(session, cuda))) from None
+                asked = _stopped_without_cuda(session, cuda)
+                raise ScriptFailed(cuda_on_cpu.explained(exited, exc.code, asked)) from None
             if exc.code not in (None, 0):
                 exited = f"the script exited with status {exc.code} after {_steps_taken(session)}"
                 raise ScriptExited(exited, _stopped_without_cuda(session, cuda)) from None
@@ -402,7 +408,7 @@ def capture_script(
             crash = f"the script crashed after {_steps_taken(session)}: {last_line(exc)}"
             if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
                 crash += " (the capture gives the script no input: let it run without asking)"
-            explained = cuda_on_cpu.explained(crash, _stopped_without_cuda(session, cuda))
+            explained = cuda_on_cpu.explained(crash, last_line(exc, where=False), _stopped_without_cuda(session, cuda))
             raise (ShortBatchEnded if session.short_moved else ScriptFailed)(explained) from None
         if not session.order and session.unprofiled_steps:
             raise EstimateError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import sysconfig
 import tempfile
 import threading
 import traceback
@@ -382,5 +383,27 @@ def hide_cuda() -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def last_line(exc: BaseException) -> str:
-    return traceback.format_exception_only(exc)[-1].strip()
+def last_line(exc: BaseException, where: bool = True) -> str:
+    """An exception as one line, with where the job raised it (`where`): a syntax error's file and line, which
+    the line leaves out, or the innermost line of the job's own files (not Python's, its packages' or carma's)."""
+    line = traceback.format_exception_only(exc)[-1].strip()
+    if not where:
+        return line
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        return f"{line} at {_shown(exc.filename)}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(NOT_THE_JOBS)]
+    return f"{line} at {_shown(frames[-1].filename)}:{frames[-1].lineno}" if frames else line
+
+
+# Where code that is not the job's lives: Python's library, installed packages (PyTorch's), carma's own.
+NOT_THE_JOBS = (
+    *{sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")},
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    "<frozen ",
+)
+
+
+def _shown(path: str) -> str:
+    """A file of the job as the user names it: relative to the working directory when it lies within."""
+    relative = os.path.relpath(path) if os.path.isabs(path) else path
+    return path if relative.startswith(os.pardir) else relative

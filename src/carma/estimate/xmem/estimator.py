@@ -73,8 +73,12 @@ def estimate_xmem(
     result = run_xmem(capture, capacity)
     sim = result.simulation
     allowance = fragmentation_allowance(sim.requests)
+    notes: tuple[str, ...] = ()
     if timeline:
-        plot_timeline(result, timeline, device)
+        try:
+            plot_timeline(result, timeline, device)
+        except OSError as e:  # the folder changed since it was checked: the estimate is still worth its capture
+            notes = (f"the timeline was not written: {e}",)
     breakdown = Breakdown(
         parameters=sim.at_peak[Category.PARAMETERS],
         gradients=sim.at_peak[Category.GRADIENTS],
@@ -84,4 +88,4 @@ def estimate_xmem(
         context=device_context_bytes,
     )
     peak = sim.peak_reserved + allowance + device_context_bytes
-    return Estimate("xmem", peak, breakdown, device, capture.seconds + result.seconds)
+    return Estimate("xmem", peak, breakdown, device, capture.seconds + result.seconds, notes)

@@ -98,18 +98,20 @@ def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
     from carma.metrics.plots import pyplot
 
     plt = pyplot()
+    unit, scale = ("GiB", GIB) if sim.peak_reserved >= GIB else ("MiB", 1024**2)  # a small job's peak read 0.00 GiB
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.step(sim.times, [r / GIB for r in sim.reserved], where="post", label="reserved (segments)", color="tab:purple")
-    ax.fill_between(sim.times, [a / GIB for a in sim.allocated], step="post", alpha=0.5, label="allocated (tensors)")
+    ax.step(sim.times, [r / scale for r in sim.reserved], where="post", label="reserved (segments)", color="tab:purple")
+    ax.fill_between(sim.times, [a / scale for a in sim.allocated], step="post", alpha=0.5, label="allocated (tensors)")
     for k, start in enumerate(sim.iteration_starts):
         ax.axvline(start, color="grey", linestyle=":", linewidth=0.8)
         ax.annotate(f"iter {k}", (start, 0), xytext=(3, 3), textcoords="offset points", fontsize=8, color="grey")
-    ax.axhline(sim.peak_reserved / GIB, color="tab:red", linestyle="--", linewidth=0.8)
-    ax.annotate(
-        f"peak {sim.peak_reserved / GIB:.2f} GiB", (sim.peak_time, sim.peak_reserved / GIB), fontsize=8, color="tab:red"
-    )
+    peak = sim.peak_reserved / scale  # in the legend: a note at the peak ran off the plot when it came last
+    label = f"peak reserved, {peak:.2f} {unit} (the estimate adds the allowance and the CUDA context)"
+    ax.axhline(peak, color="tab:red", linestyle="--", linewidth=0.8, label=label)
+    ax.plot([sim.peak_time], [peak], marker="o", color="tab:red", markersize=4)
+    ax.set_ylim(0, max(peak, 1e-9) * 1.35)  # room above the peak for the legend
     ax.set_xlabel("CPU trace time (ms)")
-    ax.set_ylabel("GiB")
+    ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend(loc="upper left")
     fig.tight_layout()
