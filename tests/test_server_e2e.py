@@ -621,6 +621,20 @@ def test_a_token_given_twice_in_the_tokens_file_stops_the_start():
     assert "fake-gpus" not in leftover  # stopped before it made its GPUs
 
 
+def test_a_dry_run_says_whether_the_server_would_take_the_task_and_submits_nothing(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    taken = server.cli("submit", "--dry-run", "--mem", "8GiB", "--name", "train", "--", "true")
+    assert (taken.returncode, taken.stdout) == (0, "the server would take task 'train'; nothing was submitted\n")
+    assert json.loads(server.cli("submit", "--dry-run", "--json", "--", "true").stdout) == {
+        "dry_run": True,
+        "name": "true",
+    }
+    refused = server.cli("submit", "--dry-run", "--gpus", "2", "--", "true")
+    assert (refused.returncode, refused.stderr) == (2, "error: task 'true' needs 2 GPUs but this server has 1\n")
+    assert server.json("queue", "--all") == []
+    assert server.submit("true") == 1  # no id spent
+
+
 def test_submitting_from_a_deleted_directory_is_one_line_or_takes_the_workdir_given(start_server, tmp_path):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB")
     gone = tmp_path / "gone"

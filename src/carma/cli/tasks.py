@@ -116,6 +116,9 @@ def submit_cmd(
     mps_threads: Annotated[
         int | None, typer.Option(help="Under MPS: the task's share of the SMs in percent (1-100).")
     ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Ask the server whether it would take the task; submit nothing.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a training task: a command after --, or a task file (-f).
@@ -163,7 +166,15 @@ def submit_cmd(
         from carma.server.spec import inherited_env
 
         spec["env"] = {**inherited_env(os.environ), **(spec.get("env") or {})}
-    task = _call(_client().submit, {k: v for k, v in spec.items() if v is not None})
+    spec = {k: v for k, v in spec.items() if v is not None}
+    if dry_run:  # as sbatch --test-only: the same checks, and a refusal the same error
+        checked = _call(_client().check, spec)
+        if as_json:
+            _print_json(checked)
+        else:
+            out.print(f"the server would take task {checked['name']!r}; nothing was submitted", highlight=False)
+        return
+    task = _call(_client().submit, spec)
     if as_json:
         _print_json({"id": task["id"]})
     else:

@@ -144,9 +144,9 @@ class Client:
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self.request("POST", "/v1/tasks", json_body=spec)
 
-    def check(self, spec: dict[str, Any]) -> None:
-        """Raise Refused as `submit` would, keeping nothing."""
-        self.request("POST", "/v1/tasks", {"dry_run": True}, json_body=spec)
+    def check(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Raise Refused as `submit` would, keeping nothing; else `{"dry_run": true, "name": ...}`."""
+        return self.request("POST", "/v1/tasks", {"dry_run": True}, json_body=spec)
 
     def tasks(self, all: bool = False, state: str | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"all": all}
