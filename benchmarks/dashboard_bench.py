@@ -11,18 +11,18 @@
 from __future__ import annotations
 
 import http.client
-import platform
 import shutil
+import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from carma.server.client import Client
+from options import machine_line
 from server_bench import cpu_seconds, start_server, stop_server
 
 HISTORY = 500
-PORT = 18765
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
@@ -34,15 +34,22 @@ def fill_history(home: Path) -> None:
         ids = [client.submit({"command": ["true"], "workdir": "/tmp", "mem": "2GiB"})["id"] for _ in range(HISTORY)]
         client.wait(ids, timeout_s=600)
     finally:
-        stop_server(proc)
+        stop_server(proc, home)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (a fixed one failed where another server held it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def token_of(home: Path) -> str:
     return (home / "tokens").read_text().split()[0]
 
 
-def bench_metrics(token: str) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=10)
+def bench_metrics(token: str, port: int) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     times = []
     for _ in range(200):
         t = time.perf_counter()
@@ -57,13 +64,13 @@ def bench_metrics(token: str) -> None:
     )
 
 
-def bench_browser(token: str, pid: int) -> None:
+def bench_browser(token: str, pid: int, port: int) -> None:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         print("first load and viewer CPU: skipped (pip install playwright; needs chromium)")
         return
-    url = f"http://127.0.0.1:{PORT}/#token={token}"
+    url = f"http://127.0.0.1:{port}/#token={token}"
     count = "document.querySelectorAll"
     drawn = f"{count}('[data-gpu]').length == 8 && {count}('#timeline rect').length >= {HISTORY}"
     args = ["--disable-background-networking", "--no-sandbox"]
@@ -100,17 +107,18 @@ def _cpu_share(pid: int, seconds: float) -> float:
 
 
 def main() -> None:
-    print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}")
+    print(machine_line())
     home = Path(tempfile.mkdtemp(prefix="cdb", dir="/tmp"))
     try:
         fill_history(home)
-        proc = start_server(home, "8xA100-40GB", "--tcp", f"127.0.0.1:{PORT}")
+        port = free_port()
+        proc = start_server(home, "8xA100-40GB", "--tcp", f"127.0.0.1:{port}")
         try:
             token = token_of(home)
-            bench_metrics(token)
-            bench_browser(token, proc.pid)
+            bench_metrics(token, port)
+            bench_browser(token, proc.pid, port)
         finally:
-            stop_server(proc)
+            stop_server(proc, home)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from carma.sim.gpus import parse_gpus
 from carma.telemetry.fake import FakeDevice, fake_env
+from options import machine_line, positive_float, positive_ints
 
 
 def measure(jobs: int, seconds: float) -> float:
@@ -60,12 +60,12 @@ def _cpu(pid: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", default="10,40,120", help="comma-separated numbers of fake jobs")
-    parser.add_argument("--seconds", type=float, default=5.0, help="wall seconds measured per count")
+    parser.add_argument("--jobs", type=positive_ints, default="10,40,120", help="comma-separated numbers of fake jobs")
+    parser.add_argument("--seconds", type=positive_float, default=5.0, help="wall seconds measured per count")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(machine_line())
     print(f"{'jobs':>6} {'cores busy':>11} {'ms CPU per job per s':>21}")
-    for n in (int(x) for x in args.jobs.split(",")):
+    for n in args.jobs:
         cores = measure(n, args.seconds)
         print(f"{n:>6} {cores:>11.2f} {cores / n * 1000:>21.1f}")
 

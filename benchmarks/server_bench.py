@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -22,29 +21,43 @@ from pathlib import Path
 
 from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
 from carma.server.client import Client, ClientError
+from options import machine_line
 
 CARMA = str(Path(sys.executable).parent / "carma")
-SLEEP = "3601.5"  # a marker to find the benchmark's task processes afterwards
+SLEEP = "3600"  # the running tasks' length: they are cancelled when the benchmark ends
 
 
 def start_server(home: Path, gpus: str, *options: str) -> subprocess.Popen[bytes]:
+    """A server on `home`, once it answers; one that exits first is reported with its last line."""
     env = {**os.environ, "CARMA_HOME": str(home)}
-    proc = subprocess.Popen([CARMA, "server", "--fake-gpus", gpus, *options], env=env, stdout=subprocess.DEVNULL)
+    log = (home / "bench-server.log").open("wb")
+    proc = subprocess.Popen([CARMA, "server", "--fake-gpus", gpus, *options], env=env, stdout=log, stderr=log)
     client = Client(home / "carma.sock")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            lines = (home / "bench-server.log").read_text().strip().splitlines() or ["no output"]
+            raise RuntimeError(f"the server exited ({proc.returncode}): {lines[-1]}")
         try:
             client.status()
             return proc
         except ClientError:
             time.sleep(0.1)
-    raise RuntimeError("the server did not start")
+    proc.kill()
+    raise RuntimeError("the server did not answer within 20 s")
 
 
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(timeout=20)
-    subprocess.run(["pkill", "-f", f"sleep {SLEEP}"], check=False)
+def stop_server(proc: subprocess.Popen[bytes], home: Path) -> None:
+    """Cancel the benchmark's tasks through the server (they outlive a daemon's stop, for its restart to
+    pick up), then stop it: nothing else on the machine is touched."""
+    client = Client(home / "carma.sock")
+    try:
+        if ids := [t["id"] for t in client.tasks()]:
+            client.cancel_many(ids)
+            client.wait(ids, timeout_s=60)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -78,7 +91,7 @@ def bench_submit_and_queue(home: Path) -> None:
             times.append(time.perf_counter() - t)
         print(f"`carma queue` with {queued} tasks: {1000 * statistics.median(times):.0f} ms median of 5 (target < 300)")
     finally:
-        stop_server(proc)
+        stop_server(proc, home)
 
 
 def bench_decision() -> None:
@@ -125,11 +138,11 @@ def bench_idle(home: Path, seconds: float = 30.0) -> None:
             f"resident memory {rss_mb(proc.pid):.0f} MB (target < 150)"
         )
     finally:
-        stop_server(proc)
+        stop_server(proc, home)
 
 
 def main() -> None:
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(machine_line())
     for bench in (bench_submit_and_queue, bench_idle):
         home = Path(tempfile.mkdtemp(prefix="carma-bench-"))
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from carma.sim.experiment import PAPER_SWEEP, simulate, sweep
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import load_trace
+from options import machine_line, positive_int
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -33,10 +33,9 @@ def timed(fn, repeats: int) -> tuple[float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=5, help="runs per figure, the median kept (default 5)")
     args = parser.parse_args()
-    cpu = platform.processor() or platform.machine()
-    print(f"machine: {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(machine_line())
     trace = load_trace("carma-t1", load_catalog())
 
     print(f"\none configuration on carma-t1 (median of {args.repeats}):")

@@ -36,6 +36,44 @@ def test_a_workload_trains_and_reports_on_the_cpu():
     assert report["samples_per_s"] > 0 and report["torch_peak_reserved_mib"] is None
 
 
+def test_results_run_otherwise_are_not_mixed_into_one_report(tmp_path):
+    """A 2-task run at steps scale 0.25 was put against a 4-task one at 1 (0.18x), and its peaks declared."""
+    kept = {"config": "exclusive", "dry_run": True, "steps_scale": 1.0, "window_samples": 10, "tasks": ["a", "b"]}
+    (tmp_path / "exclusive.json").write_text(json.dumps(kept))
+    result = run("run.py", "--dry-run", "--limit", "2", "--steps-scale", "0.25", "--configs", "magm", "--out", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"run.py: error: {tmp_path} holds results run otherwise: exclusive.json (steps_scale 1.0 there, 0.25 now, "
+        "other tasks); give another --out, or remove them"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exclusive.json"]
+
+
+def test_runs_measured_on_a_gpu_are_estimated_on_the_cpu_and_written(tmp_path, monkeypatch):
+    """The part of validation/estimates.py after the GPU's measurements (fabricated here): it called the
+    benchmark's `measure` one argument short, a TypeError once the GPU's work was done."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validation_estimates", VALIDATION / "estimates.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the benchmarks' folder it adds goes with the test
+    from carma.estimate.devices import get_device
+
+    name = "input:6_output:1_depth:2_arch:pyramid_batch:318_act:mish_dropout:0.5_dropout:False_batchnorm:False.out"
+    rows = [{"Filename": name, "Total Parameters": "27", "Batch Size": "318"}]
+    held = {"held": 1460 * 2**20, "snapshot": "00-mlp.pickle", "steps": 4, "max_reserved": 2 * 2**20}
+    module.estimate_measured(tmp_path, "Test GPU", get_device("a100-40gb"), rows, [held], bert=False)
+    written = json.loads((tmp_path / "estimates.json").read_text())
+    (job,) = written["jobs"]
+    assert job["job"] == name and job["measured_bytes"] == held["held"]
+    assert set(job["estimates"]) == {"xmem", "faketensor", "horus", "gpumemnet"}
+    assert all(isinstance(peak, int) and peak > 0 for peak in job["estimates"].values())
+    assert "| input:6_output:1_depth:2" in (tmp_path / "estimates.md").read_text()
+
+
 def test_the_mini_trace_replays_under_each_configuration_on_a_fake_gpu(tmp_path):
     out = tmp_path / "results"
     result = run(

@@ -153,10 +153,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=24, help="GPUMemNet MLP runs, drawn at random (seeded)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data", type=Path, help="the public datasets' folder (default: $CARMA_DATASETS, shared/)")
     parser.add_argument("--runs", type=Path, help="a file naming the GPUMemNet runs to measure, one per line")
     parser.add_argument("--skip-bert", action="store_true", help="leave out BERT-base fine-tuning")
     parser.add_argument("--gpu", type=int, default=0, help="the local GPU to measure on")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "validation")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "docs" / "validation",
+        help="where estimates.json, estimates.md and the snapshots' zip go (default docs/validation; git ignores "
+        "the zip)",
+    )
     parser.add_argument("--hold", nargs=2, metavar=("KIND", "TARGET"), help=argparse.SUPPRESS)  # a measured job
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--snapshot", type=Path, help=argparse.SUPPRESS)
@@ -172,7 +179,7 @@ def main() -> None:
         sys.exit("error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine")
 
     try:
-        with (find_datasets() / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
+        with (find_datasets(args.data) / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
             rows = choose_runs(list(csv.DictReader(f)), args.runs, args.sample, args.seed)
     except (DataNotFound, OSError, ValueError) as e:
         sys.exit(f"error: {e}")
@@ -185,7 +192,7 @@ def main() -> None:
     gpu_name = torch.cuda.get_device_name(args.gpu)
     print(f"{gpu_name}: context {device.context_bytes / MIB:.0f} MiB, calibrated as {device.name}")
 
-    estimators = load_benchmarks()
+    load_benchmarks()  # its folder on the path: gpumemnet_mlp
     from gpumemnet_mlp import SAMPLES
 
     jobs = [("mlp", row["Filename"], 2 * math.ceil(SAMPLES / int(row["Batch Size"]))) for row in rows]
@@ -193,15 +200,26 @@ def main() -> None:
         jobs.append(("job", BERT, BERT_STEPS))
     args.out.mkdir(parents=True, exist_ok=True)
     measured = measure_on_gpu(jobs, args.gpu, args.out / "estimates-snapshots.zip")
+    estimate_measured(args.out, gpu_name, device, rows, measured, bert=not args.skip_bert)
 
+
+def estimate_measured(
+    out: Path, gpu_name: str, device: Any, rows: list[dict[str, str]], measured: list[dict[str, Any] | None],
+    bert: bool,
+) -> None:  # fmt: skip
+    """Estimate on the CPU every job the GPU measured (`measured`: the MLP `rows`' measurements, then
+    BERT's with `bert`; None where the GPU run failed) and write both files. The GPU's work is done by now:
+    a capture that fails is that run's failure, not the end of them all."""
+    estimators = load_benchmarks()
     done = [(row, m) for row, m in zip(rows, measured[: len(rows)], strict=True) if m is not None]  # MLPs
-    outcomes = estimators.measure([row for row, _ in done], [m["held"] for _, m in done], device.name, 3)
+    outcomes = estimators.measure([row for row, _ in done], [m["held"] for _, m in done], device.name, 3, 2, False)
     names, held = [row["Filename"] for row, _ in done], [m for _, m in done]
-    if not args.skip_bert and measured[-1] is not None:
-        outcomes.append(estimators.estimate_in_child(["--estimate-job", BERT], measured[-1]["held"], device.name, 3))
+    if bert and measured[-1] is not None:
+        held_bytes = measured[-1]["held"]
+        outcomes.append(estimators.estimate_in_child(["--estimate-job", BERT], held_bytes, device.name, 3, False))
         names.append("BERT-base fine-tuning (benchmarks/estimators.py:bert_job)")
         held.append(measured[-1])
-    write(args.out, gpu_name, device, estimators, names, outcomes, held)
+    write(out, gpu_name, device, estimators, names, outcomes, held)
 
 
 def write(

@@ -50,6 +50,14 @@ class RunError(Exception):
     """A configuration could not be run (e.g. no MPS here); the others still are."""
 
 
+class ServerDidNotStart(RunError):
+    """carma's server did not start (no NVML, say): the other configurations would start it alike."""
+
+
+# What makes two configurations' results comparable in one report: they were run alike on the same tasks.
+SETTINGS = ("dry_run", "steps_scale", "window_samples", "tasks")
+
+
 @dataclass(frozen=True)
 class Config:
     policy: str
@@ -110,15 +118,18 @@ def carma_server(config: Config, args: argparse.Namespace, log_copy: Path) -> It
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([str(CARMA), "server", "--home", str(home), *options], stdout=log, stderr=log)
     client = Client(home / "carma.sock")
+    started = False
     try:
         _wait_for_server(client, proc, log_path)
+        started = True
         yield client
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
         if config.mps:
             subprocess.run([str(CARMA), "mps", "stop", "--home", str(home)], check=False, capture_output=True)
-        shutil.copyfile(log_path, log_copy)
+        if started:  # a server that never started said why in the error: no log left in the results
+            shutil.copyfile(log_path, log_copy)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -127,12 +138,12 @@ def _wait_for_server(client: Client, proc: subprocess.Popen[bytes], log_path: Pa
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
-            raise RunError(f"carma server exited: {tail[0] if tail else proc.returncode}")
+            raise ServerDidNotStart(f"carma server exited: {tail[0] if tail else proc.returncode}")
         with contextlib.suppress(ClientError):
             client.status()
             return
         time.sleep(0.2)
-    raise RunError("carma server did not answer within 120 s")
+    raise ServerDidNotStart("carma server did not answer within 120 s")
 
 
 def energy_j(client: Client) -> float | None:
@@ -163,6 +174,8 @@ def run_config(name: str, trace: list[TraceTask], args: argparse.Namespace, obse
         "time_unit": "simulated s" if args.dry_run else "s",
         "steps_scale": args.steps_scale,
         "window_samples": args.window,
+        "trace": str(args.trace),
+        "tasks": [t.name for t in trace],
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "gpus": [g["name"] for g in gpus],
@@ -233,6 +246,28 @@ def observed_peaks(out: Path) -> dict[str, int]:
         return {}
     rows = json.loads(path.read_text())["attempts"]
     return {r["task"]: r["observed_peak_mib"] for r in rows if r["outcome"] == "success" and r["observed_peak_mib"]}
+
+
+def other_settings(out: Path, settings: dict[str, Any]) -> str | None:
+    """How results already in `out` were run otherwise than `settings` (None: alike, or none there): a report
+    put a 2-task run at steps scale 0.25 against a 4-task one at 1, and the exclusive run's peaks, read as
+    the memory to declare, would come from other tasks."""
+    for name in CONFIGS:
+        path = out / f"{name}.json"
+        if not path.exists():
+            continue
+        kept = json.loads(path.read_text())
+        differ = [key for key in SETTINGS if kept.get(key) != settings[key]]
+        if differ:
+            return f"{path.name} ({', '.join(_difference(key, kept.get(key), settings[key]) for key in differ)})"
+    return None
+
+
+def _difference(key: str, there: Any, now: Any) -> str:
+    if key == "tasks" and isinstance(there, list) and len(there) == len(now):
+        return "other tasks"
+    shown = [len(v) if isinstance(v, list) else "not recorded" if v is None else v for v in (there, now)]
+    return f"{key} {shown[0]} there, {shown[1]} now"
 
 
 def write_report(out: Path) -> Path:
@@ -309,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up on a configuration after S seconds")
     args = parser.parse_args(argv)
+    for option, value in (("--limit", args.limit), ("--steps-scale", args.steps_scale)):
+        if value is not None and not value > 0:
+            parser.error(f"{option} must be a positive number, not {value:g}")
     names = [n.strip() for n in (args.configs or ",".join(CONFIGS)).split(",") if n.strip()]
     if args.dry_run and args.configs is None and shutil.which("nvidia-cuda-mps-control") is None:
         names = [n for n in names if not CONFIGS[n].mps]  # a machine without a GPU seldom has NVIDIA's MPS tools
@@ -321,13 +359,28 @@ def main(argv: list[str] | None = None) -> int:
             Path(tempfile.mkdtemp(prefix="carma-dry-run-")) if args.dry_run else HERE.parent / "docs" / "validation"
         )
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out} is a file, not a folder")
     trace = load_trace(args.trace)[: args.limit]
+    settings = {"dry_run": args.dry_run, "steps_scale": args.steps_scale, "window_samples": args.window,
+                "tasks": [t.name for t in trace]}  # fmt: skip
+    if other := other_settings(out, settings):
+        parser.error(f"{out} holds results run otherwise: {other}; give another --out, or remove them")
+    out.mkdir(parents=True, exist_ok=True)
     failed = []
     for name in names:
         print(f"== {name}: {len(trace)} tasks", file=sys.stderr, flush=True)
         try:
             result = run_config(name, trace, args, observed_peaks(out))
+        except ServerDidNotStart as e:
+            print(f"error: {name}: {e}", file=sys.stderr, flush=True)
+            failed.append(name)
+            rest = [] if CONFIGS[name].mps else names[names.index(name) + 1 :]  # an MPS server's may be MPS's own
+            if rest:
+                print(f"note: not run, their server would fail alike: {', '.join(rest)}", file=sys.stderr)
+                failed += rest
+                break
+            continue
         except (RunError, ClientError) as e:
             print(f"error: {name}: {e}", file=sys.stderr, flush=True)
             failed.append(name)
