@@ -117,6 +117,29 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
     estimates.close()
 
 
+def test_an_ended_estimate_is_settled_before_its_task_reaches_the_head_of_the_queue(tmp_path, workdir, caplog):
+    """Only the head's need was asked: behind a long queue a failure said nothing, and a finished estimate
+    read `xmem pending` and was not cached, until the task's turn."""
+    (workdir / "other.py").write_text("print('other')\n")
+    failing, fine = job(workdir), job(workdir, script="other.py")
+    store = Store(tmp_path / "carma.db")
+    jobs = queued(store, failing, fine)
+    estimates = service(store, jobs, Runner(error="KeyError: 'label' at train.py:5"))
+    estimates.request(1, failing)
+    estimates._runner.release.set()  # type: ignore[union-attr]
+    wait_until(lambda: estimates._running[estimates._fingerprints[1]].future.done())
+    estimates.collect()  # each scheduling step; the task is not asked for its need
+    assert "could not estimate task 1 (train.py) with xmem (KeyError: 'label' at train.py:5)" in caplog.text
+    assert estimates.settled(1).source == "xmem failed: KeyError: 'label' at train.py:5"
+    estimates._runner = runner = Runner(peak_mib=2000)
+    runner.release.set()
+    estimates.request(2, fine)
+    wait_until(lambda: estimates._running[estimates._fingerprints[2]].future.done())
+    estimates.collect()
+    assert estimates.settled(2).mib == 2000 and estimates.made(2).peak_bytes == 2000 * MIB  # shown, and cached
+    estimates.close()
+
+
 class SleepingRunner:
     """Stands in for estimate_script with a real child process that never reaches a step: the capture of a
     script that first loads a large dataset."""

@@ -347,6 +347,7 @@ class Daemon:
         return self.scheduler.config.sample_interval_s / self.clock.scale
 
     def step(self) -> None:
+        self.estimates.collect()
         self.loop.step(place=not self.draining)
         since = time.monotonic() - self._observations_saved
         if since >= OBSERVATIONS_SAVE_S or (since >= PEAK_SAVE_S and self._peaks_grew()):

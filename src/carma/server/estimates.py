@@ -262,12 +262,25 @@ class Estimates:
         if key is None or (key not in self._done and key not in self._running):
             self.request(task.id, job)
             key = self._fingerprints[task.id]
-        if key not in self._done:
-            future = self._running[key].future
-            if not future.done():
-                return None
-            self._done[key] = self._settle(key, job, future, self._running.pop(key).waiters)
+        if key not in self._done and not self._collected(key):
+            return None
         return self._done[key]
+
+    def collect(self) -> None:
+        """Settle every estimate that has ended, its tasks at the head of the queue or not (each scheduling
+        step): logged, cached and shown at once, where a failure found behind a long queue said nothing, and
+        a finished estimate read `pending`, until its task's turn (and a restart before then lost it)."""
+        for key in [key for key, capture in self._running.items() if capture.future.done()]:
+            self._collected(key)
+
+    def _collected(self, key: str) -> bool:
+        """Settle the estimate `key` if its capture has ended; whether it has."""
+        capture = self._running[key]
+        if not capture.future.done():
+            return False
+        del self._running[key]
+        self._done[key] = self._settle(key, self._jobs[min(capture.waiters)], capture.future, capture.waiters)
+        return True
 
     def settled(self, task_id: TaskId) -> MemoryNeed | None:
         """The need a finished estimate gave the task's job, without asking for one (for the task lists:
