@@ -25,11 +25,14 @@ OOM_PATTERNS: tuple[tuple[str, str], ...] = (
     ("cudnn", r"CUDNN_STATUS_ALLOC_FAILED"),
     ("nccl", r"NCCL.*(Failed to CUDA calloc|cudaMalloc.*failed|Cuda failure '?out of memory)"),
 )
-# The same message about host memory (TensorFlow's CPU allocator): no GPU would help.
-HOST_MEMORY = r"device:CPU|allocator cpu"
+# Lines that name an out-of-memory error without being the crash: the same message about host memory
+# (TensorFlow's CPU allocator: no GPU would help), and a warning (a script that caught the OOM and retried
+# with a smaller batch, then failed for another reason, was relaunched exclusively for it): a logger's
+# WARNING or a Python warning category, not NCCL's "NCCL WARN", which is how NCCL reports its failures.
+NOT_A_GPU_CRASH = r"device:CPU|allocator cpu|(?<!NCCL )\bwarn(ing)?\b|\w+Warning\b"
 
 _OOM_RE = re.compile("|".join(f"(?:{p})" for _, p in OOM_PATTERNS), re.IGNORECASE)
-_HOST_RE = re.compile(HOST_MEMORY, re.IGNORECASE)
+_NOT_A_GPU_CRASH_RE = re.compile(NOT_A_GPU_CRASH, re.IGNORECASE)
 
 
 def classify_exit(exit: ProcessExit, killed_by_request: bool = False) -> ExitKind:
@@ -43,6 +46,6 @@ def classify_exit(exit: ProcessExit, killed_by_request: bool = False) -> ExitKin
 def oom_message(exit: ProcessExit) -> str:
     """The log line that identified a GPU out-of-memory error, for the task's record ("" if none did)."""
     for line in reversed(exit.log_tail.splitlines()):
-        if _OOM_RE.search(line) and not _HOST_RE.search(line):
+        if _OOM_RE.search(line) and not _NOT_A_GPU_CRASH_RE.search(line):
             return line.strip()
     return ""
