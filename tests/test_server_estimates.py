@@ -68,6 +68,22 @@ def test_xmem_estimates_the_tasks_own_script_before_placing_it(start_server, tmp
     assert failed["need"] == "unknown" and failed["need_source"].startswith("xmem failed: ")
     assert "optimizer step" in failed["need_source"]
     assert server.task(idle)["memory_estimate"] is None
+    # the task said "estimated by xmem", as if the estimate had been made: the failure showed on the attempt only
+    assert "memory need: estimated by xmem, which failed (the script never reached an optimizer step" in (
+        server.cli("show", idle).stdout
+    )
+
+
+def test_a_shell_line_asking_for_a_capture_is_refused_at_submission(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """It was taken, and its estimate failed later, in the server's log."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    refused = server.cli("submit", "--shell", "--estimate", "xmem", "--", "python", "train.py", "|", "tee", "log")
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        "error: a shell command line cannot be estimated by xmem: submit `python script.py ...` without --shell, or "
+        "declare its memory (--mem)\n",
+    )
+    assert server.json("queue", "--all") == []
 
 
 def test_history_uses_the_peak_an_earlier_run_of_the_command_was_seen_at(start_server, tmp_path):  # type: ignore[no-untyped-def]

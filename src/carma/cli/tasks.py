@@ -292,6 +292,9 @@ def _declared_need(task: dict[str, Any]) -> str:
     if task["mem_mib"]:
         return f"{task['mem_mib']} MiB" + (" per GPU" if task["gpus_requested"] > 1 else "")
     if task["estimate"]:
+        source, failed = task.get("need_source") or "", f"{task['estimate']} failed: "
+        if source.startswith(failed):  # else said only on the attempt, once it ran
+            return f"estimated by {task['estimate']}, which failed ({source.removeprefix(failed)}): recovery only"
         return f"estimated by {task['estimate']}"
     return "unknown (recovery only)"
 

@@ -159,6 +159,11 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(422, f"invalid request: estimate: choose one of {', '.join(METHODS)}")
         if request.estimate is not None and mem is not None:
             raise HTTPException(422, "invalid request: give mem or estimate, not both")
+        if request.estimate not in (None, "history") and request.shell:  # the capture runs a Python command
+            raise HTTPException(
+                422, f"a shell command line cannot be estimated by {request.estimate}: submit `python script.py ...`"
+                " without --shell, or declare its memory (--mem)",
+            )  # fmt: skip
         if daemon.executor.run_as_owner and who.gid < 0:
             raise HTTPException(
                 422,
