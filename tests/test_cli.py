@@ -438,7 +438,7 @@ def test_a_setting_no_gpu_can_ever_meet_is_one_line_naming_the_schedulers_reason
         assert (result.returncode, result.stdout) == (2, ""), sweep
         assert result.stderr == (
             "error: 1 task never finished on the idle server: 1:resnet(queued); the scheduler says: needs 1 "
-            "GPU with 40960 MiB free; 0 have it (check the [scheduler] settings)\n"
+            "GPU with 41472 MiB free (min_free_mib 40960 + reserve 512); 0 have it (check the [scheduler] settings)\n"
         )
 
 

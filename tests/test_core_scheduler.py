@@ -122,7 +122,8 @@ def test_a_known_need_is_held_before_the_task_has_allocated_it(hold):
     assert (second.id in b.placed()) is not hold
     if hold:
         assert b.sched.waiting_reason(second.id) == (
-            "needs 1 GPU with 12048 MiB free; 0 have it (1 more shows it free, but their tasks' known needs hold it)"
+            "needs 1 GPU with 12560 MiB free (need 10000 + margin 2048 + reserve 512); 0 have it (1 more shows it "
+            "free, but their tasks' known needs hold it)"
         )
         b.sched.cancel(second.id, b.t)
         b.set(0, used_mib=31_000)  # it allocated its need and more: what shows used counts, not twice
@@ -152,7 +153,7 @@ def test_unknown_need_requires_the_minimum_free_memory(used_mib, placed):
     task = b.submit()
     assert (task.id in b.placed()) is placed
     if not placed:
-        assert "2048 MiB free" in b.sched.waiting_reason(task.id)
+        assert "2560 MiB free (min_free_mib 2048 + reserve 512)" in b.sched.waiting_reason(task.id)
 
 
 def test_risk_filter_excludes_saturated_gpus_and_can_be_switched_off():
@@ -486,7 +487,7 @@ def test_estimator_value_is_used_with_the_margin():
     busy(b, [0], used_mib=20_000)  # 20448 MiB free after the reserve
     task = b.submit()
     assert b.placed() == {}
-    assert "20548 MiB free" in b.sched.waiting_reason(task.id)
+    assert "21060 MiB free (need 18500 + margin 2048 + reserve 512)" in b.sched.waiting_reason(task.id)
     b.set(0, used_mib=19_900)
     b.advance(1)
     assert b.placed() == {task.id: (0,)}

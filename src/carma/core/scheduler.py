@@ -463,11 +463,15 @@ class Scheduler:
         if len(gpus) < n:
             return f"needs {pluralize(n, 'GPU')}; {len(gpus)} shareable and not awaiting a first kernel (TTFK)"
         if cfg.policy is not Policy.RR:
-            required = need.mib + cfg.margin_mib if need.kind is NeedKind.KNOWN else cfg.min_free_mib
+            known = need.kind is NeedKind.KNOWN
+            required = need.mib + cfg.margin_mib if known else cfg.min_free_mib
             fitting = [g for g in gpus if self._free_mib(g) >= required]
             if len(fitting) < n:
                 has = inflect(len(fitting), "has", "have")
-                reason = f"needs {pluralize(n, 'GPU')} with {required} MiB free; {len(fitting)} {has} it"
+                # free as `carma gpus` shows it: the reserve is taken off what telemetry reads
+                parts = f"need {need.mib} + margin {cfg.margin_mib}" if known else f"min_free_mib {cfg.min_free_mib}"
+                free = f"{required + cfg.reserve_mib} MiB free ({parts} + reserve {cfg.reserve_mib})"
+                reason = f"needs {pluralize(n, 'GPU')} with {free}; {len(fitting)} {has} it"
                 shown = sum(self._free_mib(g, hold=False) >= required for g in gpus)
                 more = shown - len(fitting)
                 show = inflect(more, "shows", "show")
