@@ -60,7 +60,7 @@ def twin_validate(
 
         root = find_datasets(data)
         fidelity = evaluate(calibrate(root), root, jobs)
-        path = write_report(fidelity, report, "carma twin validate")
+        written = write_report(fidelity, report, "carma twin validate")
     except (OSError, ImportError, ValueError) as e:
         raise fail(e) from None
     v = fidelity.validation
@@ -73,7 +73,7 @@ def twin_validate(
         out.print(f"{'yes' if finding.holds else 'NO '}  {finding.claim}: {finding.detail}")
     if not fidelity.shipped_matches_fit:
         err.print("the shipped parameters differ from this fit: run `carma twin calibrate`")
-    out.print(f"wrote {path}")
+    out.print(f"wrote {report}" if written else f"{report}: the same figures, left as it was (its date kept)")
 
 
 def _checkout_report() -> Path:
