@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from carma.calibration.sources import DataNotFound, find_datasets
+from carma.calibration.sources import GPUMEMNET_RUNS, DataNotFound, find_datasets
 from carma.estimate.base import Capture, Estimate, EstimateError, TrainingJob
 from carma.estimate.devices import get_device
 from carma.estimate.gpumemnet import parse_run_name
@@ -276,7 +276,7 @@ def main() -> None:
 
     try:
         device = get_device(args.device)
-        with (find_datasets(args.data) / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
+        with (find_datasets(args.data, GPUMEMNET_RUNS) / GPUMEMNET_RUNS).open(newline="") as f:
             rows = list(csv.DictReader(f))
     except (EstimateError, DataNotFound, OSError) as e:
         sys.exit(f"error: {e}")

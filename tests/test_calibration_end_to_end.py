@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from carma.calibration.sources import DataNotFound, find_datasets, load_lucid, package_rows
+from carma.calibration.sources import GPUMEMNET_RUNS, DataNotFound, find_datasets, load_lucid, package_rows
 from carma.sim.models import twin_params
 from carma.traces.catalog import data_file
 from support import run_carma
@@ -138,6 +138,15 @@ def test_find_datasets_takes_an_explicit_folder_that_holds_the_data(tmp_path):
     (tmp_path / "lucid").mkdir()
     (tmp_path / "lucid" / "colocation_pairs.csv").write_text("model1,model2\n")
     assert find_datasets(tmp_path) == tmp_path
+
+
+def test_the_estimator_scripts_need_only_the_gpumemnet_runs(tmp_path):
+    """They read gpumemnet/ alone, yet a folder without lucid/ was "not found"."""
+    (tmp_path / "gpumemnet").mkdir()
+    (tmp_path / GPUMEMNET_RUNS).write_text("Filename\n")
+    assert find_datasets(tmp_path, GPUMEMNET_RUNS) == tmp_path
+    with pytest.raises(DataNotFound, match=r"^calibration data not found in"):
+        find_datasets(tmp_path)
 
 
 def _datasets(root: Path, singles: str, pairs: str, runs: str) -> Path:

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from carma.calibration.sources import DataNotFound, find_datasets
+from carma.calibration.sources import GPUMEMNET_RUNS, DataNotFound, find_datasets
 from carma.estimate.base import EstimateError
 from carma.estimate.devices import calibrate, memory_held_by
 from carma.estimate.registry import CPU_METHODS
@@ -179,7 +179,7 @@ def main() -> None:
         sys.exit("error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine")
 
     try:
-        with (find_datasets(args.data) / "gpumemnet" / "mlp_training_runs.csv").open(newline="") as f:
+        with (find_datasets(args.data, GPUMEMNET_RUNS) / GPUMEMNET_RUNS).open(newline="") as f:
             rows = choose_runs(list(csv.DictReader(f)), args.runs, args.sample, args.seed)
     except (DataNotFound, OSError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -22,9 +22,13 @@ class DataNotFound(FileNotFoundError):
         return str(self.args[0])
 
 
-def find_datasets(explicit: Path | None = None) -> Path:
-    """The public-datasets folder (with lucid/ and gpumemnet/): --data, $CARMA_DATASETS, or a
-    `shared/datasets` folder beside the working directory or the source checkout."""
+LUCID_PAIRS = "lucid/colocation_pairs.csv"
+GPUMEMNET_RUNS = "gpumemnet/mlp_training_runs.csv"  # the estimator scripts' only file
+
+
+def find_datasets(explicit: Path | None = None, needs: str = LUCID_PAIRS) -> Path:
+    """The public-datasets folder (with lucid/ and gpumemnet/), the first that holds the file `needs`: --data,
+    $CARMA_DATASETS, or a `shared/datasets` folder beside the working directory or the source checkout."""
     if explicit is not None:  # a folder the user named is the only one considered
         candidates = [explicit]
     elif os.environ.get(DATASETS_ENV):
@@ -36,12 +40,12 @@ def find_datasets(explicit: Path | None = None) -> Path:
             for parent in (base, *base.parents)
         ]
     for path in candidates:
-        if (path / "lucid" / "colocation_pairs.csv").is_file():
+        if (path / needs).is_file():
             return path
     where = explicit or (f"${DATASETS_ENV}" if os.environ.get(DATASETS_ENV) else "a shared/datasets folder")
     raise DataNotFound(
-        f"calibration data not found in {where}: pass --data DIR or set ${DATASETS_ENV} to the folder holding"
-        " lucid/ and gpumemnet/"
+        f"{'calibration data' if needs == LUCID_PAIRS else needs} not found in {where}: pass --data DIR or set "
+        f"${DATASETS_ENV} to the folder holding lucid/ and gpumemnet/"
     )
 
 
