@@ -183,6 +183,27 @@ def test_a_task_file_on_standard_input_or_a_pipe_runs_in_the_current_folder(star
     assert bad.stderr.startswith("error: standard input: not valid YAML (line 1")
 
 
+def test_bytes_that_are_not_utf8_are_refused_in_a_command_and_left_out_of_the_environment(start_server):  # type: ignore[no-untyped-def]
+    """`echo caf\\xe9` was queued and ran, but the submission answered HTTP 500 (resubmitted: twice), and so
+    did `show` of it and everyone's `history`; a shell variable in Latin-1 made every submission so."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    latin1 = os.fsdecode(b"caf\xe9")  # as Python reads the bytes from argv or the environment
+    refused = server.cli("submit", "--", "echo", latin1)
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        "error: invalid request: argument 2 of the command is not UTF-8 text (bytes of another encoding?)\n",
+    )
+    assert server.json("queue", "--all") == []
+    submitted = server.cli("submit", "--json", "--", "sh", "-c", "echo odd=$ODD", env={"ODD": latin1})
+    assert submitted.returncode == 0 and submitted.stderr == (
+        "note: not passed to the task, their values are not UTF-8 text: ODD\n"
+    )
+    task_id = json.loads(submitted.stdout)["id"]
+    assert server.cli("wait", task_id).returncode == 0
+    assert server.cli("logs", task_id).stdout == "odd=\n"
+    assert server.cli("history").returncode == 0
+
+
 def test_tasks_inherit_the_submitters_environment_unless_clean(start_server, tmp_path):  # type: ignore[no-untyped-def]
     """As sbatch exports it: a task finds its user's HOME, PATH and settings, never their carma token."""
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")

@@ -163,9 +163,11 @@ def submit_cmd(
     else:
         raise fail("nothing to run: give a command after --, or a task file with -f")
     if not clean_env and isinstance(spec.get("env") or {}, dict):
-        from carma.server.spec import inherited_env
+        from carma.server.spec import inherited_env, undecodable
 
         spec["env"] = {**inherited_env(os.environ), **(spec.get("env") or {})}
+        if left_out := [k for k in undecodable(os.environ) if k not in spec["env"]]:
+            err.print(f"note: not passed to the task, their values are not UTF-8 text: {', '.join(left_out)}")
     spec = {k: v for k, v in spec.items() if v is not None}
     if dry_run:  # as sbatch --test-only: the same checks, and a refusal the same error
         checked = _call(_client().check, spec)

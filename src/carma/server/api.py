@@ -21,7 +21,7 @@ from carma.server.auth import Caller, Tokens, caller_from_peer
 from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
-from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem
+from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
 from carma.server.views import gpu_view, status_view, task_summary, task_view
 from carma.units import parse_mib
 
@@ -73,6 +73,18 @@ def _one_line(exc: RequestValidationError) -> str:
     if message == "Input should be a valid string" and isinstance(value, int | float | bool):
         message += " (quote it in a task file)"
     return f"invalid request: {where + ': ' if where else ''}{message}"
+
+
+def _not_text(request: SubmitRequest) -> str | None:
+    """What of a submission is not UTF-8 text, if anything: kept, it ran, but every answer naming it failed
+    (HTTP 500 for the submission, which had queued it, and for `show` and `history`, everyone's)."""
+    if bad := next((n for n, arg in enumerate(request.command, 1) if not is_text(arg)), None):
+        return f"argument {bad} of the command" if len(request.command) > 1 else "the command"
+    if not is_text(request.workdir):
+        return "the working directory"
+    if bad_env := next((k for k, v in request.env.items() if not is_text(v)), None):
+        return f"the value of environment variable {bad_env}"
+    return None
 
 
 def _program_name(command: list[str]) -> str:
@@ -144,6 +156,8 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(422, "invalid request: with shell=true, command must be one shell line")
         if any("\0" in text for text in (*request.command, request.workdir, *request.env.values())):
             raise HTTPException(422, "invalid request: the command, working directory or environment holds a NUL byte")
+        if not_text := _not_text(request):
+            raise HTTPException(422, f"invalid request: {not_text} is not UTF-8 text (bytes of another encoding?)")
         if too_big := exec_size_problem(request.command, request.env):
             raise HTTPException(422, f"invalid request: {too_big}")
         name = request.name or _program_name(request.command)

@@ -33,12 +33,27 @@ def exec_size_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None
 def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of a submitter's environment a task inherits (as sbatch exports it): all but carma's own
     variables (its token among them) and CUDA_VISIBLE_DEVICES, which carma sets; names a shell cannot
-    export (e.g. exported bash functions) are left out."""
+    export (e.g. exported bash functions) and values that are not UTF-8 text (`undecodable`) are left out."""
     return {
         k: v
         for k, v in environ.items()
-        if ENV_NAME.match(k) and not k.startswith("CARMA_") and k != "CUDA_VISIBLE_DEVICES"
+        if ENV_NAME.match(k) and not k.startswith("CARMA_") and k != "CUDA_VISIBLE_DEVICES" and is_text(v)
     }
+
+
+def is_text(value: str) -> bool:
+    """Whether `value` is UTF-8 text: bytes of another encoding (a file name in Latin-1) reach Python as lone
+    surrogates, which the server could keep and run but never send back (every listing with it failed)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def undecodable(environ: Mapping[str, str]) -> list[str]:
+    """The variables `inherited_env` leaves out for a value that is not UTF-8 text."""
+    return sorted(k for k, v in environ.items() if ENV_NAME.match(k) and not is_text(v))
 
 
 @dataclass(frozen=True)
