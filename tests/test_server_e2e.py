@@ -348,6 +348,24 @@ def test_logs_of_a_task_not_started_say_why_and_a_follower_says_how_it_ended(sta
     assert server.cli("logs", never).stderr == f"carma: task {never} never ran: cancelled: cancelled by request\n"
 
 
+def test_a_risk_filter_switched_off_is_said_by_status_and_gpus(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """A saturated GPU read `ok` with nothing saying the filter was off; `status --json` left out its weights
+    and `missing`, so the server's settings could not be read back."""
+    config = tmp_path / "norisk.toml"
+    config.write_text('[scheduler.risk]\nenabled = false\nmissing = "skip"\n')
+    server = start_server("--fake-gpus", "1xA100-40GB", "--config", str(config))
+    status = server.cli("status")
+    assert status.stdout.startswith("carma ") and ", policy magm, risk filter off; " in status.stdout
+    risk = server.json("status")["risk"]
+    assert (risk["enabled"], risk["missing"], risk["weights"]) == (
+        False, "skip", {"mean": 0.2, "median": 0.3, "p95": 0.3, "ema": 0.2}
+    )  # fmt: skip
+    gpus = server.cli("gpus")
+    assert gpus.returncode == 0 and gpus.stderr == (
+        "note: the risk filter is off ([scheduler.risk] enabled = false): no GPU is kept out for its risk\n"
+    )
+
+
 def test_wait_that_gives_up_still_prints_every_state_as_json(start_server):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB")
     done, slow = server.submit("true"), server.submit(*fakejob(100000))
@@ -356,6 +374,11 @@ def test_wait_that_gives_up_still_prints_every_state_as_json(start_server):  # t
     gave_up = server.cli("wait", done, slow, "--timeout", "0.5", "--json")
     assert gave_up.returncode == 3 and gave_up.stderr == f"error: timed out waiting for task {slow}\n"
     assert [(t["id"], t["state"]) for t in json.loads(gave_up.stdout)] == [(done, "completed"), (slow, "running")]
+    failed = server.submit("sh", "-c", "echo broken >&2; exit 3")
+    server.wait_state(failed, "failed")
+    said = server.cli("wait", failed, slow, "--timeout", "0.5")  # as text: the failure among them went unsaid
+    assert said.returncode == 3 and said.stderr == f"error: timed out waiting for task {slow}\n"
+    assert said.stdout.startswith(f"task {failed} failed: exit code 3")
     server.cli("cancel", slow)
 
 

@@ -401,6 +401,12 @@ def wait_cmd(
     except WaitTimeout as e:
         if as_json:  # a script still gets every task's state, the ones that ended and the ones it gave up on
             _print_json([_ending(t) for t in e.tasks])
+        else:  # how those that ended did: a failure among them went unsaid
+            from carma.server.client import ENDED
+
+            for t in e.tasks:
+                if t["state"] in ENDED:
+                    out.print(f"task {t['id']} {_ended(t)}", highlight=False)
         raise fail(str(e), code=3) from None
     except ClientError as e:
         raise fail(e) from None
@@ -453,6 +459,8 @@ def gpus_cmd(as_json: JsonOption = False) -> None:
         )
     headers = ("GPU", "NAME", "MEMORY", "SMACT", "SMOCC", "DRAMA", "RISK (S/O/D)", "STATE", "TASK IDS")
     print(columns(headers, rows))
+    if not _call(_client().status)["risk"]["enabled"]:  # a saturated GPU "ok" read as a filter that failed
+        err.print("note: the risk filter is off ([scheduler.risk] enabled = false): no GPU is kept out for its risk")
 
 
 @app.command("status")
@@ -465,9 +473,10 @@ def status_cmd(as_json: JsonOption = False) -> None:
     counts = ", ".join(f"{n} {state}" for state, n in sorted(status["tasks"].items())) or "no tasks"
     drain = " (draining: no new placements)" if status["draining"] else ""
     mps = ", MPS" if status["mps"] else ""
+    risk = "" if status["risk"]["enabled"] else ", risk filter off"  # else a risky GPU "ok" reads as a fault
     gpus = pluralize(status["gpus"], "GPU")
     out.print(
-        f"carma {status['version']}: {gpus}{mps}, policy {status['policy']}{drain}; {counts}",
+        f"carma {status['version']}: {gpus}{mps}, policy {status['policy']}{risk}{drain}; {counts}",
         highlight=False,
     )
     for gpu, names in status["missing_metrics"].items():

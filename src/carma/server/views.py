@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from carma import __version__
@@ -25,7 +26,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "uptime_s": round(daemon.clock.now() - daemon.clock.to_clock(daemon.started), 1),
         "time_scale": daemon.clock.scale,
         "policy": daemon.scheduler.config.policy.value,
-        "risk": {"enabled": risk.enabled, "smact": risk.smact, "smocc": risk.smocc, "drama": risk.drama},
+        "risk": asdict(risk),  # the server's [scheduler.risk], all of it: weights and `missing` were left out
         "draining": daemon.draining,
         "gpus": len(daemon.gpus),
         "mps": daemon.mps is not None,
