@@ -54,10 +54,6 @@ class ServerDidNotStart(RunError):
     """carma's server did not start (no NVML, say): the other configurations would start it alike."""
 
 
-# What makes two configurations' results comparable in one report: they were run alike on the same tasks.
-SETTINGS = ("dry_run", "steps_scale", "window_samples", "tasks")
-
-
 @dataclass(frozen=True)
 class Config:
     policy: str
@@ -170,12 +166,9 @@ def run_config(name: str, trace: list[TraceTask], args: argparse.Namespace, obse
         "policy": config.policy,
         "mps": config.mps,
         "declared_memory": config.declare_memory and bool(observed),
-        "dry_run": args.dry_run,
+        **run_settings(args, trace),
         "time_unit": "simulated s" if args.dry_run else "s",
-        "steps_scale": args.steps_scale,
-        "window_samples": args.window,
         "trace": str(args.trace),
-        "tasks": [t.name for t in trace],
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "gpus": [g["name"] for g in gpus],
@@ -248,6 +241,17 @@ def observed_peaks(out: Path) -> dict[str, int]:
     return {r["task"]: r["observed_peak_mib"] for r in rows if r["outcome"] == "success" and r["observed_peak_mib"]}
 
 
+def run_settings(args: argparse.Namespace, trace: list[TraceTask]) -> dict[str, Any]:
+    """What makes two configurations' results comparable in one report: they were run alike on the same tasks
+    (each result records it; `other_settings` compares)."""
+    return {
+        "dry_run": args.dry_run,
+        "steps_scale": args.steps_scale,
+        "window_samples": args.window,
+        "tasks": [t.name for t in trace],
+    }
+
+
 def other_settings(out: Path, settings: dict[str, Any]) -> str | None:
     """How results already in `out` were run otherwise than `settings` (None: alike, or none there): a report
     put a 2-task run at steps scale 0.25 against a 4-task one at 1, and the exclusive run's peaks, read as
@@ -257,7 +261,7 @@ def other_settings(out: Path, settings: dict[str, Any]) -> str | None:
         if not path.exists():
             continue
         kept = json.loads(path.read_text())
-        differ = [key for key in SETTINGS if kept.get(key) != settings[key]]
+        differ = [key for key in settings if kept.get(key) != settings[key]]
         if differ:
             return f"{path.name} ({', '.join(_difference(key, kept.get(key), settings[key]) for key in differ)})"
     return None
@@ -362,9 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists() and not out.is_dir():
         parser.error(f"--out {out} is a file, not a folder")
     trace = load_trace(args.trace)[: args.limit]
-    settings = {"dry_run": args.dry_run, "steps_scale": args.steps_scale, "window_samples": args.window,
-                "tasks": [t.name for t in trace]}  # fmt: skip
-    if other := other_settings(out, settings):
+    if other := other_settings(out, run_settings(args, trace)):
         parser.error(f"{out} holds results run otherwise: {other}; give another --out, or remove them")
     out.mkdir(parents=True, exist_ok=True)
     failed = []

@@ -404,18 +404,20 @@ def wait_cmd(
         else:  # how those that ended did: a failure among them went unsaid
             from carma.server.client import ENDED
 
-            for t in e.tasks:
-                if t["state"] in ENDED:
-                    out.print(f"task {t['id']} {_ended(t)}", highlight=False)
+            _say_ended([t for t in e.tasks if t["state"] in ENDED])
         raise fail(str(e), code=3) from None
     except ClientError as e:
         raise fail(e) from None
     if as_json:
         _print_json([_ending(t) for t in tasks])
     else:
-        for t in tasks:
-            out.print(f"task {t['id']} {_ended(t)}", highlight=False)
+        _say_ended(tasks)
     raise typer.Exit(0 if all(t["state"] == "completed" for t in tasks) else 1)
+
+
+def _say_ended(tasks: list[dict[str, Any]]) -> None:
+    for t in tasks:
+        out.print(f"task {t['id']} {_ended(t)}", highlight=False)
 
 
 def _ending(task: dict[str, Any]) -> dict[str, Any]:

@@ -228,9 +228,9 @@ def _death(returncode: int, err: str) -> str:
         )
     if returncode < 0:
         return f"the estimating process was killed by {signal.Signals(-returncode).name}"
-    lines = [line.strip() for line in err.splitlines() if line.strip()]
     # 126 and 127: the interpreter did not run (a pyenv shim for a version not installed says so first, then
     # where the version is to be found); otherwise the last line is the latest word
+    lines = _lines(err)
     why = (lines[0] if returncode in (126, 127) else lines[-1]) if lines else "no error output"
     return f"the estimating process died (exit status {returncode}): {why}"
 
@@ -255,9 +255,14 @@ def _tail(file: BinaryIO) -> str:
     return file.read().decode(errors="replace")
 
 
+def _lines(err: str) -> list[str]:
+    """A child's error output, its blank lines left out."""
+    return [line.strip() for line in err.splitlines() if line.strip()]
+
+
 def _last_line(err: str) -> str | None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    return lines[-1].strip() if lines else None
+    lines = _lines(err)
+    return lines[-1] if lines else None
 
 
 def kill_group(pid: int) -> None:
