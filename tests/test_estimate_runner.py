@@ -978,7 +978,7 @@ def test_a_job_function_that_names_cuda_is_captured_on_the_cpu(workdir: Path) ->
 def test_cuda_is_kept_on_the_cpu_only_while_capturing(tmp_path: Path) -> None:
     from torch.overrides import _get_current_function_mode_stack
 
-    load, synchronize, stream = torch.load, torch.cuda.synchronize, torch.cuda.Stream
+    load, synchronize, stream, generator = torch.load, torch.cuda.synchronize, torch.cuda.Stream, torch.Generator
     torch.save(torch.ones(2), tmp_path / "t.pt")
     with cuda_on_cpu.cuda_on_cpu() as requests:
         x = torch.zeros(2, device="cuda:0")
@@ -996,12 +996,20 @@ def test_cuda_is_kept_on_the_cpu_only_while_capturing(tmp_path: Path) -> None:
         x.record_stream(side)
         with pytest.raises(RuntimeError, match="both events recorded"):
             torch.cuda.Event().elapsed_time(side.record_event())
+        noise = torch.Generator(device="cuda").manual_seed(0)
+        assert isinstance(noise, generator) and torch.randn(2, generator=noise, device="cuda").device.type == "cpu"
+        assert torch.Generator().device.type == "cpu"
     requests.hold()
     assert [t is x for t in requests.held.values()] == [True]  # the one placed tensor still alive, for the estimate
     assert requests.asked == ['device="cuda"', '.to("cuda")', ".cuda()", 'torch.load(map_location="cuda")',
                      'torch.set_default_device("cuda")', "torch.cuda.synchronize()", "torch.cuda.Stream()",
-                     ".record_stream()", "torch.cuda.Event()"]  # fmt: skip
-    assert (torch.load, torch.cuda.synchronize, torch.cuda.Stream) == (load, synchronize, stream)
+                     ".record_stream()", "torch.cuda.Event()", 'torch.Generator(device="cuda")']  # fmt: skip
+    assert (torch.load, torch.cuda.synchronize, torch.cuda.Stream, torch.Generator) == (
+        load,
+        synchronize,
+        stream,
+        generator,
+    )
     assert "record_stream" not in vars(torch.Tensor) and not _get_current_function_mode_stack()
 
 

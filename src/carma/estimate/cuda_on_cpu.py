@@ -6,7 +6,8 @@ or load a checkpoint saved on a GPU. While a job is captured those requests are 
 a falling-back script would have put the same tensors (`.cuda()` and `.to("cuda")` of a CPU tensor hand it
 back, as `.to("cpu")` does), so the trace and the estimate are those of the CPU fallback. Streams and
 events (a data prefetcher's side stream, CUDA-event timing) run as the CPU's one stream, whose operators
-have finished when they return: waiting is done at once, and an event's time is the CPU's. What the
+have finished when they return: waiting is done at once, and an event's time is the CPU's. A random
+generator made for CUDA (`torch.Generator(device="cuda")`, seeding a sampler or noise) is the CPU's. What the
 GPU itself would answer (device properties, free memory) is not imitated: it still fails, with the
 capture's hint to fall back to the CPU.
 """
@@ -153,6 +154,26 @@ class _Stream:
         pass
 
 
+def _generator(note: Callable[[str], None]) -> type:
+    """`torch.Generator`, whose instances made for CUDA are the CPU's (a class still: PyTorch and samplers
+    check `isinstance(g, torch.Generator)`)."""
+    import torch
+
+    base = torch.Generator
+
+    class Generator(base):  # type: ignore[misc,valid-type]
+        def __new__(cls, device: Any = "cpu") -> Any:
+            if _is_cuda(device):
+                note('torch.Generator(device="cuda")')
+                device = "cpu"
+            return base.__new__(cls, device)
+
+        def __init__(self, device: Any = "cpu") -> None:  # base's __new__ has taken the device
+            pass
+
+    return Generator
+
+
 class _Device:
     """`with torch.cuda.device(i):` on the CPU, where there is one device."""
 
@@ -280,6 +301,8 @@ def cuda_on_cpu(before_training: Callable[[], bool] = lambda: True) -> Iterator[
     for namespace, name, replacement in replaced:
         setattr(namespace, name, replacement)
     torch.load = load_on_cpu
+    generator = torch.Generator
+    torch.Generator = _generator(note)  # type: ignore[misc]
 
     def record_stream(tensor: Any, stream: Any) -> None:
         """The CPU's one stream needs no note of another using the tensor (a method PyTorch checks the
@@ -292,6 +315,6 @@ def cuda_on_cpu(before_training: Callable[[], bool] = lambda: True) -> Iterator[
             yield requests
     finally:
         del torch.Tensor.record_stream  # the method of torch._C.TensorBase again
-        torch.load = load
+        torch.load, torch.Generator = load, generator  # type: ignore[misc]
         for namespace, name, original in originals:
             setattr(namespace, name, original)
