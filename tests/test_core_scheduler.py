@@ -162,8 +162,29 @@ def test_risk_filter_excludes_saturated_gpus_and_can_be_switched_off():
         busy(b, [0], used_mib=5_000, smact=0.9, smocc=0.5, drama=0.1)
         task = b.submit()
         assert (task.id in b.placed()) is not enabled
-        if enabled:
-            assert "risk filter" in b.sched.waiting_reason(task.id)
+        if enabled:  # the GPU and the scores over their thresholds, as `carma gpus` shows them
+            assert b.sched.waiting_reason(task.id) == (
+                "needs 1 GPU; only 0 with enough memory pass the risk filter (GPU 0: SMACT 0.90 >= 0.80, "
+                "SMOCC 0.50 >= 0.45)"
+            )
+
+
+def test_a_task_waiting_for_the_risk_filter_is_told_which_gpus_fail_it():
+    b = Bench(gpus=4)
+    busy(b, [0, 1, 2, 3], used_mib=5_000, smact=0.9, smocc=0.2, drama=0.5)
+    task = b.submit(gpus=3)
+    b.decide()
+    assert b.sched.waiting_reason(task.id) == (
+        "needs 3 GPUs; only 0 with enough memory pass the risk filter (GPUs 0, 1, 2, 3: `carma gpus` shows their risk)"
+    )
+    b.set(2, smact=0.3)
+    b.set(3, smact=0.3)
+    b.advance(60)  # the window forgets the saturated samples
+    b.decide()
+    assert b.sched.waiting_reason(task.id).endswith(
+        "only 2 with enough memory pass the risk filter (GPU 0: SMACT 0.90 >= 0.80, DRAMA 0.50 >= 0.40; "
+        "GPU 1: SMACT 0.90 >= 0.80, DRAMA 0.50 >= 0.40)"
+    )
 
 
 def test_risk_reflects_the_whole_window_not_only_the_latest_sample():
@@ -626,7 +647,7 @@ def test_a_gpu_without_profiling_metrics_is_kept_out_of_collocation_unless_confi
         task = b.submit()
         assert (task.id in b.placed()) is placed, missing
         if not placed:
-            assert "risk filter" in b.sched.waiting_reason(task.id)
+            assert b.sched.waiting_reason(task.id).endswith("the risk filter (GPU 0: no SMACT/SMOCC/DRAMA reading)")
 
 
 def test_lug_ranks_gpus_of_unknown_smact_last():

@@ -59,3 +59,16 @@ class Risk:
         if self.smact is None or self.smact < config.smact:
             return False
         return (self.smocc or 0.0) >= config.smocc or (self.drama or 0.0) >= config.drama
+
+    def why(self, config: RiskConfig) -> str:
+        """Why an excluded GPU is (`excluded` is true): the scores over their thresholds, or the metrics
+        missing, as a task's waiting reason names them."""
+        missing = [name.upper() for name in ("smact", "smocc", "drama") if getattr(self, name) is None]
+        if missing and config.missing == "risky":
+            return f"no {'/'.join(missing)} reading"
+        over = [
+            f"{name.upper()} {value:.2f} >= {getattr(config, name):.2f}"
+            for name in ("smact", "smocc", "drama")
+            if (value := getattr(self, name)) is not None and value >= getattr(config, name)
+        ]
+        return ", ".join(over)

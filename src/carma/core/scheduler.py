@@ -479,11 +479,23 @@ class Scheduler:
                 return reason + (held if shown > len(fitting) else "")
             gpus = fitting
             if cfg.risk.enabled:
-                gpus = [g for g in gpus if not self._windows[g].risk().excluded(cfg.risk)]
+                risks = {g: self._windows[g].risk() for g in gpus}
+                risky = [g for g in gpus if risks[g].excluded(cfg.risk)]
+                gpus = [g for g in gpus if g not in risky]
                 if len(gpus) < n:
                     passes = inflect(len(gpus), "passes", "pass")
-                    return f"needs {pluralize(n, 'GPU')}; only {len(gpus)} with enough memory {passes} the risk filter"
+                    reason = (
+                        f"needs {pluralize(n, 'GPU')}; only {len(gpus)} with enough memory {passes} the risk filter"
+                    )
+                    return f"{reason} ({self._risky(risky, risks)})"
         return [c.gpu for c in order(cfg.policy, self._candidates(gpus), self._rr)[:n]]
+
+    def _risky(self, gpus: list[int], risks: dict[int, Risk]) -> str:
+        """Why `gpus` fail the risk filter, each by its scores (as `carma gpus` shows them), or for more than
+        two (a line of `carma queue`) their indices."""
+        if len(gpus) > 2:
+            return f"GPUs {', '.join(map(str, gpus))}: `carma gpus` shows their risk"
+        return "; ".join(f"GPU {g}: {risks[g].why(self.config.risk)}" for g in gpus)
 
     def _launch(self, task: Task, gpus: list[int], need: MemoryNeed, now: float, recovery: bool) -> Launch:
         (self._recovery if recovery else self._queue).popleft()
