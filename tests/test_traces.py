@@ -170,6 +170,18 @@ def test_a_task_a_csv_row_defines_is_named_alone_by_the_rows_below(catalog, writ
     assert second == first and (first.solo_s, first.mem_mib) == (1800.0, 6000)
 
 
+def test_a_row_gives_its_own_values_of_a_task_a_row_above_defined(catalog, write):
+    """As it may a catalog task's; it said "unknown task 'my_job'", and a row naming the task without the
+    commas of the empty columns was refused (fewer values than the header)."""
+    rows = "submit_s,task,gpus,solo_s,mem_mib\n0,my_job,1,1800,6000\n10,my_job,2,,\n20,my_job,,3600\n30,my_job\n"
+    first, wider, longer, alone = (e.workload for e in load_trace(write("r.csv", rows), catalog).entries)
+    assert (first.gpus, first.solo_s, first.mem_mib) == (1, 1800.0, 6000)
+    assert wider == dataclasses.replace(first, gpus=2) and longer == dataclasses.replace(first, solo_s=3600.0)
+    assert (
+        alone == first
+    )  # the first row defines it; the values a row below gives are that entry's, as a catalog task's
+
+
 def test_a_short_new_task_is_told_to_give_its_own_start_up_times(catalog, write):
     """It failed on the catalog's typical time to first kernel and warm-up, values the user never wrote."""
     typical = catalog.typical_profile()
@@ -220,6 +232,13 @@ def test_yaml_trace_with_definitions_repeats_and_a_name(catalog, write):
     assert big.drama == catalog.typical_profile()["drama"]
     vggs = [e.workload for e in trace.entries if e.workload.name == "vgg"]
     assert vggs == [dataclasses.replace(catalog["vgg"], mem_mib=8000)] * 3
+
+
+def test_a_yaml_definition_of_a_new_task_without_fields_says_what_it_needs(catalog, write):
+    """It said "unknown task 'newt': it is not in the workload catalog", of the task it defines."""
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(write("w.yaml", "workloads: {newt: null}\ntasks: [{at: 0, task: newt}]\n"), catalog)
+    assert str(excinfo.value) == "w.yaml, workloads: task 'newt' gives no fields: define it with solo_s and mem_mib"
 
 
 def test_yaml_trace_without_a_name_is_named_after_the_file(catalog, write):
@@ -317,7 +336,7 @@ BAD_TRACES = [
     ),
     pytest.param("t.csv", "submit_s,task,ttfk_s\n0,vgg,nan\n", "ttfk_s must be a finite number", id="nan-field"),
     pytest.param("t.csv", "submit_s,task,gpus\n0,vgg,1.5\n", "gpus must be a whole number", id="fractional-gpus"),
-    pytest.param("t.csv", "submit_s,task\n0,vgg\n5\n", "line 3: fewer values than the header", id="short-row"),
+    pytest.param("t.csv", "submit_s,task\n0,vgg\n5\n", "t.csv, line 3: no task name", id="short-row"),
     pytest.param("t.csv", "submit_s,task\n0,vgg\n5, \n", "t.csv, line 3: no task name", id="no-name"),
     pytest.param(
         "t.csv", "submit_s,task\n0,vgg\n\n\n5,nosuch\n", "line 5: unknown task 'nosuch'", id="line-after-blanks"

@@ -164,21 +164,24 @@ def _parse_field(key: str, value: object) -> object:
         raise ValueError(f"{key} must be {kind}, not {value!r}") from err
 
 
-def define_workload(name: str, fields: Mapping[str, object], catalog: Catalog) -> Workload:
-    """A workload from user-given fields (as text or numbers): overrides of a catalog task, or a new task.
+def define_workload(
+    name: str, fields: Mapping[str, object], catalog: Catalog, defined: Workload | None = None
+) -> Workload:
+    """A workload from user-given fields (as text or numbers): overrides of a catalog task or of one the
+    trace `defined` above, or a new task.
 
     A new task must give `solo_s` and `mem_mib`; profile fields it leaves out take the catalog's typical
     (median) profile. Errors name the task once.
     """
     if not fields:
-        return catalog[name]
+        return defined or catalog[name]
     unknown = set(fields) - set(FIELD_PARSERS)
     try:
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
         parsed = {key: _parse_field(key, value) for key, value in fields.items()}
-        if name in catalog:
-            base = asdict(catalog[name])
+        if defined is not None or name in catalog:
+            base = asdict(defined or catalog[name])
         else:
             missing = [f for f in ("solo_s", "mem_mib") if f not in parsed]
             if missing:

@@ -95,12 +95,9 @@ class _Builder:
                 "since the epoch"
             )
         try:
-            if not fields and name in self.defined:
-                workload = self.defined[name]
-            else:
-                workload = define_workload(name, fields or {}, self.catalog)
-                if fields and name not in self.catalog:
-                    self.defined[name] = workload
+            workload = define_workload(name, fields or {}, self.catalog, self.defined.get(name))
+            if fields and name not in self.catalog:  # its first row defines it; those below override for themselves
+                self.defined.setdefault(name, workload)
         except UnknownTaskError as err:
             if self.skip_unknown and not fields:  # a row that defines the task too thinly is a mistake, not a skip
                 self.skipped.append(name)
@@ -139,8 +136,6 @@ def _read_csv(text: str, b: _Builder) -> None:
         lineno = reader.line_num  # the file's line, blank lines and quoted line breaks counted
         if None in row:
             raise TraceError(f"{b.source}, line {lineno}: more values than the header has columns")
-        if None in row.values():
-            raise TraceError(f"{b.source}, line {lineno}: fewer values than the header has columns")
         if not (name := (row["task"] or "").strip()):  # not an unknown task for --skip-unknown to leave out
             raise TraceError(f"{b.source}, line {lineno}: no task name")
         fields = {k: v for k, v in row.items() if k not in ("submit_s", "task") and v not in (None, "")}
@@ -275,6 +270,8 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
     for name, fields in definitions.items():
         if not isinstance(fields, dict | None):
             raise TraceError(f"{b.source}, workloads: task {name!r} needs a mapping of fields, not {fields!r}")
+        if not fields and str(name) not in b.catalog:  # else "unknown task", for the task it defines
+            raise TraceError(f"{b.source}, workloads: task {name!r} gives no fields: define it with solo_s and mem_mib")
         try:
             b.catalog = b.catalog.with_workloads({str(name): define_workload(str(name), fields or {}, b.catalog)})
         except (ValueError, UnknownTaskError) as err:  # a definition too thin is an error, even with skipping
