@@ -298,12 +298,7 @@ BAD_TRACES = [
     pytest.param("t.sh", "& python s.py --task vgg.rad\n", "line 1: a command is missing before '&'", id="lead"),
     pytest.param("t.sh", "; python s.py --task vgg.rad\n", "line 1: a command is missing before ';'", id="lead-semi"),
     pytest.param("t.sh", "sleep 1 ; ; python s.py --task vgg.rad\n", "missing before ';'", id="semi-semi"),
-    pytest.param(
-        "t.sh",
-        "sleep 10 &&\npython s.py --task vgg.rad &\n",  # the shell reads one command over the two lines
-        "line 1: a command is missing after '&&' (join the line with the next)",
-        id="and-at-end",
-    ),
+    pytest.param("t.sh", "sleep 1\nsleep 10 &&\n", "line 2: a command is missing after '&&'", id="and-at-end"),
     pytest.param("t.txt", "submit_s,task\n0,vgg\n", "when its name ends in .csv)", id="csv-named-txt"),
     pytest.param(
         "t.yaml",
@@ -469,6 +464,20 @@ def test_script_lines_split_into_commands_as_the_shell_does(catalog, write):
         (3600.0, "dlrm"),
         (3660.0, "vgg"),
     ]
+
+
+def test_script_lines_go_on_on_the_next_as_the_shell_reads_them(catalog, write):
+    """A line ending in a backslash or in `&&` goes on on the next: it was "No escaped character", or "a
+    command is missing after '&&'"; a comment's backslash continues nothing."""
+    script = (
+        "sleep 10 && \\\n  python /x/submit.py \\\n  --task /x/vgg.rad &\n"
+        "sleep 20 &&  # then\npython /x/submit.py --task /x/resnet.rad\n"
+        "sleep 5  # 5 s \\\n"
+        "python /x/submit.py --task /x/dlrm.rad\n"
+    )
+    trace = load_trace(write("c.sh", script), catalog)
+    assert schedule(trace) == [(10.0, "vgg"), (20.0, "resnet"), (25.0, "dlrm")]
+    assert [e.where for e in trace.entries] == ["c.sh, line 1", "c.sh, line 4", "c.sh, line 7"]
 
 
 def test_a_sleep_sent_to_the_background_delays_nothing_else(catalog, write):

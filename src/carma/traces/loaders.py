@@ -17,7 +17,7 @@ import itertools
 import math
 import shlex
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,7 +147,7 @@ def _read_script(text: str, b: _Builder) -> None:
     advances the clock, a `submit... --task PATH/NAME.rad` command submits NAME. Commands sent to the
     background (`sleep 60 && submit ... &`) keep a clock of their own: the next ones do not wait for them."""
     t = 0.0
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in _logical_lines(text):
         where = f"{b.source}, line {lineno}"
         for commands, background in _lists(line, where):
             clock = t
@@ -163,6 +163,23 @@ def _read_script(text: str, b: _Builder) -> None:
                     )
             if not background:
                 t = clock
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The script's lines as the shell reads them, each with the number of its first: one ending in a
+    backslash (its newline escaped) or in `&&` goes on on the next."""
+    start, joined = 0, ""
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        start, code = start or lineno, _uncommented(line)  # a comment's backslash or `&&` continues nothing
+        if (len(code) - len(code.rstrip("\\"))) % 2 == 1:
+            joined += code[:-1]
+        elif code.rstrip().endswith("&&"):
+            joined += code + " "
+        else:
+            yield start, joined + line
+            start, joined = 0, ""
+    if joined:
+        yield start, joined
 
 
 def _task_argument(words: list[str]) -> str | None:
@@ -205,8 +222,8 @@ def _lists(line: str, where: str) -> list[tuple[list[list[str]], bool]]:
             raise TraceError(f"{where}: {token!r}: a trace script takes commands joined by ';', '&&' or '&' only")
         else:
             commands[-1].append(token)
-    if not commands[-1] and len(commands) > 1:  # the shell continues such a line on the next, which this does not
-        raise TraceError(f"{where}: a command is missing after '&&' (join the line with the next)")
+    if not commands[-1] and len(commands) > 1:  # the script's last line: others go on on the next
+        raise TraceError(f"{where}: a command is missing after '&&'")
     if commands[-1]:
         lists.append((commands, False))
     return lists
