@@ -477,6 +477,16 @@ def test_server_refuses_fake_gpu_options_without_fake_gpus_before_touching_its_s
     assert not home.exists()
 
 
+@pytest.mark.parametrize("grace", ["nan", "inf"])
+def test_server_refuses_a_grace_that_is_not_a_finite_number(grace, tmp_path):
+    """`--grace nan` passed its min=0 and a cancelled task that ignored SIGTERM was never killed."""
+    home = tmp_path / "home"
+    result = run_carma("server", "--fake-gpus", "1xA100-40GB", "--grace", grace, env=cli_env(CARMA_HOME=str(home)))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"error: --grace must be a finite number of seconds; got {grace}\n"
+    assert not home.exists()
+
+
 def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr

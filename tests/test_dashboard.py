@@ -282,6 +282,17 @@ def test_dashboard_names_the_machine_for_a_wildcard_listener_and_the_server_warn
     assert f"warning: 0.0.0.0:{port} is reachable from other machines, and tokens travel in clear HTTP" in started
 
 
+def test_a_listener_on_port_0_is_named_by_the_port_the_system_chose(start_server):  # type: ignore[no-untyped-def]
+    """The start line, `carma status` and `carma dashboard` said port 0, where nothing listens."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", "127.0.0.1:0")
+    address = json.loads(server.cli("status", "--json").stdout)["tcp"]
+    port = int(address.removeprefix("127.0.0.1:"))
+    assert port > 0 and server.cli("dashboard").stdout.startswith(f"http://127.0.0.1:{port}/#token=")
+    assert f"and http://127.0.0.1:{port} (dashboard)" in (server.home / "test-server.log").read_text()
+    with socket.create_connection(("127.0.0.1", port), timeout=10):
+        pass
+
+
 def test_the_page_is_public_its_data_is_not(served):  # type: ignore[no-untyped-def]
     """Over TCP the page and assets need no token (they hold no data); timeline, series, live events and
     metrics do."""

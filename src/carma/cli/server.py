@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import socket
 from contextlib import closing
@@ -68,6 +69,8 @@ def server_cmd(
             if given and not fake_gpus:
                 raise ValueError(f"{option} only applies to fake GPUs (--fake-gpus)")
         positive(time_scale, "--time-scale")  # before the state directory keeps a clock of that scale
+        if not math.isfinite(grace):  # nan passes min=0, and a cancelled task that ignored SIGTERM ran on
+            raise UsageError(f"--grace must be a finite number of seconds; got {grace:g}")
         check_socket_path(paths.socket)
         paths.create()
         refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
@@ -80,13 +83,14 @@ def server_cmd(
         daemon = Daemon(
             paths, backend, scheduler, time_scale, env, grace, control, settings.estimate, settings.server.keep_ended_s
         )
-        daemon.tcp = tcp
         sockets = [bind_unix(paths.socket)]
         if tcp:
             sockets.append(bind_tcp(tcp))
+            tcp = f"{tcp.rpartition(':')[0]}:{sockets[-1].getsockname()[1]}"  # port 0: the one the system chose
             if not tokens:
                 tokens.create(_me(), os.geteuid(), admin=True)
                 err.print(f"created an admin token for TCP clients in {paths.tokens}")
+        daemon.tcp = tcp
     except (UsageError, ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
         raise fail(e) from None
     if settings.twin != replace(TwinConfig(), scheduler=settings.scheduler):
