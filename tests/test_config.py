@@ -159,7 +159,10 @@ def test_weights_must_sum_to_one(weights):
         ({"scheduler": {"margin_mib": True}}, "[scheduler]: margin_mib must be an integer, not True"),
         ({"scheduler": {"risk": {"enabled": "no"}}}, "[scheduler.risk]: enabled must be true or false, not 'no'"),
         ({"twin": {"gpus": 3}}, "[twin]: gpus must be a string, not 3"),
-        ({"scheduler": {"risk": {"smocc": 45}}}, "[scheduler.risk]: risk threshold smocc must be a fraction in [0, 1]"),
+        (
+            {"scheduler": {"risk": {"smocc": 45}}},
+            "[scheduler.risk]: risk threshold smocc must be a fraction in [0, 1], got 45",
+        ),
         ({"twin": {"power_exponent": 0}}, "[twin]: power exponent must be positive"),
         ({"estimate": {"timeout_s": 0}}, "[estimate]: timeout_s must be positive"),
         ({"estimate": {"captures": 0}}, "[estimate]: captures must be at least 1"),
@@ -169,7 +172,16 @@ def test_weights_must_sum_to_one(weights):
         ({"scheduler": {"sample_interval_s": float("inf")}}, "[scheduler]: sample_interval_s must be a finite number"),
         (
             {"scheduler": {"sample_interval_s": 0.001}},
-            "[scheduler]: sample_interval_s must be at least 0.1 s, got 0.001",
+            "[scheduler]: sample_interval_s must be from 0.1 to 60 s, got 0.001",
+        ),
+        (  # a placement waits for the first sample: the server took tasks and placed none
+            {"scheduler": {"sample_interval_s": 1e300}},
+            "[scheduler]: sample_interval_s must be from 0.1 to 60 s, got 1e+300",
+        ),
+        (  # the weights not given read as if written
+            {"scheduler": {"risk": {"weights": {"mean": 1.0}}}},
+            "[scheduler.risk.weights]: risk weights must be non-negative and sum to 1, got mean 1, median 0.3, "
+            "p95 0.3, ema 0.2 (sum 1.8); a weight left out keeps its default",
         ),
         ({"twin": {"power_exponent": float("nan")}}, "[twin]: power_exponent must be a finite number, not nan"),
         (  # NaN would pass the sum check and switch the risk filter off unsaid

@@ -4,7 +4,7 @@ import pytest
 
 from carma.core import ExitKind, NeedKind, Policy, RiskConfig, SpecError, TaskSpec, TaskState
 from carma.core.memory import estimated
-from carma.core.scheduler import HEAD_OF_LINE, RECOVERY_FIRST
+from carma.core.scheduler import HEAD_OF_LINE, RECOVERY_FIRST, UNDECIDED
 from carma.core.types import MemoryNeed
 from support import OOM_LOG, TOTAL_MIB, Bench
 
@@ -243,6 +243,14 @@ def test_a_task_that_dies_before_its_first_kernel_frees_its_gpu_at_once():
 
 
 # ------------------------------------------------------------------ queues
+
+
+def test_the_head_of_the_queue_before_any_decision_is_not_said_to_wait_behind_itself():
+    """Before the GPUs' first sample (or the next decision) the only task read "behind the head of the
+    queue (FIFO)"."""
+    b = Bench(gpus=1)
+    first, second = b.submit(), b.submit()
+    assert [b.sched.waiting_reason(t.id) for t in (first, second)] == [UNDECIDED, HEAD_OF_LINE]
 
 
 def test_fifo_head_of_line_blocks_later_tasks():

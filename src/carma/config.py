@@ -127,12 +127,12 @@ def _defaults(obj: object) -> dict[str, object]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
-def _built(where: str, make: Callable[[], T]) -> T:
+def _built(where: str, make: Callable[[], T], hint: str = "") -> T:
     """`make()`, its ValueError (a value out of range) named by its file and section, as type errors are."""
     try:
         return make()
     except ValueError as err:
-        raise ConfigError(f"{where}: {err}") from None
+        raise ConfigError(f"{where}: {err}{hint}") from None
 
 
 def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
@@ -150,7 +150,8 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
         if sched["policy"] not in policies:
             raise ConfigError(f"{sched_where}: policy must be one of {', '.join(policies)}; got {sched['policy']!r}")
         sched["policy"] = Policy(sched["policy"])
-    risk_weights = _built(weights_where, lambda: RiskWeights(**weights))
+    left_out = "; a weight left out keeps its default" if 0 < len(weights) < len(fields(RiskWeights)) else ""
+    risk_weights = _built(weights_where, lambda: RiskWeights(**weights), left_out)
     risk_config = _built(risk_where, lambda: RiskConfig(**risk, weights=risk_weights))
     scheduler = _built(sched_where, lambda: SchedulerConfig(**sched, risk=risk_config))
     twin_args: dict[str, Any] = {"scheduler": scheduler}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 MIN_SAMPLE_INTERVAL_S = 0.1  # NVML's utilization counters update every 1/6 s to 1 s
+MAX_SAMPLE_INTERVAL_S = 60.0  # the first sample, which a placement needs, comes after one interval
 MAX_WINDOW_SAMPLES = 3600  # an hour of 1-second samples; every decision and risk score reads the whole window
 
 
@@ -32,9 +33,12 @@ class RiskWeights:
     ema: float = 0.2
 
     def __post_init__(self) -> None:
-        values = (self.mean, self.median, self.p95, self.ema)
-        if any(w < 0 for w in values) or abs(sum(values) - 1.0) > 1e-6:
-            raise ValueError(f"risk weights must be non-negative and sum to 1, got {values}")
+        values = {"mean": self.mean, "median": self.median, "p95": self.p95, "ema": self.ema}
+        if any(w < 0 for w in values.values()) or abs(sum(values.values()) - 1.0) > 1e-6:
+            given = ", ".join(f"{name} {w:g}" for name, w in values.items())
+            raise ValueError(
+                f"risk weights must be non-negative and sum to 1, got {given} (sum {sum(values.values()):g})"
+            )
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class RiskConfig:
     def __post_init__(self) -> None:
         for name in ("smact", "smocc", "drama"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"risk threshold {name} must be a fraction in [0, 1]")
+                raise ValueError(f"risk threshold {name} must be a fraction in [0, 1], got {getattr(self, name):g}")
         if self.missing not in ("risky", "skip"):
             raise ValueError(f"risk missing must be 'risky' or 'skip', got {self.missing!r}")
 
@@ -83,9 +87,11 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.window_samples <= MAX_WINDOW_SAMPLES:  # each decision reads the whole window
             raise ValueError(f"window_samples must be from 1 to {MAX_WINDOW_SAMPLES}, got {self.window_samples}")
-        if self.sample_interval_s < MIN_SAMPLE_INTERVAL_S:  # faster, the daemon spins a core on stale readings
+        # faster, the daemon spins a core on stale readings; slower, it waits that long to place the first task
+        if not MIN_SAMPLE_INTERVAL_S <= self.sample_interval_s <= MAX_SAMPLE_INTERVAL_S:
             raise ValueError(
-                f"sample_interval_s must be at least {MIN_SAMPLE_INTERVAL_S} s, got {self.sample_interval_s}"
+                f"sample_interval_s must be from {MIN_SAMPLE_INTERVAL_S:g} to {MAX_SAMPLE_INTERVAL_S:g} s, "
+                f"got {self.sample_interval_s:g}"
             )
         for name in ("margin_mib", "min_free_mib", "reserve_mib", "max_relaunches"):
             if getattr(self, name) < 0:

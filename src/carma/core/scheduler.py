@@ -36,6 +36,7 @@ from carma.core.types import (
 from carma.units import inflect, pluralize
 
 HEAD_OF_LINE = "behind the head of the queue (FIFO)"
+UNDECIDED = "at the head of the queue, for the next placement decision"  # e.g. before the GPUs' first sample
 
 
 @dataclass(frozen=True)
@@ -326,9 +327,11 @@ class Scheduler:
             return self._blocked[task_id]
         state = self._tasks[task_id].state if task_id in self._tasks else None
         if state is TaskState.RECOVERING:
-            return HEAD_OF_LINE
+            return UNDECIDED if self._recovery[0] == task_id else HEAD_OF_LINE
         if state is TaskState.QUEUED:
-            return RECOVERY_FIRST if self._recovery else HEAD_OF_LINE
+            if self._recovery:
+                return RECOVERY_FIRST
+            return UNDECIDED if self._queue[0] == task_id else HEAD_OF_LINE
         return None
 
     # ----------------------------------------------------------------- internals
