@@ -17,8 +17,9 @@ from support import cli_env, run_carma
 
 RUN_FIELDS = {
     "config", "policy", "memory", "risk_filter",
-    "makespan_s", "energy_mj", "oom_crashes", "wait_p95_s", "exec_p95_s", "jct_p95_s", "jct_mean_s",
-    "smact_mean", "smocc_mean", "drama_mean", "mem_used_mean_mib", "tasks_completed", "tasks_failed",
+    "makespan_s", "energy_mj", "oom_crashes", "wait_mean_s", "wait_p95_s", "exec_mean_s", "exec_p95_s", "jct_p95_s",
+    "jct_mean_s", "power_mean_w", "smact_mean", "smocc_mean", "drama_mean", "mem_used_mean_mib", "tasks_completed",
+    "tasks_failed",
 }  # fmt: skip
 COMPARED = ("makespan_s", "energy_mj", "jct_p95_s", "wait_p95_s", "exec_p95_s", "smact_mean", "smocc_mean",
             "mem_used_mean_mib")  # fmt: skip
@@ -208,7 +209,9 @@ def test_tasks_larger_than_every_gpu_fail_and_the_run_says_which_and_why_with_no
     run = json.loads(result.stdout)["runs"][0]
     assert (run["tasks_completed"], run["tasks_failed"], run["oom_crashes"]) == (0, 2, 2)
     # no task completed: completion, waiting and execution times were not measured, they are not 0
-    assert [run[k] for k in ("wait_p95_s", "exec_p95_s", "jct_p95_s", "jct_mean_s")] == [None] * 4
+    assert [run[k] for k in ("wait_mean_s", "wait_p95_s", "exec_mean_s", "exec_p95_s", "jct_p95_s", "jct_mean_s")] == [
+        None
+    ] * 6
     notes = result.stderr.splitlines()
     assert len(notes) == 2
     assert notes[0].startswith("note: task 1 (huge) failed: out of memory alone on GPU 0: it needs more memory than")
