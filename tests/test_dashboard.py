@@ -159,6 +159,7 @@ def test_a_task_opens_from_its_gpu_card_and_once_ended_from_its_timeline_bar_wit
     details = page.locator("#task")
     page.locator(f"[data-gpu] [data-task='{running}']").click(timeout=WAIT_MS)
     expect(details).to_contain_text(f"task {running}: runner", timeout=WAIT_MS)
+    expect(details).to_contain_text("memory: 512.0 MiB from user")
     page.locator(f"#timeline rect[data-task='{failing}']").click(timeout=WAIT_MS)
     expect(details).to_contain_text(f"task {failing}: broken", timeout=WAIT_MS)
     expect(details.locator(".reason")).to_have_text("reason: exit code 3: no such dataset")

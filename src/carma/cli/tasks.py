@@ -268,9 +268,10 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
         how = ("recovery, " if a["recovery"] else "") + ("collocated" if a["shared"] else "alone")
         end = f", {a['outcome']}" if a["outcome"] else ""
         need = f"{a['need_mib']} MiB" if a["need_mib"] else _kind_text(a["need"])
+        source = ": recovery only" if a["need_source"] == "none" else f" from {a['need_source']}"  # not "from none"
         lines.append(
-            f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need} from "
-            f"{a['need_source']}) {a['message']}".rstrip()
+            f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need}{source}) "
+            f"{a['message']}".rstrip()
         )
     out.print("\n".join(lines), highlight=False, markup=False)
 

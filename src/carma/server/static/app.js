@@ -253,6 +253,11 @@ function kindText(need) {
   return need === "whole_gpu" ? "whole GPU" : "unknown";
 }
 
+// Where a need came from, as `carma show` says it: nothing known ("none") is recovery only.
+function sourceText(source) {
+  return source === "none" ? "recovery only" : `from ${esc(source)}`;
+}
+
 function renderQueue(s) {
   const order = { running: 0, dispatched: 1, oom_crashed: 2, recovering: 3, queued: 4 };
   const tasks = [...s.tasks].sort((a, b) => (order[a.state] ?? 9) - (order[b.state] ?? 9) || a.id - b.id);
@@ -304,12 +309,12 @@ async function showTask(id, reveal = false) {
   const attempts = t.attempt_list.map((a) => {
     const need = a.need_mib ? `${a.need_mib} MiB` : kindText(a.need);
     const how = (a.recovery ? "recovery, " : "") + (a.shared ? "collocated" : "alone");
-    return `<li>attempt ${a.number} on GPU ${a.gpus.join(",")} (${how}; ${a.outcome || (a.ended_s === null ? t.state : "ended")}; need ${esc(need)} from ${esc(a.need_source)}) ${esc(a.message || "")}</li>`;
+    return `<li>attempt ${a.number} on GPU ${a.gpus.join(",")} (${how}; ${a.outcome || (a.ended_s === null ? t.state : "ended")}; need ${esc(need)} ${sourceText(a.need_source)}) ${esc(a.message || "")}</li>`;
   }).join("");
   panel.innerHTML = `<h3>task ${t.id}: ${esc(t.name)} <span class="muted">${esc(t.user)} · ${t.state}</span>
       <button class="close" aria-label="close">&times;</button></h3>
     <p><code>${esc(t.command.join(" "))}</code> <span class="muted">in ${esc(t.workdir)}</span></p>
-    <p>memory: <b>${needText(t)}</b> <span class="muted">${esc(t.need_source ?? "")}</span></p>
+    <p>memory: <b>${needText(t)}</b> <span class="muted">${t.need_source ? sourceText(t.need_source) : ""}</span></p>
     ${t.waiting_reason ? `<p>waiting: ${esc(t.waiting_reason)}</p>` : ""}
     ${t.activity ? `<p>now: ${esc(t.activity)}</p>` : ""}
     ${t.reason ? `<p class="reason">reason: ${esc(t.reason)}</p>` : ""}
