@@ -490,6 +490,12 @@ def test_server_refuses_a_grace_that_is_not_a_finite_number(grace, tmp_path):
     assert not home.exists()
 
 
+def test_server_with_an_empty_fake_gpus_is_refused_not_started_on_real_gpus(tmp_path):
+    """`--fake-gpus ''` fell through to NVML: "NVML could not start" on a machine without GPUs."""
+    result = run_carma("server", "--fake-gpus", "", env=cli_env(CARMA_HOME=str(tmp_path / "home")))
+    assert (result.returncode, result.stderr) == (2, "error: cannot read GPU group ''; write e.g. 3xA100-40GB\n")
+
+
 def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr

@@ -153,7 +153,7 @@ def _me() -> str:
 def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float, interval_s: float):  # type: ignore[no-untyped-def]
     """The GPU backend (NVML for real GPUs, sampled every `interval_s`, or fake ones) and the environment
     every task gets with it."""
-    if not fake_gpus:
+    if fake_gpus is None:
         from carma.telemetry.nvml import NvmlBackend
 
         return NvmlBackend(interval_s=interval_s), {}
