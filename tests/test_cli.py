@@ -496,6 +496,16 @@ def test_server_with_an_empty_fake_gpus_is_refused_not_started_on_real_gpus(tmp_
     assert (result.returncode, result.stderr) == (2, "error: cannot read GPU group ''; write e.g. 3xA100-40GB\n")
 
 
+def test_server_whose_state_dir_is_a_file_says_so(tmp_path):
+    """It said "FILE: File exists"."""
+    (tmp_path / "home").write_text("")
+    result = run_carma("server", "--fake-gpus", "1xA100-40GB", env=cli_env(CARMA_HOME=str(tmp_path / "home")))
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"error: {tmp_path / 'home'}: not a directory, so it cannot be the state directory\n",
+    )
+
+
 def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr

@@ -283,6 +283,7 @@ TOKEN = "k3y-0f-sixteen-chars"
         ("# team\ncafé-token-0123456789 alice 1000\n", "line 2: a token is printable ASCII"),  # no client sends it
         (f"{TOKEN} alice 1000\n{TOKEN} bob 1001 admin\n", "line 2: this token is already on line 1"),  # bob's, silently
         ("alice-pw alice 1000\n", "line 1: a token of 8 characters is easy to guess; write one of at least 16"),
+        (f"{TOKEN} alice 99999999999999999999\n", "line 1: a uid is at most 4294967294, not 99999999999999999999"),
     ],
 )
 def test_a_tokens_file_the_daemon_cannot_trust_is_refused_naming_the_line(tmp_path, lines, message):
@@ -299,6 +300,18 @@ def test_a_tokens_file_other_users_may_read_or_change_is_refused(tmp_path, mode)
     path.write_text(f"{TOKEN} alice 1000\n")
     path.chmod(mode)
     with pytest.raises(ValueError, match=f"^{path}: other users may read or change it \\(mode {mode:04o}\\)"):
+        Tokens(path)
+
+
+def test_a_tokens_file_that_is_not_a_file_of_text_is_refused_naming_it(tmp_path):
+    """A directory was "other users may read or change it (mode 0755)", a Latin-1 file an error naming no file."""
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'dir'}: not a file; the tokens file holds one <token>"):
+        Tokens(tmp_path / "dir")
+    path = tmp_path / "tokens"
+    path.write_bytes(b"\xff" + TOKEN.encode() + b" alice 1000\n")
+    path.chmod(0o600)
+    with pytest.raises(ValueError, match=f"^{path}: not UTF-8 text \\(byte 0"):
         Tokens(path)
 
 

@@ -18,7 +18,10 @@ from pathlib import Path
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from carma.textfiles import read_text
+
 MIN_TOKEN_CHARS = 16  # the tokens carma makes have 43 (32 random bytes)
+MAX_UID = 2**32 - 2  # uid_t is 32 bits, and (uid_t)-1 means "no change" to chown and setreuid
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class Tokens:
         self.path = path
         self._by_token: dict[str, Caller] = {}
         if path.exists():
+            if not path.is_file():  # else "other users may read it" of a directory's mode
+                raise ValueError(f"{path}: not a file; the tokens file holds one <token> <user> <uid> [admin] per line")
             mode = path.stat().st_mode & 0o777
             if mode & 0o077:  # as ~/.pgpass: whoever reads it may act as each of its users, admins included
                 raise ValueError(
@@ -84,7 +89,7 @@ class Tokens:
                     f"chmod 600 {path}"
                 )
             first_line: dict[str, int] = {}
-            for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+            for lineno, line in enumerate(read_text(path).splitlines(), start=1):
                 fields = _uncommented(line.split())
                 if not fields:
                     continue
@@ -101,6 +106,8 @@ class Tokens:
                     raise ValueError(f"{path}, line {lineno}: this token is already on line {first_line[fields[0]]}")
                 first_line[fields[0]] = lineno
                 uid = int(fields[2])
+                if uid > MAX_UID:  # else taken, and refused only when its holder submitted
+                    raise ValueError(f"{path}, line {lineno}: a uid is at most {MAX_UID}, not {uid}")
                 self._by_token[fields[0]] = Caller(uid, fields[1], admin="admin" in fields[3:], gid=primary_gid(uid))
 
     def caller(self, token: str) -> Caller | None:

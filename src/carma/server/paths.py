@@ -43,5 +43,7 @@ class Paths:
 
     def create(self) -> None:
         """The state dir, readable by its owner only (task logs and tokens live below it)."""
+        if self.home.exists() and not self.home.is_dir():  # else "File exists", of the state dir it is to be
+            raise NotADirectoryError(f"{self.home}: not a directory, so it cannot be the state directory")
         self.home.mkdir(parents=True, exist_ok=True)
         os.chmod(self.home, 0o711)  # others may reach the socket and their own task dirs, not list them
