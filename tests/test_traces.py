@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 
 import pytest
 
@@ -522,6 +523,19 @@ def test_missing_trace_file_lists_the_builtin_traces(catalog, tmp_path):
     assert (
         str(excinfo.value) == f"no trace file {str(missing)!r} (built-in traces: carma-t1, carma-heavy60, carma-mix90)"
     )
+
+
+def test_a_trace_that_is_no_file_is_told_what_to_give(catalog, tmp_path):
+    """A pipe (`--trace <(...)`) was "no trace file '/dev/fd/63'", and `--trace ''` "trace '' is a directory"."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceError) as excinfo:
+        load_trace(str(fifo), catalog)
+    assert str(excinfo.value) == (
+        f"trace {str(fifo)!r} is not a regular file: save the trace to a file (.csv, .yaml or a script)"
+    )
+    with pytest.raises(TraceError, match=r"^no trace file '' "):
+        load_trace("", catalog)
 
 
 def test_a_directory_given_as_trace_is_named_as_one(catalog, tmp_path):

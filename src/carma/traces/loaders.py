@@ -331,11 +331,13 @@ def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
     else:
         path, name = Path(ref), Path(ref).stem
         source = path.name
-        if path.is_dir():
+        if ref and path.is_dir():  # Path("") is "."
             raise TraceError(f"trace {ref!r} is a directory: give a trace file in it")
-        if not path.is_file():
+        if not ref or not path.exists():
             known = ", ".join(BUILTIN_TRACES)
             raise TraceError(f"no trace file {ref!r} (built-in traces: {known})")
+        if not path.is_file():  # a pipe (`<(...)`) has no name whose suffix says the trace's format
+            raise TraceError(f"trace {ref!r} is not a regular file: save the trace to a file (.csv, .yaml or a script)")
     try:
         text = read_text(path, path.name)
     except NotText as err:
