@@ -222,3 +222,9 @@ def _copy_of_package(tmp_path: Path) -> Path:
 def test_a_report_path_that_is_a_directory_is_refused_before_the_work(tmp_path):
     result = run_carma("twin", "validate", "--data", "/nonexistent", "--report", tmp_path)
     assert (result.returncode, result.stderr) == (2, f"error: --report {tmp_path} is a directory; give a file name\n")
+    (tmp_path / "taken").write_text("")  # a file where the report's folder would be: it was "File exists"
+    result = run_carma("twin", "validate", "--data", "/nonexistent", "--report", tmp_path / "taken" / "f.md")
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"error: --report {tmp_path / 'taken' / 'f.md'}: {tmp_path / 'taken'} is not a directory\n",
+    )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -81,6 +82,29 @@ def positive(value: float, option: str) -> float:
     if not 0 < value < math.inf:
         raise UsageError(f"{option} must be a positive number; got {value:g}")
     return value
+
+
+def check_writable(option: str, path: Path) -> None:
+    """A results file's folder, made before the work that fills it (a simulation, a validation): a file in
+    its way, or a folder that takes no files, is said then, not after the minutes of work."""
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    nearest = next((folder for folder in path.parents if folder.exists()), Path("."))
+    if not nearest.is_dir():
+        raise UsageError(f"{option} {path}: {nearest} is not a directory")
+    with naming(option, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+
+
+@contextmanager
+def naming(option: str, path: Path) -> Iterator[None]:
+    """An error writing a results file, named by its option (`No space left on device` alone named none)."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
 
 
 def absolute(path: Path | None = None) -> Path:

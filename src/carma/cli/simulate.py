@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from carma.cli.common import UsageError, app, choice, err, fail, out
+from carma.cli.common import UsageError, app, check_writable, choice, err, fail, naming, out
 from carma.sim.models import SHARING_MODES
 from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES
 from carma.traces.loaders import BUILTIN_TRACES
@@ -94,7 +92,7 @@ def simulate_cmd(
         if len(files) == 2 and files["--csv"].resolve() == files["--save"].resolve():
             raise UsageError(f"--csv and --save both name {save}: the CSV would replace the report file")
         for option, path in files.items():  # said before the simulation too, not after its minutes
-            _check_writable(option, path)
+            check_writable(option, path)
         twin = _twin_config(config, gpus, sharing)
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         if loaded.skipped:
@@ -114,12 +112,12 @@ def simulate_cmd(
         if csv_out:
             write_csv(rows, sys.stdout)
         elif csv_path:
-            with _naming("--csv", csv_path), open(csv_path, "w", newline="") as f:
+            with naming("--csv", csv_path), open(csv_path, "w", newline="") as f:
                 write_csv(rows, f)
         charts = plot_sweep(results, plot) if plot else []
         if save:
             source = f"carma simulate, trace {loaded.name} on {_server_name(results[0], twin)}"
-            with _naming("--save", save):
+            with naming("--save", save):
                 write_records([from_run_result(r, source) for r in results], save)
     except (UsageError, ConfigError, TraceError, PlotsUnavailable, SimulationStalled, ValueError, OSError) as e:
         raise fail(e) from None
@@ -142,29 +140,6 @@ def simulate_cmd(
         if path:
             out.print(f"wrote {path}")
     _note_failures(results)
-
-
-def _check_writable(option: str, path: Path) -> None:
-    """A results file's folder, made before the simulation as --plot's is: a file in its way, or a folder that
-    takes no files, is said then, not after the simulation's minutes."""
-    if path.is_dir():
-        raise UsageError(f"{option} {path} is a directory; give a file name")
-    nearest = next((folder for folder in path.parents if folder.exists()), Path("."))
-    if not nearest.is_dir():
-        raise UsageError(f"{option} {path}: {nearest} is not a directory")
-    with _naming(option, path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise UsageError(f"{option} {path}: not writable")
-
-
-@contextmanager
-def _naming(option: str, path: Path) -> Iterator[None]:
-    """An error writing a results file, named by its option (`No space left on device` alone named none)."""
-    try:
-        yield
-    except OSError as e:
-        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
 
 
 def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from carma.cli.common import app, err, fail, out
+from carma.cli.common import UsageError, app, check_writable, err, fail, out
 
 twin_app = typer.Typer(help="Calibrate the digital twin on measurements and report its fidelity.", no_args_is_help=True)
 app.add_typer(twin_app, name="twin")
@@ -51,9 +51,8 @@ def twin_validate(
 ) -> None:
     """Cross-validate the models, check them against the thesis, run trace 1, and write the fidelity report."""
     report = report or _checkout_report()
-    if report.is_dir():  # said before the minutes of work, not after
-        raise fail(f"--report {report} is a directory; give a file name")
     try:
+        check_writable("--report", report)  # said before the minutes of work, not after
         from carma.calibration.calibrate import calibrate
         from carma.calibration.fidelity import evaluate, findings, write_report
         from carma.calibration.sources import find_datasets
@@ -61,7 +60,7 @@ def twin_validate(
         root = find_datasets(data)
         fidelity = evaluate(calibrate(root), root, jobs)
         written = write_report(fidelity, report, "carma twin validate")
-    except (OSError, ImportError, ValueError) as e:
+    except (OSError, ImportError, ValueError, UsageError) as e:
         raise fail(e) from None
     v = fidelity.validation
     out.print(
