@@ -242,7 +242,7 @@ def test_bad_report_files_are_refused_in_one_line(text, message):
         (lambda run: run["series"]["0"].pop("smact"), "GPU 0's series has no smact"),
         (lambda run: run["series"]["0"]["used_mib"].__setitem__(0, "x"), "series.0.used_mib.0: Input should be a"),
         (lambda run: run["tasks"][0].update(submit_s="0"), "tasks.0.submit_s: Input should be a valid number, got '0'"),
-        (lambda run: run["figures"].update(energy_mj=math.inf), "figures holds inf, not a number"),
+        (lambda run: run["figures"].update(energy_mj=math.inf), "figures.energy_mj holds inf, not a number"),
         (lambda run: run.update(start_s=math.nan), "the run's start_s or end_s holds nan, not a number"),
         # these three were tracebacks, after charts had been written
         (lambda run: run["gpus"][0].update(total_mib="40GB"), "gpus.0.total_mib: Input should be a valid integer"),

@@ -312,7 +312,8 @@ def _record(run: Any) -> RunRecord:
     """A run of a report file, every field of the type the charts draw (strictly: "0" is no number), and
     every number finite (JSON may hold NaN and Infinity)."""
     record: RunRecord = _run_adapter().validate_json(json.dumps(run), strict=True)
-    _numbers(record.figures.values(), "figures")
+    for name, value in record.figures.items():  # each by its name, as `figures.makespan_s`
+        _numbers((value,), f"figures.{name}")
     _numbers((v for t in record.tasks for v in (t.submit_s, t.end_s)), "a task's submit_s or end_s")
     _numbers(
         (v for t in record.tasks for a in t.attempts for v in (a.start_s, a.end_s)), "an attempt's start_s or end_s"
