@@ -506,6 +506,13 @@ def test_server_whose_state_dir_is_a_file_says_so(tmp_path):
     )
 
 
+def test_server_names_a_relative_state_dir_by_its_absolute_path(tmp_path):
+    """`CARMA_HOME=relhome` was echoed as `relhome/carma.sock`, of no use to a client in another directory."""
+    (tmp_path / "relhome").write_text("")
+    result = run_carma("server", "--fake-gpus", "1xA100-40GB", env=cli_env(CARMA_HOME="relhome"), cwd=tmp_path)
+    assert result.stderr == f"error: {tmp_path / 'relhome'}: not a directory, so it cannot be the state directory\n"
+
+
 def test_version():
     result = run_carma("--version")
     assert result.returncode == 0, result.stderr

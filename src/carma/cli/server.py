@@ -57,7 +57,7 @@ def server_cmd(
     from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    paths = Paths(home.expanduser().resolve() if home else carma_home())
+    paths = Paths(home.expanduser().resolve() if home else carma_home().absolute())  # as clients elsewhere reach it
     if home:  # what the daemon reads from its CARMA_HOME (the devices' calibration) is read from there too
         os.environ["CARMA_HOME"] = str(paths.home)
     try:
