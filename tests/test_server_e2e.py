@@ -735,7 +735,9 @@ def test_a_request_body_too_large_is_refused_before_it_is_read(start_server):  #
     conn.putrequest("POST", "/v1/tasks")
     conn.putheader("Content-Length", str(1 << 30))
     conn.endheaders()  # and no body: the answer must not wait for it
-    assert conn.getresponse().status == 413
+    response = conn.getresponse()
+    assert (response.status, response.getheader("Content-Type")) == (413, "application/json")  # was text/plain
+    assert json.loads(response.read()) == {"detail": "the request is over 16 MiB"}
     conn.close()
     with pytest.raises(ClientError, match=r"^the request is larger than the server at .* takes \(HTTP 413\)$"):
         server.client.submit({"command": ["true"], "workdir": "/tmp", "env": {"X": "y" * (17 << 20)}})

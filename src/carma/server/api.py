@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carma import __version__
 from carma.core.scheduler import SpecError
@@ -91,6 +92,24 @@ def _program_name(command: list[str]) -> str:
     """A task's default name: the file name of its program (of a shell line's first word); "" for none."""
     words = command[0].split()
     return Path(words[0]).name if words else ""
+
+
+TOO_LARGE = f"the request is over {MAX_BODY_BYTES >> 20} MiB"
+
+
+def too_large_as_json(app: ASGIApp) -> ASGIApp:
+    """`app`, answering a request whose Content-Length is over the cap at once, as its other errors,
+    `{"detail": ...}`: Starlette's cap answers that one in plain text (a body sent without a length, which
+    it finds too large as it reads, gets the JSON)."""
+
+    async def capped(scope: Scope, receive: Receive, send: Send) -> None:
+        length = dict(scope.get("headers", ())).get(b"content-length", b"0") if scope["type"] == "http" else b"0"
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:  # h11 refuses a malformed length first
+            await JSONResponse({"detail": TOO_LARGE}, status_code=413)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return capped
 
 
 def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:

@@ -19,7 +19,7 @@ from types import FrameType
 
 import uvicorn
 
-from carma.server.api import create_app
+from carma.server.api import create_app, too_large_as_json
 from carma.server.auth import PeerCredProtocol, Tokens
 from carma.server.daemon import Daemon
 
@@ -121,7 +121,7 @@ def _stopped(sig: int, frame: FrameType | None) -> None:
 
 async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) -> None:
     config = uvicorn.Config(
-        create_app(daemon, tokens),
+        too_large_as_json(create_app(daemon, tokens)),
         http=PeerCredProtocol,
         lifespan="off",
         log_level="warning",
