@@ -327,11 +327,11 @@ class Scheduler:
             return self._blocked[task_id]
         state = self._tasks[task_id].state if task_id in self._tasks else None
         if state is TaskState.RECOVERING:
-            return UNDECIDED if self._recovery[0] == task_id else HEAD_OF_LINE
+            return UNDECIDED if self._recovery[0] == task_id else HEAD_OF_LINE  # a recovering task is in it
         if state is TaskState.QUEUED:
             if self._recovery:
                 return RECOVERY_FIRST
-            return UNDECIDED if self._queue[0] == task_id else HEAD_OF_LINE
+            return UNDECIDED if self._queue[0] == task_id else HEAD_OF_LINE  # as a queued one is in this
         return None
 
     # ----------------------------------------------------------------- internals
