@@ -265,6 +265,12 @@ BAD_TRACES = [
         "line 2: submit time 1.7e+18 s is over 1e+10 s (317 years): give it in seconds, not milliseconds or",
         id="time-in-ns",
     ),
+    pytest.param(  # it read "submit time 1e+10 s is over 1e+10 s"
+        "t.sh",
+        "sleep 1e10\nsleep 1\npython submit.py --task vgg.rad\n",
+        "submit time 10000000001 s is over",
+        id="just-over",
+    ),
     pytest.param(
         "t.csv",
         "submit_s,task,solo_s,mem_mib\n0,mine,1e30,8000\n",

@@ -91,7 +91,7 @@ class _Builder:
             raise TraceError(f"{self.source}, {where}: submit time must not be negative, got {t}")
         if t > LONGEST_S:
             raise TraceError(
-                f"{self.source}, {where}: submit time {t:g} s {OVER_LONGEST}, not milliseconds or nanoseconds "
+                f"{self.source}, {where}: submit time {t:.12g} s {OVER_LONGEST}, not milliseconds or nanoseconds "
                 "since the epoch"
             )
         try:
