@@ -5,6 +5,7 @@ without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing
 """
 
 import codecs
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -76,16 +77,20 @@ def _one_line(exc: RequestValidationError) -> str:
     return f"invalid request: {where + ': ' if where else ''}{message}"
 
 
+def _texts(request: SubmitRequest) -> Iterator[tuple[str, str]]:
+    """The texts a submission hands the task's process (its command, working directory and environment
+    values), each with how an error names it."""
+    for n, arg in enumerate(request.command, 1):
+        yield (f"argument {n} of the command" if len(request.command) > 1 else "the command"), arg
+    yield "the working directory", request.workdir
+    for k, v in request.env.items():
+        yield f"the value of environment variable {k}", v
+
+
 def _not_text(request: SubmitRequest) -> str | None:
     """What of a submission is not UTF-8 text, if anything: kept, it ran, but every answer naming it failed
     (HTTP 500 for the submission, which had queued it, and for `show` and `history`, everyone's)."""
-    if bad := next((n for n, arg in enumerate(request.command, 1) if not is_text(arg)), None):
-        return f"argument {bad} of the command" if len(request.command) > 1 else "the command"
-    if not is_text(request.workdir):
-        return "the working directory"
-    if bad_env := next((k for k, v in request.env.items() if not is_text(v)), None):
-        return f"the value of environment variable {bad_env}"
-    return None
+    return next((what for what, text in _texts(request) if not is_text(text)), None)
 
 
 def _program_name(command: list[str]) -> str:
@@ -173,7 +178,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(422, f"invalid request: environment variable name {bad_env[0]!r}")
         if request.shell and len(request.command) != 1:
             raise HTTPException(422, "invalid request: with shell=true, command must be one shell line")
-        if any("\0" in text for text in (*request.command, request.workdir, *request.env.values())):
+        if any("\0" in text for _, text in _texts(request)):
             raise HTTPException(422, "invalid request: the command, working directory or environment holds a NUL byte")
         if not_text := _not_text(request):
             raise HTTPException(422, f"invalid request: {not_text} is not UTF-8 text (bytes of another encoding?)")
@@ -220,13 +225,11 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         try:
             if dry_run:
                 daemon.check(job)
-            else:
-                task = daemon.submit(job)
+                response.status_code = 200
+                return {"dry_run": True, "name": name}
+            task = daemon.submit(job)
         except SpecError as e:
             raise HTTPException(422, str(e)) from None
-        if dry_run:
-            response.status_code = 200
-            return {"dry_run": True, "name": name}
         return task_view(daemon, task)
 
     @app.get("/v1/tasks")
