@@ -55,8 +55,10 @@ class _Enough(BaseException):
 
 
 def load_benchmarks() -> ModuleType:
-    """benchmarks/estimators.py, whose capture children and figures this reuses."""
-    sys.path.insert(0, str(BENCHMARKS))
+    """benchmarks/estimators.py, whose capture children and figures this reuses (its folder put on the path
+    once: `main` and `estimate_measured` both load it)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
     import estimators
 
     return estimators
