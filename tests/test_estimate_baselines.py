@@ -340,7 +340,27 @@ def test_builtin_devices_say_where_their_constant_comes_from(config_home):
     assert "GPUMemNet" in devices.BUILTIN["a100-40gb"].source
     for device in devices.BUILTIN.values():
         assert device.context_bytes > 0 and device.total_bytes > device.context_bytes
-        assert device.name == "a100-40gb" or device.source.startswith("first estimate")
+        assert device.name in ("a100-40gb", "h100-80gb") or device.source.startswith("first estimate")
+    assert devices.BUILTIN["h100-80gb"].source.startswith("measured by `carma estimate calibrate` on an NVIDIA H100")
+
+
+def test_the_calibration_step_trains_as_a_job_does():
+    """Backward (autograd's thread: a cuBLAS workspace of its own on a GPU) and an optimizer step (its kernels)
+    run before the calibration child is measured; a forward product alone measured 98 MiB short on an H100."""
+    torch = pytest.importorskip("torch")
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    stepped = []
+    handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: stepped.append(optimizer))
+    try:
+        devices.train_one_step("cpu")
+    finally:
+        handle.remove()
+    [optimizer] = stepped
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params if p.dim() > 1)
+    assert all("exp_avg" in optimizer.state[p] for p in params)
+    assert isinstance(optimizer, torch.optim.Adam)
 
 
 def test_calibrated_values_take_precedence_and_keep_each_other(config_home):

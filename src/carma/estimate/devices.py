@@ -36,6 +36,14 @@ _FROM_GPUMEMNET = (
     "derived from the GPUMemNet MLP runs: the smallest models peaked at 1451 MiB in nvidia-smi, less the 2 MiB "
     "allocator segment their tensors need (GPU assumed to be an A100-40GB; the dataset does not say)"
 )
+# `carma estimate calibrate` on a lent H100 80GB HBM3 (driver 580.159.04, PyTorch 2.11.0+cu130, CUDA 13.0),
+# 2026-11-23: with it xMem fell short of none of 34 GPUMemNet runs and BERT-base measured there
+# (docs/validation/README.md). Other drivers and PyTorch versions load other kernels: calibrate.
+_H100_CONTEXT = 853_082_112
+_FROM_H100 = (
+    "measured by `carma estimate calibrate` on an NVIDIA H100 80GB HBM3 with driver 580.159.04 and PyTorch "
+    "2.11.0+cu130 (CUDA 13.0); another driver or PyTorch differs, so run `carma estimate calibrate` on yours"
+)
 _FIRST_ESTIMATE = (
     "first estimate, not measured: the A100 value derived from the GPUMemNet runs, assuming the same software "
     "stack; the context and cuBLAS workspace of this GPU differ, so run `carma estimate calibrate` on it"
@@ -65,7 +73,7 @@ BUILTIN: dict[str, Device] = {
     for d in (
         Device("a100-40gb", _GPUMEMNET_CONTEXT, 40 * GIB, _FROM_GPUMEMNET),
         Device("a100-80gb", _GPUMEMNET_CONTEXT, 80 * GIB, _FIRST_ESTIMATE),
-        Device("h100-80gb", _GPUMEMNET_CONTEXT, 80 * GIB, _FIRST_ESTIMATE),
+        Device("h100-80gb", _H100_CONTEXT, 81079 * MIB, _FROM_H100),
         Device("h200-141gb", _GPUMEMNET_CONTEXT, 141 * GIB, _FIRST_ESTIMATE),
         Device("v100-32gb", _GPUMEMNET_CONTEXT, 32 * GIB, _FIRST_ESTIMATE),
     )
@@ -148,9 +156,9 @@ def device_name_for(gpu_name: str, total_bytes: int) -> str:
 def measure_context(index: int = 0) -> tuple[str, int, int]:
     """Measure an empty PyTorch CUDA process on local GPU `index`: (GPU name, context bytes, total bytes).
 
-    A child process initializes CUDA, runs one matrix product (so cuBLAS creates its handle and workspaces, as
-    any training step does), frees its tensors and empties the allocator's cache; what it holds then
-    (`memory_held_by`) is the constant.
+    A child process initializes CUDA, trains one step of a tiny model (so cuBLAS creates its handles and
+    workspaces, and the step's kernels load, as in any training job), frees its tensors and empties the
+    allocator's cache; what it holds then (`memory_held_by`) is the constant.
     """
     try:
         import torch
@@ -206,15 +214,39 @@ def calibrate(name: str | None = None, index: int = 0) -> tuple[Device, Path]:
     return device, save_calibrated(device)
 
 
+def train_one_step(device: str) -> None:
+    """Train one step of a tiny model on `device`, as the calibration child does before it is measured.
+
+    A forward product alone leaves out what every training job holds beside its tensors: the backward pass
+    runs on autograd's own thread, whose cuBLAS handle gets a workspace of its own (32 MiB on an H100 with
+    PyTorch 2.11), and the backward and optimizer kernels load lazily (64 MiB more there). Measured with a
+    forward product only, the context was 98 MiB below what GPUMemNet jobs held beside their allocator's
+    peak (docs/validation/README.md).
+    """
+    import torch
+
+    layers = (
+        torch.nn.Linear(64, 64),
+        torch.nn.BatchNorm1d(64),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(),
+        torch.nn.Linear(64, 8),
+    )
+    model = torch.nn.Sequential(*layers).to(device)
+    optimizer = torch.optim.Adam(model.parameters())
+    x, y = torch.ones(16, 64, device=device), torch.zeros(16, dtype=torch.long, device=device)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
 def _hold_empty_process(index: int) -> None:
     """The calibration child: what every CUDA training process holds before its own tensors, then wait."""
     import torch
 
     torch.cuda.set_device(index)
-    x = torch.ones(64, 64, device="cuda")
-    torch.nn.functional.linear(x, x, x[0]).sum().item()  # addmm: cuBLAS(Lt) handle and workspaces
-    del x
-    torch.cuda.empty_cache()  # keep the workspaces, drop the segment our own tensors used
+    train_one_step("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # keep the workspaces and loaded kernels, drop the segments of the step's tensors
     print("ready", flush=True)
     sys.stdin.read()
 
