@@ -242,6 +242,16 @@ def test_a_yaml_definition_of_a_new_task_without_fields_says_what_it_needs(catal
     assert str(excinfo.value) == "w.yaml, workloads: task 'newt' gives no fields: define it with solo_s and mem_mib"
 
 
+def test_yaml_definitions_take_the_catalogs_typical_profile_not_each_others(catalog, write):
+    """Each definition joined the catalog before the next was made, so a new task's defaults were the median
+    of the catalog and the tasks defined above it: the order of `workloads:` changed them, unlike the CSV's."""
+    fast = "\n".join(f"  fast{i}: {{solo_s: 600, mem_mib: 1000, smact: 1.0, ttfk_s: 1}}" for i in range(40))
+    text = f"workloads:\n{fast}\n  plain: {{solo_s: 600, mem_mib: 1000}}\ntasks:\n  - {{at: 0, task: plain}}\n"
+    [entry] = load_trace(write("w.yaml", text), catalog).entries
+    typical = catalog.typical_profile()
+    assert (entry.workload.smact, entry.workload.ttfk_s) == (typical["smact"], typical["ttfk_s"])
+
+
 def test_yaml_trace_without_a_name_is_named_after_the_file(catalog, write):
     trace = load_trace(write("short.yml", "tasks:\n  - {at: 10, task: vgg, repeat: 2}\n"), catalog)
     assert trace.name == "short"

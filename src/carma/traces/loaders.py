@@ -284,15 +284,17 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
     definitions = doc.get("workloads") or {}
     if not isinstance(definitions, dict):
         raise TraceError(f"{b.source}: 'workloads' must map task names to their fields")
+    defined: dict[str, Workload] = {}  # each against the catalog alone, as CSV rows: new tasks default to its median
     for name, fields in definitions.items():
         if not isinstance(fields, dict | None):
             raise TraceError(f"{b.source}, workloads: task {name!r} needs a mapping of fields, not {fields!r}")
         if not fields and str(name) not in b.catalog:  # else "unknown task", for the task it defines
             raise TraceError(f"{b.source}, workloads: task {name!r} gives no fields: define it with solo_s and mem_mib")
         try:
-            b.catalog = b.catalog.with_workloads({str(name): define_workload(str(name), fields or {}, b.catalog)})
+            defined[str(name)] = define_workload(str(name), fields or {}, b.catalog)
         except (ValueError, UnknownTaskError) as err:  # a definition too thin is an error, even with skipping
             raise TraceError(f"{b.source}, workloads: {err}") from None
+    b.catalog = b.catalog.with_workloads(defined)
     for i, item in enumerate(doc["tasks"], start=1):
         where = f"task {i}"
         if not isinstance(item, dict) or "task" not in item or "at" not in item:
