@@ -320,6 +320,8 @@ def test_the_page_is_public_its_data_is_not(served):  # type: ignore[no-untyped-
     (attempt,) = json.loads(body)["attempts"]
     assert status == 200 and (attempt["task_id"], attempt["name"], attempt["outcome"]) == (task, "short", "success")
     assert set(json.loads(get("/v1/series?minutes=60")[2])["gpus"]) == {"0", "1"}
+    history = [get(f"/v1/history?hours={h}")[0] for h in ("1", "inf", "nan")]
+    assert history == [200, 422, 422]  # finite, as `carma history --hours`; inf was 200
     status, media_type, first = get("/v1/events", read=200)
     assert status == 200 and media_type.startswith("text/event-stream") and first.startswith(b"data: {")
     status, _, metrics = get("/metrics")

@@ -308,7 +308,9 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         return {"attempt": number, "attempts": attempts, "text": text, "offset": end, "done": finished and at_end}
 
     @app.get("/v1/history")
-    async def history(_: Who, hours: Annotated[float | None, Query(gt=0)] = None) -> list[dict[str, Any]]:
+    async def history(
+        _: Who, hours: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None
+    ) -> list[dict[str, Any]]:
         """Ended attempts with what telemetry saw of them, the last `hours` (all without it)."""
         since = None if hours is None else daemon.clock.now() - hours * 3600
         return daemon.store.history(since)
