@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -257,13 +258,33 @@ def test_the_script_is_captured_under_the_python_its_command_names(work, tmp_pat
     )
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_capture_stopped_by_a_signal_leaves_no_temporary_folder(work, tmp_path, sig):
-    """Their default action ended the command at once: a carma-estimate-* folder stayed in /tmp each time."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_capture_stopped_by_a_signal_leaves_no_temporary_folder_nor_the_scripts_helpers(work, tmp_path, sig):
+    """Their default action ended the command at once: a carma-estimate-* folder stayed in /tmp each time.
+    Then the capture child died with the command, but a process the script had started ran on (a timeout
+    ended it; a signal did not)."""
+    pid_file = tmp_path / "helper.pid"
+    helped = "import subprocess, sys, time\n"
+    helped += "helper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    helped += f"open({str(pid_file)!r}, 'w').write(str(helper.pid))\ntime.sleep(60)\n"
+    (work / "helped.py").write_text(helped)
     env = cli_env(CARMA_HOME=str(work / "home"), TMPDIR=str(tmp_path))
-    command = [CARMA, "estimate", "--", "python", "slow.py"]
+    command = [CARMA, "estimate", "--", "python", "helped.py"]
     capture = subprocess.Popen(command, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: list(tmp_path.glob("carma-estimate-*")))
+    helper = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the script's helper"))
     capture.send_signal(sig)
-    assert capture.wait(timeout=30) == 128 + sig
-    assert list(tmp_path.glob("carma-estimate-*")) == []
+    try:
+        assert capture.wait(timeout=30) == 128 + sig
+        assert list(tmp_path.glob("carma-estimate-*")) == []
+        wait_until(lambda: not running(helper), 10, "the script's helper to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

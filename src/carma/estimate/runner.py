@@ -185,12 +185,12 @@ def _estimate_in_child(
                 try:
                     child.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
-                    kill_group(child.pid)
-                    child.wait()
                     raise EstimateError(
                         f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s"
                     ) from None
-                kill_group(child.pid)  # whatever the job left running
+                finally:  # whatever the job left running, also when a signal stops this process
+                    kill_group(child.pid)
+                    child.wait()
                 err = _tail(stderr)
             payload = _read_result(result)
             if payload is None:
