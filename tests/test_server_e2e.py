@@ -324,6 +324,18 @@ def test_logs_follow_outlives_a_restart_of_the_server(start_server):  # type: ig
     )
 
 
+def test_a_followed_character_split_across_two_writes_arrives_whole(start_server):  # type: ignore[no-untyped-def]
+    """The live end of a running task's log was decoded as final: the first bytes of a character whose rest
+    was not written yet became U+FFFD, and the follower read on past them."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    split = "import sys, time; out = sys.stdout.buffer; out.write(b'x\\xe2\\x82'); out.flush(); time.sleep(2)"
+    task = server.submit("python", "-c", split + "; out.write(b'\\xac y\\n')")
+    server.wait_state(task, "dispatched")
+    following = subprocess.Popen([CARMA, "logs", str(task), "-f"], env=server.env, stdout=PIPE, stderr=PIPE)
+    stdout, _ = following.communicate(timeout=60)
+    assert (following.returncode, stdout) == (0, "x\u20ac y\n".encode())
+
+
 def test_logs_of_a_task_not_started_say_why_and_a_follower_says_how_it_ended(start_server):  # type: ignore[no-untyped-def]
     """`carma logs` printed nothing for a waiting task, as for one that printed nothing; `-f` ended on a
     failed task as on a completed one."""

@@ -303,7 +303,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
                 data = f.read(LOG_CHUNK)
                 at_end = not f.read(1)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text = decoder.decode(data, final=at_end)
+        text = decoder.decode(data, final=finished and at_end)  # a running task may write the rest of a character
         end = offset + len(data) - len(decoder.getstate()[0])  # a character cut at the chunk's end comes next
         return {"attempt": number, "attempts": attempts, "text": text, "offset": end, "done": finished and at_end}
 
