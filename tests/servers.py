@@ -23,16 +23,20 @@ FAKEJOB = [sys.executable, "-m", "carma.fakejob"]
 class Server:
     """A carma daemon in its own short state dir (unix socket paths must stay short)."""
 
-    def __init__(self, home: Path, *options: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, home: Path, *options: str, env: dict[str, str] | None = None, launcher: tuple[str, ...] = ()
+    ) -> None:
         self.home = home
         self.options = options
+        self.launcher = launcher  # a command that runs `carma server` (`nohup`)
         self.env = cli_env(**{"CARMA_HOME": str(home), **(env or {})})
         self.client = Client(home / "carma.sock")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Server:
         log = open(self.home / "test-server.log", "ab")  # noqa: SIM115 (kept open for the daemon's lifetime)
-        self.proc = subprocess.Popen([CARMA, "server", *self.options], env=self.env, stdout=log, stderr=log)
+        command = [*self.launcher, CARMA, "server", *self.options]
+        self.proc = subprocess.Popen(command, env=self.env, stdout=log, stderr=log)
         wait_until(self._answers, 20, "the server to answer")
         return self
 
@@ -95,11 +99,13 @@ def server_starter() -> Iterator[Callable[..., Server]]:
     servers: list[Server] = []
     homes: list[Path] = []
 
-    def start(*options: str, home: Path | None = None, env: dict[str, str] | None = None) -> Server:
+    def start(
+        *options: str, home: Path | None = None, env: dict[str, str] | None = None, launcher: tuple[str, ...] = ()
+    ) -> Server:
         if home is None:
             home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
             homes.append(home)
-        server = Server(home, *options, env=env).start()
+        server = Server(home, *options, env=env, launcher=launcher).start()
         servers.append(server)
         return server
 

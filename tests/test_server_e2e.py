@@ -861,6 +861,15 @@ def test_a_hangup_stops_the_daemon_cleanly_and_the_task_runs_on(start_server):  
     assert server.cli("wait", task, "--timeout", "60").returncode == 0
 
 
+def test_a_daemon_started_under_nohup_outlives_a_hangup(start_server):  # type: ignore[no-untyped-def]
+    """Its own SIGHUP handler replaced the one nohup leaves ignored: a `nohup carma server &` stopped at the
+    logout nohup is for."""
+    server = start_server("--fake-gpus", "1xA100-40GB", launcher=("nohup",))
+    server.proc.send_signal(signal.SIGHUP)
+    time.sleep(2)
+    assert server.proc.poll() is None and server.cli("status").returncode == 0
+
+
 def test_killing_the_daemon_loses_no_task_and_runs_none_twice(start_server):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "2xA100-40GB", "--time-scale", "100")
     durations = [150, 300, 900, 200, 1500, 150]

@@ -1,7 +1,8 @@
 """Running the daemon: the API on a unix socket (and optionally TCP) beside the scheduling loop.
 
-Stopping the daemon (SIGTERM, Ctrl-C, or SIGHUP: the terminal of a `carma server &` closing) stops
-scheduling and the API, not the tasks: they run in their own sessions, and the next daemon re-adopts them.
+Stopping the daemon (SIGTERM, Ctrl-C, or SIGHUP: the terminal of a `carma server &` closing, unless it was
+started under `nohup`) stops scheduling and the API, not the tasks: they run in their own sessions, and the
+next daemon re-adopts them.
 """
 
 from __future__ import annotations
@@ -107,12 +108,14 @@ class _Server(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        previous = signal.signal(signal.SIGHUP, self.handle_exit)
+        hangup = signal.getsignal(signal.SIGHUP)
+        if hangup is not signal.SIG_IGN:  # nohup's: it is there so that the daemon outlives a logout
+            signal.signal(signal.SIGHUP, self.handle_exit)
         try:
             with super().capture_signals():
                 yield
         finally:
-            signal.signal(signal.SIGHUP, previous)
+            signal.signal(signal.SIGHUP, hangup)
 
 
 def _stopped(sig: int, frame: FrameType | None) -> None:
@@ -132,7 +135,8 @@ async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) ->
     # uvicorn raises the SIGTERM it caught again once it has stopped; its default action would end the
     # process there, before the daemon closes (leaving its estimates' captures running)
     signal.signal(signal.SIGTERM, _stopped)
-    signal.signal(signal.SIGHUP, _stopped)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _stopped)
     stop = asyncio.Event()
     scheduling = asyncio.create_task(daemon.run(stop))
     scheduling.add_done_callback(lambda task: _scheduling_ended(task, server, daemon))
