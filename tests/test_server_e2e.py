@@ -258,6 +258,23 @@ def test_a_second_server_on_the_same_state_dir_is_refused(start_server):  # type
     assert second.returncode == 2 and "already running" in second.stderr
 
 
+def test_a_second_server_is_refused_even_when_the_first_ones_socket_is_gone(start_server):  # type: ignore[no-untyped-def]
+    """Only the socket's answer was asked: with it removed (a /tmp cleaner, a stray rm), a second daemon
+    started on the same state and both launched the same queued task."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    (server.home / "carma.sock").rename(server.home / "moved.sock")
+    command = [CARMA, "server", "--fake-gpus", "1xA100-40GB"]  # started, it would serve until killed
+    second = subprocess.run(command, env=server.env, capture_output=True, text=True, timeout=30)
+    assert (second.returncode, second.stderr) == (
+        2,
+        f"error: a carma server (pid {server.proc.pid}) is already running on {server.home}, though its socket "
+        f"{server.home / 'carma.sock'} is gone: stop it first\n",
+    )
+    assert not (server.home / "carma.sock").exists()  # the second one changed nothing
+    (server.home / "moved.sock").rename(server.home / "carma.sock")
+    assert server.cli("status").returncode == 0
+
+
 def test_a_time_scale_that_is_not_a_positive_number_is_refused_leaving_the_state_dir_usable(start_server):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "10")
     server.stop()

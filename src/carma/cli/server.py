@@ -52,7 +52,15 @@ def server_cmd(
     from carma.server.executor import closed_to_others
     from carma.server.mps import MpsControl, MpsError
     from carma.server.paths import Paths, carma_home
-    from carma.server.serve import AlreadyRunning, bind_tcp, bind_unix, check_socket_path, refuse_if_running, serve
+    from carma.server.serve import (
+        AlreadyRunning,
+        bind_tcp,
+        bind_unix,
+        check_socket_path,
+        hold_state,
+        refuse_if_running,
+        serve,
+    )
     from carma.sim.experiment import TwinConfig
     from carma.telemetry.nvml import NvmlUnavailable
 
@@ -73,7 +81,8 @@ def server_cmd(
             raise UsageError(f"--grace must be a finite number of seconds; got {grace:g}")
         check_socket_path(paths.socket)
         paths.create()
-        refuse_if_running(paths.socket)  # before anything in the state directory is read or changed
+        lock = hold_state(paths)  # before anything in the state directory is read or changed
+        refuse_if_running(paths.socket)  # a socket left by a daemon that died goes
         tokens = Tokens(paths.tokens)  # a malformed file stops the start before an MPS daemon or GPU is touched
         sharing_mode = choice(sharing or "mps", SHARING_MODES, "--sharing")
         backend, env = _backend(paths, fake_gpus, sharing_mode, time_scale, scheduler.sample_interval_s)
@@ -120,7 +129,10 @@ def server_cmd(
         + ("; draining, as before the restart: no placements until `carma resume`" if daemon.draining else "")
         + (f"; clients reach it with CARMA_HOME={paths.home}" if home else "")
     )
-    asyncio.run(serve(daemon, sockets, tokens))
+    try:
+        asyncio.run(serve(daemon, sockets, tokens))
+    finally:
+        lock.close()
 
 
 def _host(address: str) -> str:

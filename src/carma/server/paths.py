@@ -26,6 +26,10 @@ class Paths:
         return self.home / "carma.sock"
 
     @property
+    def lock(self) -> Path:
+        return self.home / "carma.lock"
+
+    @property
     def database(self) -> Path:
         return self.home / "carma.db"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import grp
 import logging
 import os
@@ -17,12 +18,14 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 import uvicorn
 
 from carma.server.api import create_app, too_large_as_json
 from carma.server.auth import PeerCredProtocol, Tokens
 from carma.server.daemon import Daemon
+from carma.server.paths import Paths
 
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
 
@@ -44,6 +47,28 @@ def refuse_if_running(path: Path) -> None:
             raise AlreadyRunning(f"a carma server is already running at {path}")
         finally:
             probe.close()
+
+
+def hold_state(paths: Paths) -> IO[str]:
+    """Lock the state directory for this daemon's lifetime (the lock goes with the process, however it ends):
+    a second daemon on it is refused even when the first one's socket is gone (a /tmp cleaner, a stray rm),
+    where the socket's answer alone let both launch the same queued tasks."""
+    lock = open(paths.lock, "a+")  # noqa: SIM115 (held open until the process ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        gone = "" if paths.socket.exists() else f", though its socket {paths.socket} is gone"
+        raise AlreadyRunning(
+            f"a carma server{f' (pid {holder})' if holder else ''} is already running on {paths.home}{gone}: "
+            "stop it first"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
 
 
 def check_socket_path(path: Path) -> None:
