@@ -250,6 +250,17 @@ def test_orchestrator_maps_cpu_lifetimes_to_gpu_lifetimes() -> None:
     )
 
 
+def test_batches_worker_processes_made_are_the_jobs_batch_however_many_the_trace_shows() -> None:
+    """Host memory the main process takes for batches a DataLoader's workers made shows in the trace at
+    times, one or two of them (prefetched) by chance: the estimate of one script moved by a batch between
+    runs. Each iteration holds the job's batch instead, as when none shows."""
+    next_batch = win("user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 315, 324)
+    events = [*two_iterations(), next_batch, *block(321, 480, 0x9900, 1 * MIB)]  # a prefetched batch besides
+    job = JobTensors(NET, parameters={PARAM: P}, batch={BATCH0: 1 * MIB})
+    second = [b for b in orchestrate(analyze(events, job), job) if b.size == 1 * MIB and b.alloc >= 296]
+    assert [(b.alloc, b.free, b.owner) for b in second] == [(296, 500, "batch")]
+
+
 def test_orchestrator_supplies_what_the_trace_does_not_show() -> None:
     """Parameters allocated before profiling, and a batch for each iteration that loads none."""
     job = JobTensors(NET, parameters={PARAM: P, 0xF000: 2 * MIB}, batch={0xF100: 3 * MIB})

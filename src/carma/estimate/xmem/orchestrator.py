@@ -5,8 +5,9 @@ semantics rather than the host's timing (xMem section 3.3):
 
 - parameters (and buffers) are moved to the GPU before training and stay for the whole job;
 - the batch lives one iteration: it is freed at the end of its iteration at the latest; an iteration that
-  loads nothing (a job function reusing its batch, or batches produced by DataLoader worker processes,
-  whose host memory the trace does not show) still holds one batch of the first batch's size;
+  loads nothing (a job function reusing its batch), or whose batches DataLoader worker processes made,
+  holds one batch of the first batch's size (the host memory of the workers' batches shows in the trace
+  only at times, and one or two of them by chance, as they are prefetched);
 - activations and other temporaries keep their CPU timing;
 - gradients (blocks the backward pass leaves behind whose size is a parameter's) are freed by
   `optimizer.zero_grad()`, at its start;
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from carma.estimate.xmem.analyzer import Analysis, Block, JobTensors, Phase
+
+WORKER_BATCHES = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter"  # its `__next__`'s profiler window
 
 
 class Category(Enum):
@@ -60,6 +63,8 @@ def orchestrate(analysis: Analysis, job: JobTensors) -> list[GpuBlock]:
             seen_parameters.add(block.addr)
             gpu.append(GpuBlock(block.size, Category.PARAMETERS, -math.inf, None, block.owner))
             continue
+        if block.phase is Phase.LOAD and block.owner.startswith(WORKER_BATCHES):
+            continue  # the workers' batches in host memory: the iteration's batch is supplied below
         category, free = _map(block, analysis, parameter_sizes, zero_starts, step_starts)
         if block.phase is Phase.LOAD:
             loads[block.iteration] += 1
