@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -397,6 +398,8 @@ def wait_cmd(
     It outlives a restart of the server: one that stops answering is polled again for a minute."""
     from carma.server.client import ClientError, WaitTimeout
 
+    if timeout is not None and math.isnan(timeout):  # it passes min=0, and no time is past it
+        raise fail(f"--timeout must be a number of seconds; got {timeout:g}")
     try:
         tasks = _client().wait(list(dict.fromkeys(task_ids)), timeout)  # a repeated id is one task, said once
     except WaitTimeout as e:
