@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from carma.server.proctree import read_stat
 from support import CARMA, cli_env, run_carma, wait_until
 
 pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma[estimate]')")
@@ -276,15 +277,7 @@ def test_a_capture_stopped_by_a_signal_leaves_no_temporary_folder_nor_the_script
     try:
         assert capture.wait(timeout=30) == 128 + sig
         assert list(tmp_path.glob("carma-estimate-*")) == []
-        wait_until(lambda: not running(helper), 10, "the script's helper to end")
+        wait_until(lambda: (stat := read_stat(helper)) is None or not stat.running, 10, "the script's helper to end")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(helper, signal.SIGKILL)
-
-
-def running(pid: int) -> bool:
-    """Whether `pid` is a live process (not a zombie waiting for its parent)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
