@@ -1587,6 +1587,66 @@ def test_a_job_function_is_estimated_in_a_child_process_as_in_this_one(workdir: 
         estimate_job("jobs", "xmem", "test-gpu")
 
 
+EXITING_JOBS = """
+import sys
+import torch
+from carma.estimate.base import TrainingJob
+
+def returns_nothing():
+    sys.exit(0)
+
+def says_why():
+    sys.exit("no dataset given")
+
+def exits_in_its_step():
+    model = torch.nn.Linear(4, 2)
+    return TrainingJob(model, torch.randn(3, 4), lambda m, b: sys.exit(3), torch.optim.SGD(model.parameters()))
+"""
+
+ARGPARSE_JOB = """
+import argparse
+import torch
+from carma.estimate.base import TrainingJob
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, default=0.1)
+{required}
+args = parser.parse_args()
+
+def job():
+    model = torch.nn.Linear(4, 2)
+    return TrainingJob(model, torch.randn(3, 4), lambda m, b: m(b).sum(), torch.optim.SGD(model.parameters(), args.lr))
+"""
+
+
+def test_a_job_that_exits_says_so_rather_than_that_the_capture_died(workdir: Path) -> None:
+    """`sys.exit` in a job function, its training step or its module's argparse, each as the job's own
+    reason (it was "the estimating process died (exit status 0): no error output")."""
+    (workdir / "exiting.py").write_text(EXITING_JOBS)
+    (workdir / "needs_args.py").write_text(ARGPARSE_JOB.format(required='parser.add_argument("--data", required=True)'))
+
+    def error(target: str) -> str:
+        with pytest.raises(EstimateError) as caught:
+            estimate_job(target, "xmem", "test-gpu", estimator="xmem_only:estimate")
+        return str(caught.value)
+
+    assert error("exiting:returns_nothing") == "the job function exiting:returns_nothing exited with status 0"
+    assert error("exiting:says_why") == "the job function exiting:says_why exited: no dataset given"
+    assert error("exiting:exits_in_its_step") == "the training step of exiting:exits_in_its_step exited with status 3"
+    assert error("needs_args.py:job") == (
+        "importing needs_args.py exited with status 2: needs_args.py: error: the following arguments are required: "
+        "--data"
+    )
+
+
+def test_a_job_module_parsing_its_arguments_at_import_sees_none(workdir: Path) -> None:
+    """As `python train.py` with no arguments: it saw the capture's own (its JSON spec) and refused them."""
+    (workdir / "train.py").write_text(ARGPARSE_JOB.format(required=""))
+    as_file = estimate_job("train.py:job", "xmem", "test-gpu", estimator="xmem_only:estimate")
+    as_module = estimate_job("train:job", "xmem", "test-gpu", estimator="xmem_only:estimate")
+    assert as_file.peak_bytes == as_module.peak_bytes > 0
+
+
 @pytest.mark.parametrize("job", ["jobs:mlp", "jobs:layers"])
 def test_skipping_arithmetic_leaves_the_estimate_unchanged(workdir: Path, job: str) -> None:
     fast = run_xmem(capture_job(job))

@@ -13,6 +13,16 @@ class EstimateError(Exception):
     """An estimate that could not be made, as one line for the user."""
 
 
+class Exited(EstimateError):
+    """The job exited with an error status where it was to train (`sys.exit(2)`, argparse's usage error); why
+    is the last line it wrote to stderr, which the process running the capture reads and explains
+    (`cuda_on_cpu.explained`, told whether the job had asked if CUDA is available)."""
+
+    def __init__(self, message: str, asked_if_available: bool = False) -> None:
+        super().__init__(message)
+        self.asked_if_available = asked_if_available
+
+
 @dataclass(frozen=True)
 class Breakdown:
     """Where the predicted peak goes, in bytes (the parts of the peak moment, summing to the total)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from carma.estimate import cuda_on_cpu
-from carma.estimate.base import Capture, EstimateError, TrainingJob
+from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob
 from carma.estimate.session import DEFAULT_STEPS, StepLimitReached, capturing, hide_cuda, last_line
 
 
@@ -35,6 +35,8 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
             job = _as_job(function(), target)
         except EstimateError:
             raise
+        except SystemExit as exc:
+            raise _exited(exc, f"the job function {target}") from None
         except Exception as exc:
             raise EstimateError(cuda_on_cpu.explained(f"the job function {target} failed: {last_line(exc)}")) from None
         with_closure = _needs_closure(job.optimizer)  # L-BFGS: the step evaluates the loss itself, maybe often
@@ -49,6 +51,8 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
                         job.optimizer.step()
             except StepLimitReached:
                 pass
+            except SystemExit as exc:
+                raise _exited(exc, f"the training step of {target}") from None
             except Exception as exc:
                 failed = f"the training step of {target} failed: {last_line(exc)}"
                 raise EstimateError(cuda_on_cpu.explained(failed)) from None
@@ -64,6 +68,14 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
         mixed_precision=tuple(session.mixed_precision),
         cuda_data=tuple(cuda.held.values()),
     )
+
+
+def _exited(exc: SystemExit, what: str) -> EstimateError:
+    """A job's `sys.exit` (argparse's, at its import) as an error: its message, or its status with the last
+    line of its error output; uncaught, it ended the capture's process as if it had died."""
+    if isinstance(exc.code, str):
+        return EstimateError(f"{what} exited: {exc.code}")
+    return Exited(f"{what} exited with status {exc.code or 0}")
 
 
 def _iteration(job: TrainingJob) -> Any:
@@ -104,6 +116,8 @@ def _load_job_function(target: str) -> Callable[[], Any]:
             module = importlib.import_module(where)
     except EstimateError:
         raise
+    except SystemExit as exc:
+        raise _exited(exc, f"importing {where}") from None
     except Exception as exc:
         raise EstimateError(f"cannot import {where}: {last_line(exc)}") from None
     if not hasattr(module, name):

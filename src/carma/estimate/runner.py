@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from carma.estimate import cuda_on_cpu
-from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError
+from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError, Exited
 from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
-from carma.estimate.script import ScriptExited, ScriptFailed, ShortBatchEnded, capture_script, parse_argv
+from carma.estimate.script import ScriptFailed, ShortBatchEnded, capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, last_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -300,7 +300,8 @@ def _capture(spec: dict[str, Any]) -> Capture:
             f"{sys.executable}, the Python that runs the job, has no PyTorch: install it there, or name the "
             "Python that has it (activate its environment, or give its path: /path/to/python train.py)"
         )
-    if "job" in spec:
+    if "job" in spec:  # the module sees no arguments, as `python train.py` would (argparse at its import)
+        sys.argv = [job_parts(spec["job"])[0]]
         return capture_job(spec["job"], spec["steps"], exact=spec["exact"])
     return capture_script(
         spec["argv"],
@@ -324,8 +325,8 @@ def _finish(spec: dict[str, Any], capture: Callable[[], Capture]) -> NoReturn:
     except EstimateError as exc:
         payload = {
             "error": str(exc),
-            "stderr_says_why": isinstance(exc, ScriptExited),
-            "asked_if_available": isinstance(exc, ScriptExited) and exc.asked_if_available,
+            "stderr_says_why": isinstance(exc, Exited),
+            "asked_if_available": isinstance(exc, Exited) and exc.asked_if_available,
             "short_batch_ended": isinstance(exc, ShortBatchEnded),
             "script_failed": isinstance(exc, ScriptFailed),
         }

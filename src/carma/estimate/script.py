@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from carma.estimate import cuda_on_cpu, libraries
-from carma.estimate.base import Capture, EstimateError, TrainingJob, optimizer_parameters
+from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob, optimizer_parameters
 from carma.estimate.session import (
     CPU_AUTOCAST,
     DEFAULT_STEPS,
@@ -68,14 +68,8 @@ class ShortBatchEnded(ScriptFailed):
     sized for full batches, so that the GPU run never trains it."""
 
 
-class ScriptExited(ScriptFailed):
-    """The script exited with an error status before its steps; why (argparse's complaint, say) is the
-    last line it wrote to stderr, which the process running the capture reads and explains
-    (`cuda_on_cpu.explained`, told whether the script had asked if CUDA is available)."""
-
-    def __init__(self, message: str, asked_if_available: bool) -> None:
-        super().__init__(message)
-        self.asked_if_available = asked_if_available
+class ScriptExited(ScriptFailed, Exited):
+    """The script exited with an error status before its steps (and may have read uncomputed values)."""
 
 
 class _ModelRecorder:
