@@ -269,6 +269,32 @@ def test_error_output_that_is_not_utf8_is_read_all_the_same(workdir: Path) -> No
         estimate(["python", fails])
 
 
+def test_a_reason_printed_on_stdout_is_given_when_stderr_has_none(workdir: Path) -> None:
+    prints = script(workdir, "prints.py", "import sys\nprint('loading')\nprint('data/x not found')\nsys.exit(1)\n")
+    with pytest.raises(EstimateError, match=r"exited with status 1 after 0 optimizer steps: data/x not found$"):
+        estimate(["python", prints])
+    both = script(workdir, "both.py", "import sys\nprint('step 0')\nsys.exit('no labels')\n")
+    with pytest.raises(EstimateError, match=r"exited after 0 optimizer steps: no labels$"):  # stderr's comes first
+        estimate(["python", both])
+
+
+def test_a_very_long_reason_is_cut_to_a_line(workdir: Path) -> None:
+    """A 65 KB exception message was the whole error line."""
+    long = script(workdir, "long.py", "raise ValueError('x' * 70_000)\n")
+    with pytest.raises(EstimateError) as failed:
+        estimate(["python", long])
+    assert str(failed.value).startswith("the script crashed after 0 optimizer steps: ValueError: xxx")
+    assert len(str(failed.value)) < 600
+    says = script(workdir, "says.py", "import sys\nsys.exit('z' * 70_000)\n")
+    with pytest.raises(EstimateError, match=r"^the script exited after 0 optimizer steps: z{499}…$"):
+        estimate(["python", says])
+    died = script(
+        workdir, "died.py", "import os, sys\nsys.stderr.write('y' * 70_000 + '\\n')\nsys.stderr.flush()\nos._exit(4)\n"
+    )
+    with pytest.raises(EstimateError, match=r"^the estimating process died \(exit status 4\): y{499}…$"):
+        estimate(["python", died])
+
+
 def test_the_device_constants_are_the_asking_processs_not_the_jobs_environments(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -888,7 +914,7 @@ def test_a_script_logging_or_debugging_its_cuda_memory_is_estimated_as_its_cpu_f
         ),
         (
             "if not torch.cuda.is_available():\n    print('no GPU found')\n    sys.exit(1)",
-            "the script exited with status 1 after 0 optimizer steps",
+            "the script exited with status 1 after 0 optimizer steps: no GPU found",  # printed: it was left out
         ),
     ],
 )

@@ -37,7 +37,7 @@ from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptFailed, ShortBatchEnded, capture_script, parse_argv
-from carma.estimate.session import DEFAULT_STEPS, last_line
+from carma.estimate.session import DEFAULT_STEPS, cut, last_line
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read back for its last line
@@ -151,14 +151,14 @@ def _estimate_in_child(
         package = str(Path(__file__).resolve().parent.parent / "__init__.py")
 
         def run(short_second: bool, exact: bool) -> tuple[dict[str, Any], str]:
-            """The child's payload and the tail of its stderr.
+            """The child's payload and the end of what it said (`_said`).
 
-            Its stderr goes to a file, not a pipe: reading a pipe to its end waited for every process that
+            Its output goes to files, not pipes: reading a pipe to its end waited for every process that
             inherited it (a helper the script started, in a session of its own too) past the timeout, and
             held all the script's error output in memory where only the last line is read. The file has no
             name (the folder is the job owner's: a name there could be swapped for a link to any file)."""
             result.unlink(missing_ok=True)
-            with tempfile.TemporaryFile() as stderr:
+            with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
                 try:
                     child = subprocess.Popen(
                         [
@@ -169,7 +169,7 @@ def _estimate_in_child(
                             json.dumps({**spec, "short_second": short_second, "exact": exact}),
                         ],
                         stdin=subprocess.DEVNULL,  # a prompt, unseen with the output, would wait until the timeout
-                        stdout=subprocess.DEVNULL,  # the script's own output
+                        stdout=stdout,  # the script's own output: its reason, when it gives none on stderr
                         stderr=stderr,  # for the last error line when the child dies
                         cwd=cwd,
                         env=capture_environment(env),
@@ -191,7 +191,7 @@ def _estimate_in_child(
                 finally:  # whatever the job left running, also when a signal stops this process
                     kill_group(child.pid)
                     child.wait()
-                err = _tail(stderr)
+                err = _said(stderr, stdout)
             payload = _read_result(result)
             if payload is None:
                 raise EstimateError(_death(child.returncode, err))
@@ -249,15 +249,22 @@ def _read_result(path: Path) -> str | None:
 
 
 def _tail(file: BinaryIO) -> str:
-    """The end of a capture's stderr (its last lines are the reason it gives), as text whatever its bytes."""
+    """The end of a capture's stderr or stdout (its last lines are the reason it gives), as text whatever its bytes."""
     size = file.seek(0, os.SEEK_END)
     file.seek(max(0, size - STDERR_TAIL_BYTES))
     return file.read().decode(errors="replace")
 
 
+def _said(stderr: BinaryIO, stdout: BinaryIO) -> str:
+    """The end of a capture's error output, or of its output when it wrote no error: a script that prints
+    its complaint (`print("no data in", path); sys.exit(1)`) gave no reason before."""
+    err = _tail(stderr)
+    return err if _lines(err) else _tail(stdout)
+
+
 def _lines(err: str) -> list[str]:
-    """A child's error output, its blank lines left out."""
-    return [line.strip() for line in err.splitlines() if line.strip()]
+    """A child's error output, its blank lines left out, each cut to a length an error line can show."""
+    return [cut(line.strip()) for line in err.splitlines() if line.strip()]
 
 
 def _last_line(err: str) -> str | None:

@@ -32,6 +32,7 @@ from carma.estimate.session import (
     Session,
     StepLimitReached,
     capturing,
+    cut,
     hide_cuda,
     last_line,
 )
@@ -387,7 +388,7 @@ def capture_script(
             pass
         except SystemExit as exc:
             if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
-                exited = f"the script exited after {_steps_taken(session)}: {exc.code}"
+                exited = f"the script exited after {_steps_taken(session)}: {cut(exc.code)}"
                 asked = _stopped_without_cuda(session, cuda)
                 raise ScriptFailed(cuda_on_cpu.explained(exited, exc.code, asked)) from None
             if exc.code not in (None, 0):

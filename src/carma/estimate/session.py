@@ -26,6 +26,7 @@ from carma.estimate.epochs import short_batch_second
 from carma.estimate.kernels import cuda_autocast, cuda_like_operators, take_cuda_foreach, value_free_arithmetic
 
 DEFAULT_STEPS = 3
+REASON_CHARS = 500  # the most of one line of the job's output an error shows
 WAIT_FACTOR = 10  # an optimizer that has not stepped is waited for up to this many times the iterations asked
 STEP_MARK = "carma: step of optimizer #"  # the trace window of each captured optimizer step
 CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer step calls
@@ -383,10 +384,16 @@ def hide_cuda() -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+def cut(line: str) -> str:
+    """A line of the job's own words, cut to the length an error line can show (a 65 KB exception message
+    was shown whole)."""
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1] + "…"
+
+
 def last_line(exc: BaseException, where: bool = True) -> str:
     """An exception as one line, with where the job raised it (`where`): a syntax error's file and line, which
     the line leaves out, or the innermost line of the job's own files (not Python's, its packages' or carma's)."""
-    line = traceback.format_exception_only(exc)[-1].strip()
+    line = cut(traceback.format_exception_only(exc)[-1].strip())
     if not where:
         return line
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
