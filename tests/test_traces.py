@@ -354,7 +354,10 @@ BAD_TRACES = [
         "t.csv", "submit_s,task\n0,vgg\n\n\n5,nosuch\n", "line 5: unknown task 'nosuch'", id="line-after-blanks"
     ),
     pytest.param(
-        "t.csv", 'submit_s,task,mem_mib\n0,vgg,"8\nGiB"\n5,nosuch,\n', "line 4: unknown task", id="quoted-newline"
+        "t.csv",
+        'submit_s,task,mem_mib\n0,vgg,"8\nGiB"\n5,nosuch,\n',
+        "lines 2-3: a quoted value holds",
+        id="quoted-newline",
     ),
     pytest.param("t.yaml", "tasks:\n  - {at: .inf, task: vgg}\n", "task 1: submit time must be a finite", id="at-inf"),
     pytest.param("t.yaml", "tasks:\n  - {at: true, task: vgg}\n", "task 1: 'at' must be a number", id="at-bool"),
@@ -449,6 +452,32 @@ def test_a_spreadsheets_csv_with_a_byte_order_mark_and_crlf_reads_as_plain_csv(c
     path = tmp_path / "excel.csv"
     path.write_bytes(b"\xef\xbb\xbfsubmit_s,task\r\n0,vgg\r\n5,dlrm\r\n")
     assert schedule(load_trace(str(path), catalog)) == [(0.0, "vgg"), (5.0, "dlrm")]
+
+
+def test_a_csv_with_bare_carriage_returns_reads_as_lines(catalog, tmp_path):
+    """A spreadsheet's "CSV (Macintosh)": it was a traceback (`new-line character seen in unquoted field`)."""
+    path = tmp_path / "mac.csv"
+    path.write_bytes(b"submit_s,task\r0,vgg\r5,dlrm\r")
+    assert schedule(load_trace(str(path), catalog)) == [(0.0, "vgg"), (5.0, "dlrm")]
+
+
+@pytest.mark.parametrize(
+    ("rows", "error"),
+    [
+        (['0,"vgg', *(f"{60 * i},vgg" for i in range(1, 100))], r"lines 2-101: a quoted value holds a line break"),
+        (['0,"vg', 'g"', "60,vgg"], r"lines 2-3: a quoted value holds a line break"),
+        (["0,vgg", '60,"dlrm'], r"line 3: a quoted value holds a line break \(a quote left open\?\)$"),
+        # the rest of the file read as one value passes the csv module's limit: it was a traceback
+        (
+            ['0,"vgg', *(f"{60 * i},vgg" for i in range(1, 20_000))],
+            r"line 2: field larger than field limit .* open\?\)$",
+        ),
+    ],
+)
+def test_a_quote_left_open_in_a_csv_is_an_error_where_it_opens(catalog, write, rows, error):
+    """It read the rest of the file as a task's name (`line 101: unknown task 'vgg\\n60,vgg...'`)."""
+    with pytest.raises(TraceError, match=rf"^open\.csv, {error}"):
+        load_trace(write("open.csv", "\n".join(["submit_s,task", *rows]) + "\n"), catalog)
 
 
 def test_a_row_that_defines_a_task_too_thinly_is_an_error_even_when_skipping(catalog, write):

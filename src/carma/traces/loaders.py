@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
 from carma.traces.catalog import (
@@ -125,21 +126,40 @@ class _Builder:
 
 
 def _read_csv(text: str, b: _Builder) -> None:
-    reader = csv.DictReader(io.StringIO(text))
+    # universal newlines: a file of bare CRs (a spreadsheet's "CSV (Macintosh)") is lines, as CRLF ones are
+    reader = csv.DictReader(io.StringIO(text, newline=None))
     if reader.fieldnames:  # `submit_s, task` as people write it: the names without their spaces
         reader.fieldnames = [name.strip() for name in reader.fieldnames]
         if twice := sorted({name for name in reader.fieldnames if reader.fieldnames.count(name) > 1}):
             raise TraceError(f"{b.source}: the header names column(s) {', '.join(map(repr, twice))} twice")
     if not reader.fieldnames or not {"submit_s", "task"} <= set(reader.fieldnames):
         raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task")
-    for row in reader:
+    for row in _rows(reader, b.source):
         lineno = reader.line_num  # the file's line, blank lines and quoted line breaks counted
+        if any("\n" in v for v in row.values() if isinstance(v, str)):  # no field of a trace has one
+            start = lineno - sum(v.rstrip("\n").count("\n") for v in row.values() if isinstance(v, str))
+            span = f"lines {start}-{lineno}" if lineno > start else f"line {lineno}"  # one open at the end: the last
+            raise TraceError(f"{b.source}, {span}: a quoted value holds a line break (a quote left open?)")
         if None in row:
             raise TraceError(f"{b.source}, line {lineno}: more values than the header has columns")
         if not (name := (row["task"] or "").strip()):  # not an unknown task for --skip-unknown to leave out
             raise TraceError(f"{b.source}, line {lineno}: no task name")
         fields = {k: v for k, v in row.items() if k not in ("submit_s", "task") and v not in (None, "")}
         b.add(f"line {lineno}", row["submit_s"], name, fields)
+
+
+def _rows(reader: csv.DictReader, source: str) -> Iterator[dict[str, Any]]:
+    """The reader's rows, its errors as TraceErrors at the line its row began on (a quote left open reads
+    the rest of the file as one value, up to the module's 128 KiB limit)."""
+    while True:
+        start = reader.line_num + 1
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            open_quote = " (a quote left open?)" if "field limit" in str(err) else ""
+            raise TraceError(f"{source}, line {start}: {err}{open_quote}") from None
 
 
 def _read_script(text: str, b: _Builder) -> None:
