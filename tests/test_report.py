@@ -227,6 +227,7 @@ def test_a_daemon_windows_energy_and_series_span_its_tasks_as_a_simulations_do_a
         ('{"carma_report_version": 1, "runs": []}', "holds no runs"),
         ('{"carma_report_version": 1, "runs": [{"label": "x"}]}', "run 1 of the report file is malformed"),
         ('{"carma_report_version": true, "runs": []}', "version True is not supported"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON"),  # deeper than Python recurses: it was a RecursionError
     ],
 )
 def test_bad_report_files_are_refused_in_one_line(text, message):
@@ -333,6 +334,20 @@ def test_a_saved_sweep_keeps_every_configuration(tmp_path):
     records = from_json((tmp_path / "sweep.json").read_text())
     assert len(records) == 15 and records[0].label == "Exclusive"
     assert all(r.source == "carma simulate, trace tiny on 3xA100-40GB (MPS)" for r in records)
+
+
+def test_a_report_file_an_editor_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Trace and configuration files with one were read; this one was refused as not JSON."""
+    (tmp_path / "tiny.csv").write_text(TINY_TRACE)
+    assert run_carma("simulate", "--trace", "tiny.csv", "--save", "a.json", cwd=tmp_path).returncode == 0
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "a.json").read_bytes())
+    (tmp_path / "latin.json").write_bytes('{"label": "caf\xe9"}'.encode("latin-1"))
+    assert _report("bom.json", "--out", "out", cwd=tmp_path).returncode == 0
+    latin = _report("latin.json", "--out", "out", cwd=tmp_path)
+    assert (latin.returncode, latin.stderr) == (
+        2,
+        "error: latin.json: not UTF-8 text (byte 14: invalid continuation byte)\n",
+    )
 
 
 def test_the_same_run_twice_gets_labels_that_say_where_each_came_from(tmp_path):

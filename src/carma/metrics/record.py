@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carma.metrics.run import mean_p95
+from carma.textfiles import NotText, read_text
 
 if TYPE_CHECKING:
     from carma.metrics.timeline import Segment
@@ -326,7 +327,7 @@ def _record(run: Any) -> RunRecord:
 def from_json(text: str) -> list[RunRecord]:
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than Python recurses: no report file either
         raise RecordError("not a carma report file (not JSON)") from None
     if not isinstance(doc, dict) or "carma_report_version" not in doc:
         raise RecordError("not a carma report file (no carma_report_version; write one with `carma simulate --save`)")
@@ -355,12 +356,15 @@ def from_json(text: str) -> list[RunRecord]:
 
 
 def read_records(path: Path) -> list[RunRecord]:
+    """The runs of a report file, read as the other files users may edit are (a byte-order mark dropped)."""
     try:
-        text = path.read_text()
+        text = read_text(path)
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise RecordError(f"cannot read {path}: {e}") from None
+    except NotText as e:
+        raise RecordError(str(e)) from None
     try:
         return from_json(text)
     except RecordError as e:
