@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,7 @@ def test_defaults_are_the_papers(make_config):
 def test_the_documented_example_file_is_valid_and_shows_the_defaults(doc):
     text = (Path(__file__).parent.parent / doc).read_text()
     config = parse_config(tomllib.loads(re.search(r"```toml\n(.*?)```", text, re.S)[1]), doc)
-    assert replace(config, twin=Config().twin) == Config()  # the example sets the twin's power exponent
+    assert config == Config()  # its twin's power exponent was 0.81, not the fitted 0.8113
 
 
 def test_an_empty_file_gives_the_defaults(toml_file):

@@ -16,7 +16,7 @@ weights = { mean = 0.2, median = 0.3, p95 = 0.3, ema = 0.2 }
 gpus = "3xA100-40GB"
 sharing = "mps"
 fragmentation = 0.05
-power_exponent = 0.81   # overrides the fitted exponent (see docs/fidelity.md)
+# power_exponent = 0.9  # unset: the fitted exponent (docs/fidelity.md); set, it overrides it
 
 [estimate]
 timeout_s = 600
