@@ -256,6 +256,8 @@ def test_yaml_trace_without_a_name_is_named_after_the_file(catalog, write):
     trace = load_trace(write("short.yml", "tasks:\n  - {at: 10, task: vgg, repeat: 2}\n"), catalog)
     assert trace.name == "short"
     assert schedule(trace) == [(10.0, "vgg"), (10.0, "vgg")]  # `every` defaults to 0
+    spaced = load_trace(write("spaced.yml", "tasks:\n  - {at: 1e1, task: vgg, repeat: 2, every: 6e1}\n"), catalog)
+    assert schedule(spaced) == [(10.0, "vgg"), (70.0, "vgg")]  # numbers YAML 1.1 reads as text, read alike
 
 
 def test_yaml_unknown_task_can_be_skipped(catalog, write):
@@ -362,7 +364,7 @@ BAD_TRACES = [
     pytest.param("t.yaml", "tasks:\n  - {at: .inf, task: vgg}\n", "task 1: submit time must be a finite", id="at-inf"),
     pytest.param("t.yaml", "tasks:\n  - {at: true, task: vgg}\n", "task 1: 'at' must be a number", id="at-bool"),
     pytest.param(
-        "t.yaml", "tasks:\n  - {at: 0, task: vgg, repeat: 2, every: .nan}\n", "'every' a finite", id="every-nan"
+        "t.yaml", "tasks:\n  - {at: 0, task: vgg, repeat: 2, every: .nan}\n", "'every' must be a finite", id="every-nan"
     ),
     pytest.param("t.yaml", "nmae: x\ntasks:\n  - {at: 0, task: vgg}\n", ": unknown key(s) nmae", id="top-key"),
     pytest.param("t.yaml", "name: [a]\ntasks:\n  - {at: 0, task: vgg}\n", "'name' must be a string", id="name"),
@@ -408,12 +410,17 @@ BAD_TRACES = [
     ),
     *(
         pytest.param(
-            "t.yaml",
-            f"tasks:\n  - {{at: 0, task: vgg, {item}}}\n",
-            "task 1: 'repeat' must be a positive integer",
-            id=f"bad-repeat-{item}",
+            "t.yaml", f"tasks:\n  - {{at: 0, task: vgg, {item}}}\n", f"task 1: {message}", id=f"bad-repeat-{item}"
         )
-        for item in ("repeat: 0", "repeat: 2.5", "repeat: many", "every: -1", "every: often")
+        for item, message in [
+            ("repeat: 0", "'repeat' must be a positive integer"),
+            ("repeat: 2.5", "'repeat' must be a positive integer"),
+            ("repeat: many", "'repeat' must be a positive integer"),
+            ("every: -1", "'every' must be a finite number of seconds >= 0"),
+            ("every: often", "'every' must be a number of seconds"),
+            # YAML 1.1 reads 1e300 as text, which 'every' refused as not finite, where 'at' reads it as a number
+            ("repeat: 2, every: 1e300", "submit time 1e+300 s is over 1e+10 s"),
+        ]
     ),
 ]
 

@@ -322,27 +322,29 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
         unknown = set(item) - _TASK_KEYS
         if unknown:
             raise TraceError(f"{b.source}, {where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
-        repeat, every = item.get("repeat", 1), item.get("every", 0)
-        if (
-            isinstance(repeat, bool)
-            or not isinstance(repeat, int)
-            or repeat < 1
-            or isinstance(every, bool)
-            or not isinstance(every, int | float)
-            or not 0 <= every < math.inf
-        ):
-            raise TraceError(f"{b.source}, {where}: 'repeat' must be a positive integer, 'every' a finite number >= 0")
-        try:
-            if isinstance(item["at"], bool):
-                raise TypeError
-            start = float(item["at"])
-        except (TypeError, ValueError):
-            raise TraceError(f"{b.source}, {where}: 'at' must be a number of seconds") from None
+        repeat = item.get("repeat", 1)
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise TraceError(f"{b.source}, {where}: 'repeat' must be a positive integer")
+        # read as 'at' is: YAML 1.1 takes `1e3` (no dot) for text, which 'every' refused as "not finite"
+        every, start = (_seconds(item, key, b.source, where) for key in ("every", "at"))
+        if not 0 <= every < math.inf:
+            raise TraceError(f"{b.source}, {where}: 'every' must be a finite number of seconds >= 0")
         if isinstance(item["task"], bool) or not isinstance(item["task"], str | int):  # `task: null`, a list
             raise TraceError(f"{b.source}, {where}: 'task' must be a task name, not {item['task']!r}")
         for k in range(repeat):
             b.add(where, start + k * every, str(item["task"]))
     return doc.get("name")
+
+
+def _seconds(item: dict[str, Any], key: str, source: str, where: str) -> float:
+    """A YAML task's `at` or `every` (0 when not given), a number or its text."""
+    value = item.get(key, 0)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise TraceError(f"{source}, {where}: '{key}' must be a number of seconds") from None
 
 
 def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
