@@ -302,6 +302,7 @@ BAD_INPUTS = {
     "save-to-a-full-disk": (["--save", "/dev/full"], "--save /dev/full: No space left on device"),  # named no option
     "csv-over-save": (["--save", "x.csv", "--csv", "./x.csv"], "--csv and --save both name x.csv"),  # CSV replaced it
     "csv-out-and-json": (["--csv", "-", "--json"], "--csv - and --json both print the results: choose one"),
+    "save-to-stdout": (["--save", "-"], "--save - : the report file is written to a file"),  # a file named '-' was
     "plot-into-a-file": (["--plot", "negative.csv"], "--plot negative.csv is a file; give a folder"),  # File exists
     "sweep-policy": (["--sweep", "--policy", "magm"], SWEEP_ONLY),
     "sweep-memory": (["--sweep", "--memory", "oracle"], SWEEP_ONLY),

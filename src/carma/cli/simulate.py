@@ -83,6 +83,10 @@ def simulate_cmd(
     try:
         if csv_out and as_json:
             raise UsageError("--csv - and --json both print the results: choose one")
+        if save == Path("-"):  # `--csv -` prints; a report file is for `carma report` to read
+            raise UsageError(
+                "--save - : the report file is written to a file; give its name (--json prints the figures)"
+            )
         if plot:
             pyplot()  # missing matplotlib, or a folder that cannot be made, is said before the simulation
             if plot.exists() and not plot.is_dir():
