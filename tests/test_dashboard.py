@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from carma.cli.server import machine_name
 from servers import fakejob, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -278,9 +279,24 @@ def test_dashboard_names_the_machine_for_a_wildcard_listener_and_the_server_warn
     port = free_port()
     server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"0.0.0.0:{port}")
     link = server.cli("dashboard").stdout.strip()
-    assert link.startswith(f"http://{socket.getfqdn()}:{port}/#token=")
+    assert link.startswith(f"http://{machine_name()}:{port}/#token=")
     started = (server.home / "test-server.log").read_text()
     assert f"warning: 0.0.0.0:{port} is reachable from other machines, and tokens travel in clear HTTP" in started
+
+
+@pytest.mark.parametrize(
+    ("fqdn", "hostname", "name"),
+    [
+        ("gpu1.lab.example.org", "gpu1", "gpu1.lab.example.org"),
+        ("localhost", "gpu1", "gpu1"),  # a hosts file naming the host beside localhost: the link was localhost's
+        ("localhost.localdomain", "gpu1", "gpu1"),
+        ("ip6-localhost", "gpu1", "gpu1"),
+    ],
+)
+def test_the_machine_is_named_by_a_name_other_machines_can_use(monkeypatch, fqdn, hostname, name):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(socket, "getfqdn", lambda: fqdn)
+    monkeypatch.setattr(socket, "gethostname", lambda: hostname)
+    assert machine_name() == name
 
 
 def test_a_listener_on_port_0_is_named_by_the_port_the_system_chose(start_server):  # type: ignore[no-untyped-def]

@@ -152,8 +152,18 @@ def _loopback(address: str) -> bool:
 def _reachable(address: str) -> str:
     """The listener's HOST:PORT as a browser elsewhere opens it: the machine's name for a wildcard host."""
     if _host(address) in ("0.0.0.0", "::"):
-        return f"{socket.getfqdn()}:{address.rpartition(':')[2]}"
+        return f"{machine_name()}:{address.rpartition(':')[2]}"
     return address
+
+
+LOOPBACK_NAMES = ("localhost", "ip6-localhost", "ip6-loopback")
+
+
+def machine_name() -> str:
+    """This machine's name for others: its fully qualified name, unless that is a loopback one (a hosts file
+    that maps the host name to 127.0.0.1 beside `localhost` makes it `localhost`), then its host name."""
+    fqdn = socket.getfqdn()
+    return socket.gethostname() if fqdn.partition(".")[0] in LOOPBACK_NAMES else fqdn
 
 
 def _me() -> str:
