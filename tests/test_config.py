@@ -50,6 +50,15 @@ def test_the_documented_example_file_is_valid_and_shows_the_defaults(doc):
     assert config == Config()  # its twin's power exponent was 0.81, not the fitted 0.8113
 
 
+@pytest.mark.parametrize(
+    ("text", "has_twin"),
+    [('[twin]\ngpus = "3xA100-40GB"\n', True), ("[twin]\n", True), ("[server]\nkeep_ended_days = 1\n", False)],
+)
+def test_a_twin_table_is_known_even_when_it_sets_the_defaults(toml_file, text, has_twin):
+    """The server warns of one: it was silent when the table equalled the defaults (the documented example)."""
+    assert load_config(toml_file(text)).has_twin is has_twin
+
+
 def test_an_empty_file_gives_the_defaults(toml_file):
     assert load_config(toml_file("# nothing to change\n")) == Config()
 

@@ -89,6 +89,9 @@ class Config:
     twin: TwinConfig = field(default_factory=TwinConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    # whether the file has a [twin] table, which the server reads none of and warns of (one equal to the
+    # defaults too: it was silent on the documented example)
+    has_twin: bool = field(default=False, compare=False)
 
 
 _TWIN_KEYS = {"gpus": "", "sharing": "", "fragmentation": 0.0, "power_exponent": 0.0}
@@ -167,6 +170,7 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
         _built(twin_where, lambda: TwinConfig(**twin_args)),
         _built(f"{source} [estimate]", lambda: EstimateConfig(**estimate)),
         _built(f"{source} [server]", lambda: ServerConfig(**server)),
+        has_twin="twin" in top,
     )
 
 

@@ -61,7 +61,6 @@ def server_cmd(
         refuse_if_running,
         serve,
     )
-    from carma.sim.experiment import TwinConfig
     from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -102,7 +101,7 @@ def server_cmd(
         daemon.tcp = tcp
     except (UsageError, ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
         raise fail(e) from None
-    if settings.twin != replace(TwinConfig(), scheduler=settings.scheduler):
+    if settings.has_twin:
         err.print(
             f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus and --sharing"
         )
