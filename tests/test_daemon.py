@@ -216,6 +216,24 @@ def test_ended_tasks_past_the_retention_are_forgotten_with_their_logs_and_counte
     again.close()
 
 
+def test_a_task_keeps_its_submission_time_across_a_restart(home, monkeypatch):
+    """The queue took a later time than the store did (after its commit), so an ended task's time changed."""
+    first = daemon(home)
+    add = first.store.add
+
+    def slow_add(*args):  # type: ignore[no-untyped-def]
+        task_id = add(*args)
+        time.sleep(0.2)  # a commit that takes 2 s of the 10x clock
+        return task_id
+
+    monkeypatch.setattr(first.store, "add", slow_add)
+    submitted = first.submit(job("sleep", "30")).submit_s
+    first.close()
+    second = daemon(home)
+    assert second.scheduler.task(1).submit_s == submitted
+    second.close()
+
+
 def test_the_scaled_clock_continues_across_restarts(home):
     first = daemon(home)
     before = first.clock.now()

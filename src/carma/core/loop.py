@@ -27,8 +27,9 @@ class SchedulingLoop:
         self.journal = journal
         self.on_decision = on_decision  # told how many seconds each decision took (instrumentation only)
 
-    def submit(self, spec: TaskSpec, task_id: TaskId | None = None) -> Task:
-        task = self.scheduler.submit(spec, self.clock.now(), task_id)
+    def submit(self, spec: TaskSpec, task_id: TaskId | None = None, at: float | None = None) -> Task:
+        """Queue a task submitted `at` (now by default; a world that recorded it first gives the time it kept)."""
+        task = self.scheduler.submit(spec, self.clock.now() if at is None else at, task_id)
         self._persist()
         return task
 

@@ -424,9 +424,10 @@ class Daemon:
     def submit(self, job: JobSpec) -> Task:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run)."""
         self.check(job)
-        task_id = self.store.add(job, self.clock.now())
+        now = self.clock.now()  # one time for the store and the queue: a restart read a later one back
+        task_id = self.store.add(job, now)
         self.jobs[task_id] = job
-        task = self.loop.submit(job.task_spec(), task_id)  # queued before anything else can fail
+        task = self.loop.submit(job.task_spec(), task_id, now)  # queued before anything else can fail
         self.estimates.request(task_id, job)
         return task
 
