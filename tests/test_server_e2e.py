@@ -374,7 +374,7 @@ def test_logs_of_a_task_not_started_say_why_and_a_follower_says_how_it_ended(sta
     server.cli("drain")
     never = server.submit("true")
     server.cli("cancel", never)
-    assert server.cli("logs", never).stderr == f"carma: task {never} never ran: cancelled: cancelled by request\n"
+    assert server.cli("logs", never).stderr == f"carma: task {never} never ran: cancelled by request\n"
 
 
 def test_a_risk_filter_switched_off_is_said_by_status_and_gpus(start_server, tmp_path):  # type: ignore[no-untyped-def]

@@ -351,7 +351,10 @@ def _not_started(task: dict[str, Any], follow: bool) -> str:
 
 
 def _ended(task: dict[str, Any]) -> str:
-    return task["state"] + (f": {task['reason']}" if task["reason"] else "")
+    """How it ended: its state, and the reason where that does not name the state itself ("cancelled by
+    request", which read "cancelled: cancelled by request")."""
+    reason, state = task["reason"], task["state"]
+    return reason if reason.startswith(state) else state + (f": {reason}" if reason else "")
 
 
 def _through_restarts(request: Callable[[], Any], following: str) -> Any:
