@@ -539,6 +539,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "--shell", "--", " "], "command: its program is empty"),
         (["submit", "--name", "evil\x1b[31mred", "--", "true"], "name 'evil\\x1b[31mred' holds a control character"),
         (["submit", "--name", "two\nlines", "--", "true"], "holds a control character"),
+        (  # it said "name", which the user had not given
+            ["submit", "--", "./bad\x07prog"],
+            "the program's name, the task's name when none is given, 'bad\\x07prog' holds a control character",
+        ),
         (["history", "--hours", "0"], "--hours must be a positive number; got 0"),  # was the API's query.hours
         (["wait", "1", "--timeout", "nan"], "--timeout must be a number of seconds; got nan"),  # it waited forever
     ]

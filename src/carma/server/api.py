@@ -188,7 +188,8 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         if not name:
             raise HTTPException(422, "invalid request: command: its program is empty")
         if not name.isprintable():  # the queue is shown on everyone's terminal: no escape sequences, no new lines
-            raise HTTPException(422, f"invalid request: name {name!r} holds a control character")
+            whose = "name" if request.name else "the program's name, the task's name when none is given,"
+            raise HTTPException(422, f"invalid request: {whose} {name!r} holds a control character")
         try:
             mem = parse_mib(request.mem) if request.mem is not None else None
         except ValueError as e:
