@@ -127,6 +127,10 @@ def test_timeline_writes_a_png_for_xmem_making_its_folder(work):
     result = estimate(work, "--job", "tinyjob:job", "--timeline", png)
     assert result.returncode == 0, result.stderr
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert result.stdout.splitlines()[-1] == f"wrote {png}"
+    as_json = estimate(work, "--job", "tinyjob:job", "--timeline", "t.png", "--json")
+    assert json.loads(as_json.stdout)["method"] == "xmem"
+    assert as_json.stderr.splitlines()[-1] == "wrote t.png"  # it said nothing of the file
 
 
 def test_an_interpreter_that_does_not_run_is_reported_by_its_first_line(work, tmp_path):

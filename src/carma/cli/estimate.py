@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from carma.cli.common import UsageError, absolute, app, choice, err, fail, out, size_text
-from carma.estimate.base import CAPTURE_TIMEOUT_S, Estimate, EstimateError
+from carma.estimate.base import CAPTURE_TIMEOUT_S, TIMELINE_NOT_WRITTEN, Estimate, EstimateError
 from carma.estimate.registry import CPU_METHODS
 
 if TYPE_CHECKING:
@@ -120,14 +120,17 @@ def estimate_cmd(
                 estimate = estimate_job(job, method, device, steps, timeline=timeline, timeout_s=timeout)
     except EstimateError as e:
         raise fail(e) from None
+    written = timeline and not any(note.startswith(TIMELINE_NOT_WRITTEN) for note in estimate.notes)
     if as_json:  # with the table's last line: whether it fits the device
         total = _device_bytes(estimate)
         print(json.dumps({**estimate.to_json(), "device_bytes": total, "fits": estimate.peak_bytes <= total}))
+        if written:  # beside the JSON, as `carma simulate --json` says what it wrote
+            err.print(f"wrote {timeline}")
     else:
         _print_table(estimate)
         for note in estimate.notes:
             out.print(f"note: {note}", markup=False)
-        if timeline:
+        if written:  # it said so also when a note said it was not
             out.print(f"wrote {timeline}")
 
 

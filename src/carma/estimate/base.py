@@ -9,6 +9,9 @@ from typing import Any
 CAPTURE_TIMEOUT_S = 900.0  # how long `carma estimate`'s capture may take to reach its steps, by default
 
 
+TIMELINE_NOT_WRITTEN = "the timeline was not written"  # a note's start, which `carma estimate` reads
+
+
 class EstimateError(Exception):
     """An estimate that could not be made, as one line for the user."""
 

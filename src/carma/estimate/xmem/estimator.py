@@ -7,7 +7,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
-from carma.estimate.base import Breakdown, Capture, Estimate, capture_storages
+from carma.estimate.base import TIMELINE_NOT_WRITTEN, Breakdown, Capture, Estimate, capture_storages
 from carma.estimate.session import module_window
 from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import JobTensors, analyze
@@ -78,7 +78,7 @@ def estimate_xmem(
         try:
             plot_timeline(result, timeline, device)
         except OSError as e:  # the folder changed since it was checked: the estimate is still worth its capture
-            notes = (f"the timeline was not written: {e}",)
+            notes = (f"{TIMELINE_NOT_WRITTEN}: {e}",)
     breakdown = Breakdown(
         parameters=sim.at_peak[Category.PARAMETERS],
         gradients=sim.at_peak[Category.GRADIENTS],
