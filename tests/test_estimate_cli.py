@@ -259,7 +259,7 @@ def test_the_script_is_captured_under_the_python_its_command_names(work, tmp_pat
     line = one_error_line(estimate(work, "--", str(bare / "bin" / "python"), "train.py"))
     assert line.startswith(f"error: {bare}") and ", the Python that runs the job, has no PyTorch: install it" in line
     assert one_error_line(estimate(work, "--", "python9", "train.py")) == (
-        "error: python9 is not on the PATH: the command could not run either"
+        "error: python9 is not on the PATH: activate the environment that has it, or give its path"
     )
 
 

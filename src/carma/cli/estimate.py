@@ -158,7 +158,9 @@ def _interpreter(command: list[str]) -> str | None:
 
     python = interpreter(command, absolute(), os.environ.get("PATH", os.defpath))
     if python is None and is_python(command[0]):
-        raise fail(f"{command[0]} is not on the PATH: the command could not run either")
+        raise fail(  # it said "the command could not run either", which left the user to guess
+            f"{command[0]} is not on the PATH: activate the environment that has it, or give its path"
+        )
     return python
 
 
