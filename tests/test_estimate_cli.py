@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from carma.cli.estimate import _whole_mib
 from carma.server.proctree import read_stat
 from support import CARMA, cli_env, run_carma, wait_until
+
+MIB = 2**20
 
 pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma[estimate]')")
 
@@ -107,6 +110,17 @@ def test_the_readable_output_is_a_table_of_the_breakdown(work):
     for part in ("parameters", "gradients", "optimizer state", "activations", "allocator", "context", "peak"):
         assert part in result.stdout
     assert "GiB" in result.stdout and "MiB" in result.stdout and "fits in the 40.00 GiB of a100-40gb" in result.stdout
+
+
+def test_the_tables_parts_in_mib_add_up_to_its_peak(work):
+    """Each part rounded alone, a 1455 MiB peak had parts adding up to 1456."""
+    for method in ("xmem", "horus"):
+        result = estimate(work, "--job", "tinyjob:job", "--method", method)
+        cells = [line.split("│") for line in result.stdout.splitlines() if line.startswith("│")]
+        rows = {cell[1].strip(): int(cell[3].replace(",", "")) for cell in cells}
+        assert sum(rows.values()) - rows["peak"] == rows["peak"], (method, rows)
+    assert _whole_mib([int(0.6 * MIB)] * 3 + [1449 * MIB]) == [1, 1, 0, 1449]  # 1451, each rounded alone 1452
+    assert _whole_mib([MIB // 2, MIB // 2]) == [1, 0]
 
 
 def test_notes_on_the_capture_come_with_the_estimate(work):

@@ -226,12 +226,23 @@ def _print_table(estimate: Estimate) -> None:
     table.add_column("part")
     table.add_column("size", justify="right")
     table.add_column("MiB", justify="right")
-    for part, n in asdict(estimate.breakdown).items():
-        table.add_row(part.replace("_", " "), size_text(n), f"{n / 2**20:,.0f}")
-    table.add_row("peak", size_text(estimate.peak_bytes), f"{estimate.peak_bytes / 2**20:,.0f}", style="bold")
+    parts = asdict(estimate.breakdown)
+    whole = _whole_mib(list(parts.values())) if estimate.breakdown.total == estimate.peak_bytes else None
+    for k, (part, n) in enumerate(parts.items()):
+        table.add_row(part.replace("_", " "), size_text(n), f"{whole[k] if whole else round(n / 2**20):,}")
+    table.add_row("peak", size_text(estimate.peak_bytes), f"{round(estimate.peak_bytes / 2**20):,}", style="bold")
     out.print(table)
     fits = "fits" if estimate.peak_bytes <= total else "does NOT fit"
     out.print(f"{fits} in the {size_text(total)} of {estimate.device}; estimated in {estimate.seconds:.1f} s")
+
+
+def _whole_mib(parts: list[int]) -> list[int]:
+    """Byte counts in whole MiB that add up to their sum rounded, as a reader adds them up (each rounded
+    alone, a 1455 MiB peak had parts of 1456): the largest fractions are rounded up, the rest down."""
+    mib = [n / 2**20 for n in parts]
+    whole = [math.floor(m) for m in mib]
+    up = sorted(range(len(mib)), key=lambda i: mib[i] - whole[i], reverse=True)[: round(sum(mib)) - sum(whole)]
+    return [w + (i in up) for i, w in enumerate(whole)]
 
 
 @estimate_app.command("calibrate")
