@@ -558,6 +558,39 @@ def test_a_script_checking_a_product_is_captured_again_computing_it_and_says_so(
     assert estimated.notes == (COMPUTED_NOTE,) and estimated.breakdown.parameters >= 10 * 4
 
 
+VALUE_SHAPED_SCRIPT = """
+import torch
+model = torch.nn.Linear(64, 1024)
+head = torch.nn.Linear(1, 64)
+optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.01)
+torch.manual_seed(0)
+batch = torch.randn(256, 64)
+for step in range(10):
+    h = model(batch)
+    {select}
+    loss = head(selected.unsqueeze(1)).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "select",
+    [
+        "selected = h[h > 0]",  # about half of h: 32 MiB of head's output in the real run
+        "try:\n        selected = h[h > 0]\n    except RuntimeError:\n        selected = h.flatten()[:8]",  # caught
+    ],
+)
+def test_shapes_set_by_uncomputed_values_are_captured_computing_them(workdir: Path, select: str) -> None:
+    """The skipped product left h uninitialised, so the mask picked what chance gave (nearly nothing):
+    the estimate was hundreds of MiB short, without a note."""
+    train = script(workdir, "masked.py", VALUE_SHAPED_SCRIPT.format(select=select))
+    result = estimate(["python", train])
+    assert result.notes[-1].startswith("the job's shapes depend on values the capture leaves uncomputed (nonzero")
+    assert result.breakdown.activations > 30 * MIB  # head's output alone, 64 x ~131,000 floats: 32 MiB
+
+
 def test_the_skipped_products_refuse_shapes_as_cuda_does() -> None:
     from carma.estimate.kernels import value_free_arithmetic
 

@@ -26,6 +26,18 @@ from typing import Any
 
 META_MARK = "carma: meta kernel"  # the trace window of a skipped operator's shape computation
 
+# Operators whose output's shape is set by their input's values (a boolean mask's `x[x > 0]` calls
+# nonzero): on uncomputed values they would size their outputs by chance, so the capture stops there.
+VALUE_SHAPED = (
+    "nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
+    "repeat_interleave.Tensor", "bincount",
+)  # fmt: skip
+values_read: list[str] = []  # those the job called with the arithmetic skipped (the capture is then redone)
+
+
+class ValuesRead(RuntimeError):
+    """A value-shaped operator called on what may be uncomputed values."""
+
 
 def take_cuda_foreach(group: dict[str, Any]) -> None:
     """An optimizer param group left to choose its implementation takes `foreach`, its default on CUDA
@@ -153,16 +165,17 @@ def _float32(tensor: Any) -> Any:
 def value_free_arithmetic() -> Iterator[None]:
     """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.
 
-    Outputs are left uninitialised (zeroing them took a BERT-base capture from 10 s to 15-19 s): nothing
-    downstream depends on their values for its memory. Matrix products get their (contiguous) output
-    shape directly, checked as CUDA's kernels check it (a shape bug crashes the capture as it crashes the
-    job); the others take shapes and strides from the operator's meta kernel, run in a `META_MARK` window:
-    some meta kernels (Python decompositions) make host scalars, which the analysis leaves out. Autograd is
-    untouched (it sits above the CPU kernels), and so is every other operator. One operator reads the
-    values: mixed precision's overflow check, whose finding makes `GradScaler` skip `optimizer.step()`
-    (uncomputed values often hold infinities or NaNs). It works in place, allocating nothing, so it
-    becomes a no-op: its `found_inf` stays at the zero GradScaler set, and the steps run, as nearly all of
-    a real run's do.
+    Outputs are left uninitialised (zeroing them took a BERT-base capture from 10 s to 15-19 s): nearly nothing
+    downstream depends on their values for its memory; what does, an operator whose output's shape its input's
+    values set (`VALUE_SHAPED`), raises `ValuesRead` instead, and the capture is redone. Matrix products get
+    their (contiguous) output shape directly, checked as CUDA's kernels check it (a shape bug crashes the
+    capture as it crashes the job); the others take shapes and strides from the operator's meta kernel, run in a
+    `META_MARK` window: some meta kernels (Python decompositions) make host scalars, which the analysis leaves
+    out. Autograd is untouched (it sits above the CPU kernels), and so is every other operator. One operator
+    reads the values: mixed precision's overflow check, whose finding makes `GradScaler` skip `optimizer.step()`
+    (uncomputed values often hold infinities or NaNs). It works in place, allocating nothing, so it becomes a
+    no-op: its `found_inf` stays at the zero GradScaler set, and the steps run, as nearly all of a real run's
+    do.
     """
     import torch
     from torch.profiler import record_function
@@ -217,7 +230,9 @@ def value_free_arithmetic() -> Iterator[None]:
             )
         },
         "_amp_foreach_non_finite_check_and_unscale_": lambda grads, found_inf, inv_scale: None,
+        **{name: _value_shaped(name) for name in VALUE_SHAPED},
     }
+    values_read.clear()
     library = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
@@ -227,6 +242,17 @@ def value_free_arithmetic() -> Iterator[None]:
         yield
     finally:
         library._destroy()  # restores the original kernels
+
+
+def _value_shaped(name: str) -> Callable[..., Any]:
+    """A kernel that records the call and raises: the capture is redone computing every value
+    (`carma.estimate.runner`), also when the job catches the error and goes on."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        values_read.append(name)
+        raise ValuesRead(f"{name}: an output shaped by values the capture left uncomputed")
+
+    return kernel
 
 
 def _matrices(a: Any, b: Any) -> tuple[int, int]:

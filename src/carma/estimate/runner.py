@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
-from carma.estimate import cuda_on_cpu
+from carma.estimate import cuda_on_cpu, kernels
 from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError, Exited
 from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
@@ -54,6 +54,10 @@ spec.loader.exec_module(carma)
 from carma.estimate.runner import _child_main
 _child_main()
 """
+VALUES_NOTE = (
+    "the job's shapes depend on values the capture leaves uncomputed ({}: a boolean mask, say): it was captured "
+    "computing them, which takes longer"
+)
 COMPUTED_NOTE = (
     "the script failed with the arithmetic skipped, as it reads values the capture leaves uncomputed (a loss "
     "or gradient-norm check, say): it was captured computing them, which takes longer"
@@ -202,7 +206,8 @@ def _estimate_in_child(
         if payload.get("short_batch_ended"):  # its loop ends an epoch at a short batch: leave that last
             short_second = False
             payload, err = run(short_second, exact)
-        computed = payload.get("script_failed", False) and not exact
+        values_read = payload.get("values_read", [])
+        computed = (payload.get("script_failed", False) or bool(values_read)) and not exact
         if computed:
             payload, err = run(short_second, exact=True)
     if "error" in payload:
@@ -213,7 +218,8 @@ def _estimate_in_child(
         raise EstimateError(cuda_on_cpu.explained(exited, why or "", payload["asked_if_available"]))
     e = payload["estimate"]
     breakdown = Breakdown(**e["breakdown"])
-    notes = (*e.get("notes", ()), *([COMPUTED_NOTE] if computed else []))
+    computed_note = VALUES_NOTE.format(", ".join(dict.fromkeys(values_read))) if values_read else COMPUTED_NOTE
+    notes = (*e.get("notes", ()), *([computed_note] if computed else []))
     seconds = time.perf_counter() - started
     return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], seconds, notes)
 
@@ -340,6 +346,7 @@ def _finish(spec: dict[str, Any], capture: Callable[[], Capture]) -> NoReturn:
     except Exception as exc:
         traceback.print_exc()
         payload = {"error": f"estimating with {spec['method']} failed: {last_line(exc)}"}
+    payload["values_read"] = kernels.values_read  # the capture is redone computing every value
     Path(spec["result"]).write_text(json.dumps(payload))
     sys.stdout.flush()
     sys.stderr.flush()
