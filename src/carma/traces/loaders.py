@@ -80,12 +80,8 @@ class _Builder:
         self.defined: dict[str, Workload] = {}  # new tasks rows defined, for the rows below that name them alone
 
     def add(self, where: str, submit_s: object, name: str, fields: Mapping[str, object] | None = None) -> None:
-        try:
-            if isinstance(submit_s, bool):  # YAML's `at: yes`
-                raise TypeError
-            t = float(submit_s)
-        except (TypeError, ValueError):
-            raise TraceError(f"{self.source}, {where}: submit time {submit_s!r} is not a number") from None
+        if (t := _number(submit_s)) is None:
+            raise TraceError(f"{self.source}, {where}: submit time {submit_s!r} is not a number")
         if not math.isfinite(t):
             raise TraceError(f"{self.source}, {where}: submit time must be a finite number of seconds, got {t}")
         if t < 0:
@@ -136,8 +132,9 @@ def _read_csv(text: str, b: _Builder) -> None:
         raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task")
     for row in _rows(reader, b.source):
         lineno = reader.line_num  # the file's line, blank lines and quoted line breaks counted
-        if any("\n" in v for v in row.values() if isinstance(v, str)):  # no field of a trace has one
-            start = lineno - sum(v.rstrip("\n").count("\n") for v in row.values() if isinstance(v, str))
+        values = [v for v in row.values() if isinstance(v, str)]  # not a short row's None, an extra's list
+        if any("\n" in v for v in values):  # no field of a trace has one
+            start = lineno - sum(v.rstrip("\n").count("\n") for v in values)
             span = f"lines {start}-{lineno}" if lineno > start else f"line {lineno}"  # one open at the end: the last
             raise TraceError(f"{b.source}, {span}: a quoted value holds a line break (a quote left open?)")
         if None in row:
@@ -336,15 +333,22 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
     return doc.get("name")
 
 
-def _seconds(item: dict[str, Any], key: str, source: str, where: str) -> float:
-    """A YAML task's `at` or `every` (0 when not given), a number or its text."""
-    value = item.get(key, 0)
+def _number(value: object) -> float | None:
+    """A time as a float: a number or its text (a CSV's, or YAML 1.1's `1e3`); None for anything else, `yes`
+    (a bool to YAML) included."""
+    if isinstance(value, bool):
+        return None
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        return float(value)
+        return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise TraceError(f"{source}, {where}: '{key}' must be a number of seconds") from None
+        return None
+
+
+def _seconds(item: dict[str, Any], key: str, source: str, where: str) -> float:
+    """A YAML task's `at` or `every` (0 when not given)."""
+    if (value := _number(item.get(key, 0))) is None:
+        raise TraceError(f"{source}, {where}: '{key}' must be a number of seconds")
+    return value
 
 
 def load_trace(ref: str, catalog: Catalog, skip_unknown: bool = False) -> Trace:
