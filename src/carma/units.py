@@ -1,5 +1,6 @@
 """Quantities in messages: memory sizes as users write them ("8GiB", "512MiB", "20GB", "6000"), in MiB, and
-counts of things ("1 task", "2 tasks"), and spans of time in hours or minutes."""
+counts of things ("1 task", "2 tasks"), and spans of time in hours or minutes; and a job's words cut to fit
+a message's line."""
 
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ def parse_mib(text: str | int | float) -> int:
     if (mib := math.ceil(value * _UNITS_BYTES[unit] / 2**20)) > MAX_MIB:  # past float precision, said in noise
         raise ValueError(f"memory size {text!r} is over 1 PiB, more than any GPU holds")
     return mib
+
+
+def cut(line: str, limit: int) -> str:
+    """`line`, cut to `limit` characters with an ellipsis: a job's own words in a one-line message (a 65 KB
+    exception message was shown whole)."""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def inflect(n: int, one: str, many: str) -> str:

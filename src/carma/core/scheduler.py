@@ -33,7 +33,7 @@ from carma.core.types import (
     TaskSpec,
     TaskState,
 )
-from carma.units import inflect, pluralize
+from carma.units import cut, inflect, pluralize
 
 HEAD_OF_LINE = "behind the head of the queue (FIFO)"
 UNDECIDED = "at the head of the queue, for the next placement decision"  # e.g. before the GPUs' first sample
@@ -534,9 +534,7 @@ class Scheduler:
 
 def _error_reason(exit: ProcessExit) -> str:
     """The exit and the last line of the log's tail, that line cut to `REASON_CHARS` (the log has it whole)."""
-    last = next((line.strip() for line in reversed(exit.log_tail.splitlines()) if line.strip()), "")
-    if len(last) > REASON_CHARS:
-        last = last[: REASON_CHARS - 1] + "…"
+    last = cut(next((line.strip() for line in reversed(exit.log_tail.splitlines()) if line.strip()), ""), REASON_CHARS)
     if exit.signal is not None:
         status = f"killed by signal {exit.signal}"
     elif exit.exit_code is not None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from carma.estimate import cuda_on_cpu
 from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob
-from carma.estimate.session import DEFAULT_STEPS, StepLimitReached, capturing, cut, hide_cuda, last_line
+from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, StepLimitReached, capturing, hide_cuda, last_line
+from carma.units import cut
 
 
 def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False) -> Capture:
@@ -74,7 +75,7 @@ def _exited(exc: SystemExit, what: str) -> EstimateError:
     """A job's `sys.exit` (argparse's, at its import) as an error: its message, or its status with the last
     line of its error output; uncaught, it ended the capture's process as if it had died."""
     if isinstance(exc.code, str):
-        return EstimateError(f"{what} exited: {cut(exc.code)}")
+        return EstimateError(f"{what} exited: {cut(exc.code, REASON_CHARS)}")
     return Exited(f"{what} exited with status {exc.code or 0}")
 
 

@@ -37,7 +37,8 @@ from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptFailed, ShortBatchEnded, capture_script, parse_argv
-from carma.estimate.session import DEFAULT_STEPS, cut, last_line
+from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, last_line
+from carma.units import cut
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read back for its last line
@@ -270,7 +271,7 @@ def _said(stderr: BinaryIO, stdout: BinaryIO) -> str:
 
 def _lines(err: str) -> list[str]:
     """A child's error output, its blank lines left out, each cut to a length an error line can show."""
-    return [cut(line.strip()) for line in err.splitlines() if line.strip()]
+    return [cut(line.strip(), REASON_CHARS) for line in err.splitlines() if line.strip()]
 
 
 def _last_line(err: str) -> str | None:

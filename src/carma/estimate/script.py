@@ -29,15 +29,15 @@ from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob, opt
 from carma.estimate.session import (
     CPU_AUTOCAST,
     DEFAULT_STEPS,
+    REASON_CHARS,
     Session,
     StepLimitReached,
     capturing,
-    cut,
     hide_cuda,
     last_line,
 )
 from carma.estimate.shapes import InputShapes
-from carma.units import pluralize
+from carma.units import cut, pluralize
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
 HELD_ITEMS = 64  # containers larger than this are not looked into
@@ -388,7 +388,7 @@ def capture_script(
             pass
         except SystemExit as exc:
             if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
-                exited = f"the script exited after {_steps_taken(session)}: {cut(exc.code)}"
+                exited = f"the script exited after {_steps_taken(session)}: {cut(exc.code, REASON_CHARS)}"
                 asked = _stopped_without_cuda(session, cuda)
                 raise ScriptFailed(cuda_on_cpu.explained(exited, exc.code, asked)) from None
             if exc.code not in (None, 0):

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 from carma.estimate.base import optimizer_parameters
 from carma.estimate.epochs import short_batch_second
 from carma.estimate.kernels import cuda_autocast, cuda_like_operators, take_cuda_foreach, value_free_arithmetic
+from carma.units import cut
 
 DEFAULT_STEPS = 3
 REASON_CHARS = 500  # the most of one line of the job's output an error shows
@@ -384,16 +385,10 @@ def hide_cuda() -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
-def cut(line: str) -> str:
-    """A line of the job's own words, cut to the length an error line can show (a 65 KB exception message
-    was shown whole)."""
-    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1] + "…"
-
-
 def last_line(exc: BaseException, where: bool = True) -> str:
     """An exception as one line, with where the job raised it (`where`): a syntax error's file and line, which
     the line leaves out, or the innermost line of the job's own files (not Python's, its packages' or carma's)."""
-    line = cut(traceback.format_exception_only(exc)[-1].strip())
+    line = cut(traceback.format_exception_only(exc)[-1].strip(), REASON_CHARS)
     if not where:
         return line
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
