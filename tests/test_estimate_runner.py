@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -18,7 +19,7 @@ from carma.estimate import cuda_on_cpu, libraries  # noqa: E402
 from carma.estimate.base import Capture, EstimateError  # noqa: E402
 from carma.estimate.job import capture_job  # noqa: E402
 from carma.estimate.runner import COMPUTED_NOTE, _read_result, estimate_job, estimate_script  # noqa: E402
-from carma.estimate.session import module_window  # noqa: E402
+from carma.estimate.session import BACKWARDS_WITHOUT_STEP, module_window  # noqa: E402
 from carma.estimate.xmem import estimate_xmem, run_xmem  # noqa: E402
 from carma.server import proctree  # noqa: E402
 from support import wait_until  # noqa: E402
@@ -435,6 +436,38 @@ def test_a_script_training_tensors_no_module_holds_is_stopped_and_told_why(workd
     with pytest.raises(EstimateError, match=r"took 30 optimizer steps without calling a torch\.nn\.Module with param"):
         estimate(["python", train])
     assert len((workdir / "steps.log").read_text().splitlines()) == 29  # the 30th is stopped inside its step
+
+
+def test_a_module_trained_by_hand_in_a_long_loop_is_stopped_and_told_why(workdir: Path) -> None:
+    """A loop of backward passes that never calls an optimizer's step trained under the profiler until the
+    capture's timeout (900 s), then said only that it did not reach its steps: it is stopped after
+    `BACKWARDS_WITHOUT_STEP` backward passes, with the reason."""
+    train = script(
+        workdir,
+        "by_hand_long.py",
+        """
+        import os, torch
+        model = torch.nn.Linear(16, 4)
+        for step in range(1000000):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            if step % 2:
+                grads = torch.autograd.grad(loss, list(model.parameters()))
+            else:
+                loss.backward()
+                grads = [p.grad for p in model.parameters()]
+            with torch.no_grad():
+                for p, g in zip(model.parameters(), grads):
+                    p -= 0.01 * g
+            with open("steps.log", "a") as log:
+                log.write(f"{os.getpid()}\\n")
+        """,
+    )
+    with pytest.raises(EstimateError, match=rf"ran {BACKWARDS_WITHOUT_STEP} backward passes without an optimizer st"):
+        estimate(["python", train], timeout_s=120)
+    # each capture (the fast one, and the one computing every value: a step skipped on a value it left out
+    # would look the same) is stopped inside its 256th backward pass
+    per_capture = collections.Counter((workdir / "steps.log").read_text().split())
+    assert set(per_capture.values()) == {BACKWARDS_WITHOUT_STEP - 1}
 
 
 def test_lbfgs_is_estimated_by_xmem_with_a_note_on_its_growing_history(workdir: Path) -> None:

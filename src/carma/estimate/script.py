@@ -412,8 +412,9 @@ def capture_script(
                 "(hold the trained tensors as parameters of a module the loop calls)"
             )
         if not session.order:
+            ran = f"ran {session.backwards} backward passes without" if session.stopped else "never reached"
             raise ScriptFailed(
-                f"the script never reached an optimizer step; the capture needs {steps} training steps, each a "
+                f"the script {ran} an optimizer step; the capture needs {steps} training steps, each a "
                 "torch.optim optimizer's step() (weights updated by hand are not found; a script that trains in "
                 "processes it starts, with torch.multiprocessing.spawn say, is captured from a job function: --job)"
             )

@@ -10,6 +10,7 @@ GPU memory, the weights, is read from the modules). The CPU runs CUDA's operator
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -29,6 +30,9 @@ from carma.units import cut
 DEFAULT_STEPS = 3
 REASON_CHARS = 500  # the most of one line of the job's output an error shows
 WAIT_FACTOR = 10  # an optimizer that has not stepped is waited for up to this many times the iterations asked
+# Backward passes before any optimizer step after which the job is taken to update its weights by hand (more
+# than any gradient accumulation takes to its first step) and stopped, not trained until the timeout
+BACKWARDS_WITHOUT_STEP = 256
 STEP_MARK = "carma: step of optimizer #"  # the trace window of each captured optimizer step
 CLOSURE_MARK = "carma: closure"  # the trace window of a closure an optimizer step calls
 MODULE_MARK = "carma: call of "  # the trace window of each module call, see `module_window`
@@ -72,6 +76,7 @@ class Session:
         # Given the script's capture once it catches the stop and goes on (`went_on`); must end the process.
         self.on_caught: Callable[[], NoReturn] | None = None
         self.unprofiled_steps = 0  # steps taken before any call of a module with parameters
+        self.backwards = 0  # backward passes (and autograd.grad calls) before the first optimizer step
         self.short_batch: tuple[int, int] | None = None  # an epoch's short last batch: (its size, the full one)
         self.short_moved = False  # that short batch was sampled second
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
@@ -204,6 +209,15 @@ class Session:
             self._stop()
         self.profiler.step()
 
+    def backward_ran(self) -> None:
+        """A backward pass (or `torch.autograd.grad`) ended: counted until the first optimizer step, and the
+        job stopped at `BACKWARDS_WITHOUT_STEP` of them."""
+        if self.order or self.unprofiled_steps or self.stopped:
+            return
+        self.backwards += 1
+        if self.backwards >= BACKWARDS_WITHOUT_STEP:
+            self._stop()
+
     def short_batch_seen(self, short: int, full: int, moved: bool) -> None:
         """An epoch ends with a short batch (`carma.estimate.epochs`). Moved to be trained second, capture one
         iteration more than asked, so that a full batch after a full one is captured as well as one after the
@@ -331,7 +345,7 @@ def capturing(steps: int, exact: bool, short_second: bool = True) -> Iterator[Se
     ]
     try:
         reordered = short_batch_second(session.short_batch_seen) if short_second else nullcontext()
-        with cuda_like_operators(), cuda_autocast() as regions, reordered:
+        with cuda_like_operators(), cuda_autocast() as regions, reordered, _counting_backwards(session.backward_ran):
             yield session
             named = {"cuda": CUDA_AUTOCAST, "cpu": CPU_AUTOCAST}
             session.mixed_precision = [named[device] for device in dict.fromkeys(regions) if device in named]
@@ -344,6 +358,37 @@ def capturing(steps: int, exact: bool, short_second: bool = True) -> Iterator[Se
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def _counting_backwards(ran: Callable[[], None]) -> Iterator[None]:
+    """Call `ran` after each `torch.autograd.backward` and `torch.autograd.grad` (`Tensor.backward` calls
+    the first) that the job makes. Only outermost calls count: under a torch function mode (the capture's
+    `cuda_on_cpu`) `grad` calls itself once more, and a checkpointed forward's backward nests one."""
+    import torch.autograd
+
+    originals = torch.autograd.backward, torch.autograd.grad
+    running = [0]
+
+    def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            running[0] += 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                running[0] -= 1
+            if not running[0]:
+                ran()
+            return result
+
+        return call
+
+    torch.autograd.backward, torch.autograd.grad = map(counted, originals)
+    try:
+        yield
+    finally:
+        torch.autograd.backward, torch.autograd.grad = originals
 
 
 def _chrome_trace(prof: Any) -> list[dict[str, Any]]:
