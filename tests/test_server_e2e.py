@@ -980,9 +980,30 @@ def test_a_replay_cut_short_says_which_tasks_it_had_submitted(start_server, tmp_
     assert replay.stderr.readline() == "skipped 1 entry of unknown tasks: nonesuch\n"
     submitted = re.fullmatch(r"t=0s submitted task (\d+) \(vgg\)\n", replay.stderr.readline())
     assert submitted
-    server.stop()  # the second submission, 5 s of wall time later, finds no server
-    assert replay.wait(timeout=60) == 2
-    assert replay.stderr.read().endswith(f"(submitted 1 of 2 tasks: {submitted[1]})\n")
+    replay.send_signal(signal.SIGINT)  # before the second submission, 5 s of wall time later
+    assert replay.wait(timeout=60) == 130
+    assert replay.stderr.read() == f"error: interrupted (submitted 1 of 2 tasks: {submitted[1]})\n"
+
+
+def test_a_replay_waits_out_a_restart_of_the_server(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """A server restarted during a replay (an upgrade) stopped it at its next submission, the rest of the trace
+    never submitted; a server that is not answering is waited for, as `carma wait` does."""
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400")
+    trace = tmp_path / "three.yaml"
+    trace.write_text("name: three\ntasks:\n  - {at: 0, task: vgg}\n  - {at: 1200, task: vgg}\n"
+                     "  - {at: 1600, task: vgg}\n")  # fmt: skip
+    replay = subprocess.Popen([CARMA, "replay", trace, "--wait", "--json"], env=server.env, stdout=PIPE, stderr=PIPE,
+                              text=True)  # fmt: skip
+    wait_until(lambda: len(server.json("queue", "--all")) == 1)
+    server.stop()  # the second submission, 3 s of wall time later, finds no server
+    time.sleep(5)
+    server.start()
+    stdout, stderr = replay.communicate(timeout=120)
+    assert replay.returncode == 0, stderr
+    result = json.loads(stdout)
+    assert (result["ids"], result["figures"]["completed"]) == ([1, 2, 3], 3)
+    said = "carma: the server stopped answering; going on with the replay at three.yaml, task 2 when it is back\n"
+    assert stderr.count(said) == 1
 
 
 # ----------------------------------------------------------------------------- MPS and history

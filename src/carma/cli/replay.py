@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from functools import partial
 from typing import Annotated, Any
 
 import typer
@@ -149,8 +150,10 @@ def _check_all(client, entries, oracle: bool) -> None:  # type: ignore[no-untype
 
 def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int], on_wait=None) -> None:  # type: ignore[no-untyped-def]
     """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known; `on_wait` is
-    called every second of a wait between two submissions."""
-    from carma.server.client import Refused
+    called every second of a wait between two submissions. A server that is not answering (restarting) is
+    waited for, as `carma wait` does; one that closed the connection during a submission may have taken the
+    task, so the replay stops there rather than risk submitting it twice."""
+    from carma.server.client import NotAnswering, Refused, through_restarts
 
     start = time.monotonic()
     first = entries[0].submit_s
@@ -161,7 +164,8 @@ def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: l
                 on_wait()
         w = entry.workload
         try:
-            task = client.submit(_spec(w, oracle))
+            submit = partial(client.submit, _spec(w, oracle))
+            task = through_restarts(submit, f"going on with the replay at {entry.where}", err.print, NotAnswering)
         except Refused as e:  # the server changed since the check (restarted with fewer GPUs, say)
             raise Refused(f"{entry.where}: {e}", e.status) from None
         ids.append(task["id"])

@@ -8,7 +8,6 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -314,6 +313,8 @@ def logs_cmd(
 
     All of it, chunk by chunk; following the latest attempt goes on to the attempts that relaunch it, and
     through a restart of the server (for up to a minute: exit 3 if it gave up)."""
+    from carma.server.client import through_restarts
+
     client = _client()
     stream, offset, number = "stderr" if stderr else "stdout", 0, attempt
     chunk = _call(client.logs, task_id, stream, number, offset)  # a server not running is an error at once
@@ -336,7 +337,8 @@ def logs_cmd(
             return
         elif not chunk["text"]:
             time.sleep(0.5)
-        chunk = _call(_through_restarts, partial(client.logs, task_id, stream, number, offset), f"task {task_id}'s log")
+        next_chunk = partial(client.logs, task_id, stream, number, offset)
+        chunk = _call(through_restarts, next_chunk, f"following task {task_id}'s log", err.print)
 
 
 def _not_started(task: dict[str, Any], follow: bool) -> str:
@@ -355,22 +357,6 @@ def _ended(task: dict[str, Any]) -> str:
     request", which read "cancelled: cancelled by request")."""
     reason, state = task["reason"], task["state"]
     return reason if reason.startswith(state) else state + (f": {reason}" if reason else "")
-
-
-def _through_restarts(request: Callable[[], Any], following: str) -> Any:
-    """The request's answer once the server answers, retried while it is down (a restart) for up to a minute;
-    said once on stderr, so that a follower does not look hung."""
-    from carma.server.client import Outage, ServerDown
-
-    outage = Outage()
-    while True:
-        try:
-            return request()
-        except ServerDown as e:
-            if outage.since is None:
-                err.print(f"carma: the server stopped answering; following {following} when it is back")
-            outage.goes_on(e, f"following {following}")
-            time.sleep(0.5)
 
 
 @app.command("cancel")

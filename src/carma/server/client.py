@@ -13,17 +13,18 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from carma.server.paths import Paths, carma_home
 from carma.units import inflect
 
 TIMEOUT_S = 30.0
-RECONNECT_S = 60.0  # how long `wait` and `logs -f` poll a server that stopped answering (a restart takes seconds)
+RECONNECT_S = 60.0  # how long `wait`, `logs -f` and a replay's submissions wait out a restart (it takes seconds)
 ENDED = frozenset({"completed", "failed", "cancelled"})
 DRAINING = "the server is draining: no placements until `carma resume`"  # a waiting task's reason, as the API says it
 FEW_TASKS = 20  # up to this many, `wait` asks for each task; beyond, it lists them all once per poll
+T = TypeVar("T")
 
 
 class ClientError(Exception):
@@ -40,6 +41,11 @@ class Refused(ClientError):
 
 class ServerDown(ClientError):
     """Nothing answers where the server should be: it is not started, or is between a stop and a restart."""
+
+
+class NotAnswering(ServerDown):
+    """Nothing took the request (no socket, connection refused): unlike a connection closed in the middle of
+    one, which the server may have acted on, it can be sent again without being done twice."""
 
 
 class GaveUp(ServerDown):
@@ -110,7 +116,7 @@ class Client:
             response = conn.getresponse()
             payload = response.read()
         except (FileNotFoundError, ConnectionRefusedError):
-            raise ServerDown(
+            raise NotAnswering(
                 f"the carma server is not running (nothing answers at {self.where}); start it with `carma server`"
             ) from None
         except ConnectionResetError as e:  # a server stopping in the middle of the request
@@ -257,6 +263,23 @@ class Outage:
 
     def over(self) -> None:
         self.since = None
+
+
+def through_restarts(
+    request: Callable[[], T], doing: str, said: Callable[[str], None], retried: type[ServerDown] = ServerDown
+) -> T:
+    """The request's answer once the server answers, sent again while it is down (`retried`: for a request
+    that must not be done twice, `NotAnswering` only) for up to RECONNECT_S; `said` gets one line the first
+    time, so that the command does not look hung."""
+    outage = Outage()
+    while True:
+        try:
+            return request()
+        except retried as e:
+            if outage.since is None:
+                said(f"carma: the server stopped answering; {doing} when it is back")
+            outage.goes_on(e, doing)
+            time.sleep(0.5)
 
 
 def _ids(ids: list[int]) -> str:
