@@ -338,6 +338,9 @@ def test_the_page_is_public_its_data_is_not(served):  # type: ignore[no-untyped-
     assert set(json.loads(get("/v1/series?minutes=60")[2])["gpus"]) == {"0", "1"}
     history = [get(f"/v1/history?hours={h}")[0] for h in ("1", "inf", "nan")]
     assert history == [200, 422, 422]  # finite, as `carma history --hours`; inf was 200
+    for nan in ("/v1/timeline?hours=nan", "/v1/series?minutes=nan", "/v1/events?interval=nan"):
+        status, _, body = get(nan)  # was "should be less than or equal to 2160", of nan
+        assert status == 422 and json.loads(body)["detail"].endswith("= 'nan': Input should be a finite number"), body
     status, media_type, first = get("/v1/events", read=200)
     assert status == 200 and media_type.startswith("text/event-stream") and first.startswith(b"data: {")
     status, _, metrics = get("/metrics")

@@ -103,12 +103,16 @@ def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
         return Response(content, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
 
     @router.get("/v1/timeline")
-    async def timeline(_: who, hours: Annotated[float, Query(gt=0, le=24 * 90)] = 6.0) -> dict[str, Any]:
+    async def timeline(
+        _: who, hours: Annotated[float, Query(gt=0, le=24 * 90, allow_inf_nan=False)] = 6.0
+    ) -> dict[str, Any]:
         """Attempts that ran in the last `hours` (running ones included), per task and GPU."""
         return timeline_view(daemon, daemon.clock.now() - hours * 3600)
 
     @router.get("/v1/series")
-    async def series(_: who, minutes: Annotated[float, Query(gt=0, le=60 * 24 * 90)] = 60.0) -> dict[str, Any]:
+    async def series(
+        _: who, minutes: Annotated[float, Query(gt=0, le=60 * 24 * 90, allow_inf_nan=False)] = 60.0
+    ) -> dict[str, Any]:
         """Archived per-GPU samples of the last `minutes`, one per bucket, as columns."""
         since = daemon.clock.now() - minutes * 60
         gpus = daemon.store.gpu_series(since)
@@ -120,7 +124,9 @@ def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
         return cache["data"]
 
     @router.get("/v1/events")
-    async def events(_: who, interval: Annotated[float, Query(ge=0.2, le=60)] = 1.0) -> StreamingResponse:
+    async def events(
+        _: who, interval: Annotated[float, Query(ge=0.2, le=60, allow_inf_nan=False)] = 1.0
+    ) -> StreamingResponse:
         """Server-sent events: the live state after each scheduling step, at most once per `interval`
         wall seconds."""
 
