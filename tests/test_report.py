@@ -277,6 +277,15 @@ def test_the_page_escapes_names_and_shows_what_was_not_measured(tmp_path):
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
 
 
+def test_the_completed_failed_cell_says_how_many_were_cancelled_or_not_ended(tmp_path):
+    """A window of cancelled tasks showed "0 / 0", as if nothing had run in it."""
+    hand = _hand_record()
+    figures = {**hand.figures, "tasks_completed": 0, "tasks_failed": 0, "tasks_cancelled": 2, "tasks_unfinished": 1}
+    text = write_report([replace(hand, figures=figures)], tmp_path, ["a test"]).read_text()
+    row = re.search(r"<tr><td>hand &lt;made&gt;</td>(.*?)</tr>", text).group(1)
+    assert re.findall(r'<td class="n">(.*?)</td>', row)[3] == "0 / 0 (2 cancelled, 1 not ended)"
+
+
 def test_a_long_run_s_makespan_and_crash_times_are_in_hours_as_in_its_charts(tmp_path):
     hand = _hand_record()
     long_run = replace(

@@ -47,8 +47,10 @@ def _minutes(record: RunRecord, name: str) -> str:
 def _figures_row(record: RunRecord, unit: tuple[float, str]) -> str:
     f = record.figures
     done = f"{f.get('tasks_completed', NOT_MEASURED)} / {f.get('tasks_failed', NOT_MEASURED)}"
-    if f.get("tasks_unfinished"):
-        done += f" ({f['tasks_unfinished']} not ended)"
+    aside = [f"{f[key]} {what}" for key, what in (("tasks_cancelled", "cancelled"), ("tasks_unfinished", "not ended"))
+             if f.get(key)]  # fmt: skip
+    if aside:  # else a window of cancelled tasks reads "0 / 0", as if nothing ran in it
+        done += f" ({', '.join(aside)})"
     cells = [
         NOT_MEASURED if f.get("makespan_s") is None else in_unit(f["makespan_s"], unit),
         _number(f.get("energy_mj"), 1, "{:.2f}"),
