@@ -61,12 +61,12 @@ def step_until(d: Daemon, predicate, timeout: float = 20.0):  # type: ignore[no-
         (job("true", gpus=3), "needs 3 GPUs but this server has 2"),
         (
             job("true", mem_mib=100 * 1024),  # the fake GPUs are A100s of 40 GiB
-            r"task 'job' declares 100.00 GiB of GPU memory per GPU, more than any GPU of this server has \(40.00 GiB\)",
+            r"task 'job' needs 100.00 GiB of GPU memory per GPU, more than any GPU of this server has \(40.00 GiB\)",
         ),
         (job("true", gpus=2, mem_mib=41 * 1024), r"per GPU, more than the 2 largest GPUs of this server have each"),
         (
             job("true", mem_mib=40961),
-            r"declares 40961 MiB of GPU memory per GPU, more than any GPU of this server has \(40960 MiB\)",
+            r"needs 40961 MiB of GPU memory per GPU, more than any GPU of this server has \(40960 MiB\)",
         ),
         (job("true", workdir="relative/dir"), "is not an absolute path"),
         (job("true", workdir="/proc/version"), "'/proc/version' is not a directory"),

@@ -1109,7 +1109,7 @@ def test_a_replayed_task_the_server_refuses_stops_the_replay_before_any_submissi
     (tmp_path / "t.csv").write_text("submit_s,task,gpus,solo_s,mem_mib\n0,vgg,,,\n7300,huge,1,600,50GiB\n")
     oracle = server.cli("replay", tmp_path / "t.csv", "--memory", "oracle")
     assert (oracle.returncode, oracle.stderr.splitlines()) == (2, [
-        "error: t.csv, line 3: task 'huge' declares 50.00 GiB of GPU memory per GPU, more than any GPU of this "
+        "error: t.csv, line 3: task 'huge' needs 50.00 GiB of GPU memory per GPU, more than any GPU of this "
         "server has (40.00 GiB) (submitted 0 of 2 tasks)"
     ])  # fmt: skip
     assert server.json("queue", "--all") == []
@@ -1117,7 +1117,7 @@ def test_a_replayed_task_the_server_refuses_stops_the_replay_before_any_submissi
     unknown = server.cli("replay", tmp_path / "t.csv")  # recovery only: replayed, as a job bound to fail
     assert unknown.returncode == 0
     assert unknown.stderr.splitlines()[0] == (
-        "warning: t.csv, line 2: task 'huge' declares 50.00 GiB of GPU memory per GPU, more than any GPU of this "
+        "warning: t.csv, line 2: task 'huge' needs 50.00 GiB of GPU memory per GPU, more than any GPU of this "
         "server has (40.00 GiB): replayed without its need, it will run out of memory"
     )
     assert [t["name"] for t in server.json("queue", "--all")] == ["huge"]

@@ -59,7 +59,7 @@ def _check_declared(job: JobSpec, capacity_mib: int) -> None:
     need, most = f"{job.mem_mib / 1024:.2f} GiB", f"{capacity_mib / 1024:.2f} GiB"
     if need == most:  # rounded alike ("40.00 GiB, more than ... 40.00 GiB"): the MiB say which is larger
         need, most = f"{job.mem_mib} MiB", f"{capacity_mib} MiB"
-    raise SpecError(f"task {job.name!r} declares {need} of GPU memory per GPU, more than {has} ({most})")
+    raise SpecError(f"task {job.name!r} needs {need} of GPU memory per GPU, more than {has} ({most})")
 
 
 class DaemonClock:
