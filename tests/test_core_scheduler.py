@@ -234,6 +234,22 @@ def test_gpu_awaiting_a_first_kernel_takes_no_further_tasks():
     assert b.placed() == {third.id: (0,)}
 
 
+def test_a_task_waiting_for_memory_is_told_of_a_gpu_with_it_that_awaits_a_first_kernel():
+    """A CPU-only task (`sleep`) holds its GPU in its TTFK window for its whole run: a task waiting for memory
+    read "0 have it" while that GPU stood empty, the TTFK left unsaid."""
+    b = Bench(gpus=2, prefer_idle=False)
+    cpu_only = b.submit("sleep")
+    assert b.placed() == {cpu_only.id: (0,)}
+    busy(b, [1], used_mib=30_000)
+    waiting = b.submit(mem_mib=15_360)
+    b.advance(100)
+    assert b.placed() == {}
+    assert b.sched.waiting_reason(waiting.id) == (
+        "needs 1 GPU with 17920 MiB free (need 15360 + margin 2048 + reserve 512); 0 have it (1 more has it free, "
+        "but awaits its task's first kernel (TTFK))"
+    )
+
+
 def test_a_task_that_dies_before_its_first_kernel_frees_its_gpu_at_once():
     b = Bench(gpus=1, prefer_idle=False)
     first, second = b.submit(), b.submit()

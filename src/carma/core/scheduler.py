@@ -458,11 +458,8 @@ class Scheduler:
             return self._waiting_whole(n, need)
         if cfg.prefer_idle and len(idle) >= n:
             return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
-        gpus = [
-            g
-            for g in self._windows
-            if self._shareable(g) and self._windows[g].latest is not None and self._ttfk.valid(g, now)
-        ]
+        shareable = [g for g in self._windows if self._shareable(g) and self._windows[g].latest is not None]
+        gpus = [g for g in shareable if self._ttfk.valid(g, now)]
         if len(gpus) < n:
             return f"needs {pluralize(n, 'GPU')}; {len(gpus)} shareable and not awaiting a first kernel (TTFK)"
         if cfg.policy is not Policy.RR:
@@ -475,11 +472,16 @@ class Scheduler:
                 parts = f"need {need.mib} + margin {cfg.margin_mib}" if known else f"min_free_mib {cfg.min_free_mib}"
                 free = f"{required + cfg.reserve_mib} MiB free ({parts} + reserve {cfg.reserve_mib})"
                 reason = f"needs {pluralize(n, 'GPU')} with {free}; {len(fitting)} {has} it"
-                shown = sum(self._free_mib(g, hold=False) >= required for g in gpus)
-                more = shown - len(fitting)
-                show = inflect(more, "shows", "show")
-                held = f" ({more} more {show} it free, but their tasks' known needs hold it)"
-                return reason + (held if shown > len(fitting) else "")
+                asides = []  # the GPUs with the memory that something else keeps from it
+                if (held := sum(self._free_mib(g, hold=False) >= required for g in gpus) - len(fitting)) > 0:
+                    show = inflect(held, "shows", "show")
+                    asides.append(f"{held} more {show} it free, but their tasks' known needs hold it")
+                if awaiting := sum(self._free_mib(g) >= required for g in shareable if g not in gpus):
+                    has = inflect(
+                        awaiting, "has it free, but awaits its task's", "have it free, but await their tasks'"
+                    )
+                    asides.append(f"{awaiting} more {has} first kernel (TTFK)")
+                return reason + (f" ({'; '.join(asides)})" if asides else "")
             gpus = fitting
             if cfg.risk.enabled:
                 risks = {g: self._windows[g].risk() for g in gpus}
