@@ -179,8 +179,17 @@ RUNS = "Avg GPUTL,Avg SMACT,Avg SMOCC\n50,0.4,0.2\n"
         (SINGLES, PAIRS + PAIR, RUNS + "50,0.4\n", "mlp_training_runs.csv, line 3: not as many values as the header"),
         (SINGLES.replace(",0,900", ",yes,900"), PAIRS + PAIR, RUNS,
          "single_profiles.csv, line 2: amp is 'yes', not 0 or 1"),
+        # a negative speed was written into the profiles (every simulation then refused them); 0 was a traceback
+        (SINGLES.replace("900", "-433"), PAIRS + PAIR, RUNS,
+         "single_profiles.csv, line 2: speed is -433: a throughput is more than 0"),
+        (SINGLES.replace("900", "0"), PAIRS + PAIR, RUNS, "single_profiles.csv, line 2: speed is 0: a throughput is"),
+        (SINGLES, PAIRS + PAIR.replace("0.6\n", "0\n"), RUNS, "colocation_pairs.csv, line 2: speed2 is 0: a through"),
+        (SINGLES.replace("900,80", "900,180"), PAIRS + PAIR, RUNS,
+         "single_profiles.csv, line 2: gpu_util is 180, not from 0 to 100"),
+        (SINGLES, PAIRS + PAIR, RUNS.replace("0.4", "1.4"), "mlp_training_runs.csv, line 2: Avg SMACT is 1.4, not fr"),
     ],
-    ids=["no-columns", "no-pairs", "unknown-solo", "not-a-number", "no-runs", "nan", "cut", "short-run", "amp"],
+    ids=["no-columns", "no-pairs", "unknown-solo", "not-a-number", "no-runs", "nan", "cut", "short-run", "amp",
+         "negative-speed", "zero-speed", "zero-pair-speed", "util-over-100", "smact-over-1"],
 )  # fmt: skip
 def test_measurements_that_cannot_be_fitted_are_one_line_naming_the_file_and_nothing_is_written(
     singles, pairs, runs, message, tmp_path

@@ -220,6 +220,18 @@ def test_fit_timeslice_recovers_the_time_slicing_parameters(synthetic_pairs):
     assert q == pytest.approx(Q, abs=0.15)
 
 
+def test_too_few_pairings_or_a_fit_that_is_no_slowdown_is_refused(synthetic_pairs):
+    """One measured pair was fitted to q=-17 (a busier co-runner slowing a job less) and shipped as the twin's
+    parameters, which `twin validate` then could not check ("1 groups cannot make 5 folds")."""
+    few = [p for p in synthetic_pairs if p.group in sorted({p.group for p in synthetic_pairs})[:4]]
+    for refused in (fit_timeslice, cross_validate):
+        with pytest.raises(ValueError, match=r"^4 model pairings measured \(.*\); the interference fit needs at le"):
+            refused(pair_points(few))
+    faster = [LucidPair(p.first, p.second, 2 - p.speed_first, 2 - p.speed_second) for p in synthetic_pairs]
+    with pytest.raises(ValueError, match=r"^the interference fit is no slowdown \(a=-?[\d.e-]+, p="):
+        fit_timeslice(pair_points(faster))
+
+
 def test_cross_validation_error_is_the_noise_and_beats_both_baselines(synthetic_pairs):
     points = pair_points(synthetic_pairs)
     v = cross_validate(points, folds=5)

@@ -59,9 +59,30 @@ BASELINES = {
 _START = (0.5, 1.0, 1.0)
 
 
+MIN_PAIRINGS = 5  # validation's folds: a fit on fewer model pairings is one `twin validate` cannot check
+
+
+def _enough_pairings(points: PairPoints) -> None:
+    pairings = sorted(set(points.groups))
+    if len(pairings) < MIN_PAIRINGS:
+        measured = ", ".join(pairings[:3]) + (", ..." if len(pairings) > 3 else "")
+        raise ValueError(
+            f"{len(pairings)} model {'pairing' if len(pairings) == 1 else 'pairings'} measured ({measured}); the "
+            f"interference fit needs at least {MIN_PAIRINGS}, as its validation holds each out in turn"
+        )
+
+
 def fit_timeslice(points: PairPoints) -> tuple[float, float, float]:
-    a, p, q = fit_mae(timeslice_speed, _START, points.X, points.speed)
-    return float(a), float(p), float(q)
+    """The time-slicing parameters; refused from too few model pairings or when they are no slowdown (a
+    co-runner, or a busier one, making a job faster), which the twin would otherwise be given as measured."""
+    _enough_pairings(points)
+    a, p, q = (float(v) for v in fit_mae(timeslice_speed, _START, points.X, points.speed))
+    if min(a, p, q) < 0:
+        raise ValueError(
+            f"the interference fit is no slowdown (a={a:.3g}, p={p:.3g}, q={q:.3g}: a job sharing its GPU, or "
+            "sharing it with a busier co-runner, would run faster); check the pairs' speeds, or measure more pairings"
+        )
+    return a, p, q
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,7 @@ class Validation:
 
 def cross_validate(points: PairPoints, folds: int = 5, seed: int = 0) -> Validation:
     """Grouped k-fold: each fold's model is fitted without any pair of the held-out model pairings."""
+    _enough_pairings(points)
     X, y = points.X, points.speed
     held_out = np.empty_like(y)
     fold_mae = []

@@ -90,10 +90,22 @@ def _key(model: str, dataset: str, batch: str, amp: str) -> tuple[str, str, int,
     return model, dataset, int(batch), amp == "1"
 
 
-def _number(row: dict[str, str], column: str) -> float:
+def _number(row: dict[str, str], column: str, share_of: float | None = None) -> float:
+    """A finite number; with `share_of`, a share from 0 to it (a percentage: 100, a fraction: 1)."""
     value = float(row[column])
     if not math.isfinite(value):
         raise ValueError(f"{column} is {row[column]!r}")
+    if share_of is not None and not 0 <= value <= share_of:
+        raise ValueError(f"{column} is {row[column]}, not from 0 to {share_of:g}")
+    return value
+
+
+def _throughput(row: dict[str, str], column: str) -> float:
+    """A throughput, solo or relative to solo: more than 0 (a fit divides by it; a negative one was written into
+    the profiles, which every simulation then refused)."""
+    value = _number(row, column)
+    if value <= 0:
+        raise ValueError(f"{column} is {row[column]}: a throughput is more than 0")
     return value
 
 
@@ -129,9 +141,9 @@ def load_lucid(root: Path) -> tuple[dict[tuple[str, str, int, bool], LucidJob], 
         key = _key(row["model"], row["dataset"], row["batchsize"], row["amp"])
         return LucidJob(
             *key,
-            speed=_number(row, "speed"),
-            gract=_number(row, "gpu_util") / 100,
-            drama=_number(row, "gmem_util") / 100,
+            speed=_throughput(row, "speed"),
+            gract=_number(row, "gpu_util", 100) / 100,
+            drama=_number(row, "gmem_util", 100) / 100,
         )
 
     jobs = _read(root / "lucid" / "single_profiles.csv", SINGLE_COLUMNS, single)
@@ -144,7 +156,7 @@ def load_lucid(root: Path) -> tuple[dict[tuple[str, str, int, bool], LucidJob], 
         return singles[key]
 
     def pair(row: dict[str, str]) -> LucidPair:
-        return LucidPair(job(row, 1), job(row, 2), _number(row, "speed1"), _number(row, "speed2"))
+        return LucidPair(job(row, 1), job(row, 2), _throughput(row, "speed1"), _throughput(row, "speed2"))
 
     return singles, _read(root / "lucid" / "colocation_pairs.csv", PAIR_COLUMNS, pair)
 
@@ -154,7 +166,7 @@ def load_gpumemnet_utilization(root: Path) -> tuple[list[float], list[float], li
     rows = _read(
         root / "gpumemnet" / "mlp_training_runs.csv",
         UTILIZATION_COLUMNS,
-        lambda r: (_number(r, "Avg GPUTL") / 100, _number(r, "Avg SMACT"), _number(r, "Avg SMOCC")),
+        lambda r: (_number(r, "Avg GPUTL", 100) / 100, _number(r, "Avg SMACT", 1), _number(r, "Avg SMOCC", 1)),
     )
     gract, smact, smocc = (list(column) for column in zip(*rows, strict=True))
     return gract, smact, smocc
