@@ -168,6 +168,22 @@ def test_workdir_environment_and_gpus(make_world, tmp_path):
     assert "HOME" not in seen  # only the job's environment, not the daemon's
 
 
+def test_the_task_gets_exactly_its_environment_with_pwd_its_workdir(make_world, tmp_path):
+    """The shim's interpreter, started in the C locale, added LC_CTYPE=C.UTF-8 (PEP 538) to what `--clean-env`
+    documents as only the given variables; PWD was the submitter's directory, not the task's workdir."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    w = make_world(tmp_path / "home")
+    given = {"JOB": "1", "PWD": "/where/it/was/submitted"}
+    plain = w.start(("/usr/bin/env",), workdir=str(workdir), env=given)
+    kept = w.start(("/usr/bin/env",), workdir=str(workdir), env={**given, "LC_CTYPE": "C.UTF-8"})
+    assert [ended.exit.exit_code for ended in wait_for_exits(w.executor, 2)] == [0, 0]
+    seen = dict(line.split("=", 1) for line in w.log(plain).splitlines())
+    assert seen == {"JOB": "1", "PWD": str(workdir), "CARMA_TASK_ID": str(plain), "CARMA_ATTEMPT": "1",
+                    "CUDA_VISIBLE_DEVICES": seen["CUDA_VISIBLE_DEVICES"]}  # fmt: skip
+    assert dict(line.split("=", 1) for line in w.log(kept).splitlines())["LC_CTYPE"] == "C.UTF-8"
+
+
 def test_stdout_and_stderr_go_to_their_logs(world):
     task = world.start(py("import sys; print('to out'); print('to err', file=sys.stderr)"))
     one_exit(world)

@@ -204,12 +204,14 @@ class ProcessExecutor:
 
     def _environment(self, job: JobSpec, task: Task, launch: Launch) -> dict[str, str]:
         """The job's environment, the daemon's additions, the task's identity and its GPUs (by UUID, so
-        the task sees exactly its GPUs whatever the device order; the index when a GPU has no UUID)."""
+        the task sees exactly its GPUs whatever the device order; the index when a GPU has no UUID), and
+        PWD its workdir, as a shell's `cd` sets it (the submitter's was where `carma submit` ran)."""
         devices = ",".join(self.gpu_uuids.get(gpu) or str(gpu) for gpu in launch.gpus)
         return {
             **job.env,
             **self.extra_env,
             **self.task_env(task, launch),
+            "PWD": job.workdir,
             "CARMA_TASK_ID": str(launch.task_id),
             "CARMA_ATTEMPT": str(launch.attempt),
             "CUDA_VISIBLE_DEVICES": devices,
@@ -235,9 +237,11 @@ class ProcessExecutor:
         """Start the shim in a new session, in the job's workdir and environment (and user, as root).
 
         `-I` keeps the job's PYTHON* variables and working directory out of the shim's own interpreter.
-        The shim's own diagnostics (say, a traceback) land in stderr.log.
+        The shim's own diagnostics (say, a traceback) land in stderr.log. An environment without LC_CTYPE
+        gets none from the shim, whose interpreter sets one when it finds the C locale (PEP 538).
         """
         argv = [sys.executable, "-I", "-m", "carma.server.shim", str(run_dir), "--launch", token]
+        argv += [] if "LC_CTYPE" in env else ["--unset", "LC_CTYPE"]
         argv += ["--shell", "--", *job.argv] if job.shell else ["--", *job.argv]
         owner: dict[str, object] = {}
         if self.run_as_owner:  # the user's own groups too: /dev/nvidia* is often group-restricted

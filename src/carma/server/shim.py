@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -83,17 +84,20 @@ def read_json(path: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-def parse_args(args: list[str]) -> tuple[Path, bool, str | None, list[str]]:
-    """Split `RUN_DIR [--shell] [--launch TOKEN] -- ARGV...`; everything after `--` is the task's, untouched."""
+def parse_args(args: list[str]) -> argparse.Namespace:
+    """Split `RUN_DIR [--shell] [--launch TOKEN] [--unset NAME]... -- ARGV...`; everything after `--` is the
+    task's, untouched (`argv`)."""
     parser = argparse.ArgumentParser(prog="python -m carma.server.shim", description="Run and record one task.")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--shell", action="store_true", help="run ARGV joined by spaces through /bin/sh -c")
     parser.add_argument("--launch", help="this launch's token, which an abandoned run dir's marker may admit")
+    parser.add_argument("--unset", action="append", default=[], help="a variable to keep out of the task's environment")
     if "--" not in args or args.index("--") == len(args) - 1:
         parser.error("the task's command must follow '--'")
     cut = args.index("--")
     options = parser.parse_args(args[:cut])
-    return options.run_dir, options.shell, options.launch, args[cut + 1 :]
+    options.argv = args[cut + 1 :]
+    return options
 
 
 def command(argv: list[str], shell: bool) -> list[str]:
@@ -105,8 +109,9 @@ def record_exit(run_dir: Path, exit_code: int | None, sig: int | None) -> None:
     write_json_atomically(run_dir / EXIT_FILE, {"exit_code": exit_code, "signal": sig, "ended_at": time.time()})
 
 
-def run(run_dir: Path, argv: list[str], launch: str | None = None) -> int:
-    """Start the task, wait for it, record how it ended; return the shim's own exit status."""
+def run(run_dir: Path, argv: list[str], launch: str | None = None, unset: Sequence[str] = ()) -> int:
+    """Start the task (in the shim's environment less `unset`), wait for it, record how it ended; return the
+    shim's own exit status."""
     cancelled = []
     for signum in (signal.SIGTERM, signal.SIGINT):  # a handler, not SIG_IGN: exec resets handlers only
         signal.signal(signum, lambda sig, _frame: cancelled.append(sig))
@@ -119,7 +124,8 @@ def run(run_dir: Path, argv: list[str], launch: str | None = None) -> int:
         return 128 + cancelled[0]
     with open(run_dir / STDOUT_FILE, "ab") as out, open(run_dir / STDERR_FILE, "ab") as err:
         try:
-            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            env = {name: value for name, value in os.environ.items() if name not in unset}
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
         except OSError as exc:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             directory = isinstance(exc, PermissionError) and "/" in argv[0] and os.path.isdir(argv[0])
@@ -147,8 +153,8 @@ def end_stragglers() -> None:
 
 
 def main(args: list[str] | None = None) -> int:
-    run_dir, shell, launch, argv = parse_args(sys.argv[1:] if args is None else args)
-    return run(run_dir, command(argv, shell), launch)
+    options = parse_args(sys.argv[1:] if args is None else args)
+    return run(options.run_dir, command(options.argv, options.shell), options.launch, options.unset)
 
 
 if __name__ == "__main__":
