@@ -22,7 +22,7 @@ import pytest
 from carma.calibration.sources import GPUMEMNET_RUNS, DataNotFound, find_datasets, load_lucid, package_rows
 from carma.sim.models import twin_params
 from carma.traces.catalog import data_file
-from support import run_carma
+from support import cli_env, run_carma
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +132,8 @@ def test_calibrate_with_a_missing_data_folder_fails_with_one_line(tmp_path):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: calibration data not found in /nonexistent")
     assert "--data" in lines[0]
+    named = run_carma("twin", "calibrate", cwd=tmp_path, env={**cli_env(), "CARMA_DATASETS": "/nope"})  # value unsaid
+    assert named.stderr.startswith("error: calibration data not found in $CARMA_DATASETS (/nope): pass --data")
 
 
 def test_find_datasets_takes_an_explicit_folder_that_holds_the_data(tmp_path):

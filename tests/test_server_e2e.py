@@ -280,9 +280,10 @@ def test_a_time_scale_that_is_not_a_positive_number_is_refused_leaving_the_state
     server.stop()
     for scale in ("inf", "0", "-5", "nan"):  # inf was kept as the clock's scale: every later start crashed
         refused = server.cli("server", "--fake-gpus", "1xA100-40GB", "--time-scale", scale)
+        kind = "finite" if scale == "inf" else "positive"
         assert (refused.returncode, refused.stderr) == (
             2,
-            f"error: --time-scale must be a positive number; got {scale}\n",
+            f"error: --time-scale must be a {kind} number; got {scale}\n",
         )
     server.start()
     assert server.cli("wait", server.submit("true"), "--timeout", "30").returncode == 0
@@ -544,6 +545,7 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             "the program's name, the task's name when none is given, 'bad\\x07prog' holds a control character",
         ),
         (["history", "--hours", "0"], "--hours must be a positive number; got 0"),  # was the API's query.hours
+        (["history", "--hours", "inf"], "--hours must be a finite number; got inf"),  # "positive ... got inf"
         (["wait", "1", "--timeout", "nan"], "--timeout must be a number of seconds; got nan"),  # it waited forever
     ]
     for args, message in cases:

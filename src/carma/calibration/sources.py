@@ -42,7 +42,8 @@ def find_datasets(explicit: Path | None = None, needs: str = LUCID_PAIRS) -> Pat
     for path in candidates:
         if (path / needs).is_file():
             return path
-    where = explicit or (f"${DATASETS_ENV}" if os.environ.get(DATASETS_ENV) else "a shared/datasets folder")
+    named = os.environ.get(DATASETS_ENV)
+    where = explicit or (f"${DATASETS_ENV} ({named})" if named else "a shared/datasets folder")
     raise DataNotFound(
         f"{'calibration data' if needs == LUCID_PAIRS else needs} not found in {where}: pass --data DIR or set "
         f"${DATASETS_ENV} to the folder holding lucid/ and gpumemnet/"

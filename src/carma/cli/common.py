@@ -80,7 +80,7 @@ def choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str
 def positive(value: float, option: str) -> float:
     """A number option that must be positive and finite (a float option also takes inf and nan)."""
     if not 0 < value < math.inf:
-        raise UsageError(f"{option} must be a positive number; got {value:g}")
+        raise UsageError(f"{option} must be a {'finite' if value == math.inf else 'positive'} number; got {value:g}")
     return value
 
 
