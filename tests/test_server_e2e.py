@@ -534,6 +534,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             "file is the TOML one)",
         ),
         (["submit", "-f", _file(tmp_path, "nocmd.yaml", b"name: x\n")], "nocmd.yaml: 'command' is missing or empty"),
+        (  # was "Input should be a valid string (quote it in a task file)", though `mem: 8192` is taken
+            ["submit", "-f", _file(tmp_path, "half.yaml", b"command: 'true'\nmem: 1.5\n")],
+            "mem = 1.5: a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'",
+        ),
         (["submit", "-f", _file(tmp_path, "blank.yaml", b"command: '  '\n")], "blank.yaml: 'command' is missing or"),
         (["queue", "--state", "queud"], "state must be one of queued, "),
         (["submit", "--", ""], "command: its program is empty"),  # these three were a 500 Internal Server Error
@@ -577,7 +581,7 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             {"command": ["python", "train.py", "--lr", 0.1]},
             "command[3] = 0.1: Input should be a valid string (quote it",
         ),
-        ({"command": ["true"], "mem": 8192.5}, "mem = 8192.5: Input should be a valid string"),
+        ({"command": ["true"], "mem": 8192.5}, "mem = 8192.5: a size without a unit is whole MiB"),
     ]:
         with pytest.raises(ClientError, match=re.escape(f"invalid request: {message}")):
             server.client.submit({**request, "workdir": "/tmp"})

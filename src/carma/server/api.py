@@ -72,7 +72,9 @@ def _one_line(exc: RequestValidationError) -> str:
     if where and isinstance(value, str | int | float) and len(repr(value)) <= 40:
         where += f" = {value!r}"
     message = first.get("msg", "invalid")
-    if message == "Input should be a valid string" and isinstance(value, int | float | bool):
+    if loc == ["mem"] and isinstance(value, float):  # `mem: 8192` is MiB: 1.5 was told to be quoted, as "1.5"
+        message = "a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'"
+    elif message == "Input should be a valid string" and isinstance(value, int | float | bool):
         message += " (quote it in a task file)"
     return f"invalid request: {where + ': ' if where else ''}{message}"
 
