@@ -298,6 +298,8 @@ def test_a_drain_lasts_across_a_restart_until_resume(start_server):  # type: ign
     task = int(submitted.stdout.split()[2])
     server.stop()
     server.start()
+    again = server.cli("drain").stdout  # the same words as the first drain's, as if it had changed something
+    assert again == "already draining: no new placements until `carma resume`\n"
     time.sleep(2)  # a couple of scheduling steps
     assert server.task(task)["state"] == "queued" and "draining" in server.cli("queue").stdout
     started = (server.home / "test-server.log").read_text().splitlines()
@@ -306,7 +308,8 @@ def test_a_drain_lasts_across_a_restart_until_resume(start_server):  # type: ign
     )
     waited = server.cli("wait", task, "--timeout", "0", "--json")
     assert json.loads(waited.stdout)[0]["waiting_reason"].startswith("the server is draining")
-    server.cli("resume")
+    assert server.cli("resume").stdout == "placing tasks again\n"
+    assert server.cli("resume").stdout == "not draining: placing tasks as before\n"
     assert server.cli("wait", task, "--timeout", "30").returncode == 0
 
 

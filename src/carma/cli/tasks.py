@@ -523,12 +523,12 @@ def history_cmd(
 @app.command("drain")
 def drain_cmd() -> None:
     """Stop placing tasks (running ones continue); `carma resume` undoes it."""
-    _call(_client().drain, True)
-    out.print("draining: no new placements until `carma resume`")
+    changed = _call(_client().drain, True)["changed"]
+    out.print(f"{'draining' if changed else 'already draining'}: no new placements until `carma resume`")
 
 
 @app.command("resume")
 def resume_cmd() -> None:
     """Place tasks again after `carma drain`."""
-    _call(_client().drain, False)
-    out.print("placing tasks again")
+    changed = _call(_client().drain, False)["changed"]
+    out.print("placing tasks again" if changed else "not draining: placing tasks as before")

@@ -327,14 +327,17 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     app.include_router(dashboard_routes(daemon, Who))
 
+    def set_draining(on: bool) -> dict[str, Any]:
+        """`changed`: whether it was not so already (a second drain is said to be one)."""
+        changed, daemon.draining = daemon.draining != on, on
+        return {"draining": on, "changed": changed}
+
     @app.post("/v1/drain")
     async def drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
-        daemon.draining = True
-        return {"draining": True}
+        return set_draining(True)
 
     @app.post("/v1/resume")
     async def resume(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
-        daemon.draining = False
-        return {"draining": False}
+        return set_draining(False)
 
     return app
