@@ -97,8 +97,9 @@ class Validation:
 
 
 def cross_validate(points: PairPoints, folds: int = 5, seed: int = 0) -> Validation:
-    """Grouped k-fold: each fold's model is fitted without any pair of the held-out model pairings."""
-    _enough_pairings(points)
+    """Grouped k-fold: each fold's model is fitted without any pair of the held-out model pairings. The full
+    fit comes first: it refuses data too thin to validate before the folds are fitted."""
+    full = np.array(fit_timeslice(points))
     X, y = points.X, points.speed
     held_out = np.empty_like(y)
     fold_mae = []
@@ -106,7 +107,6 @@ def cross_validate(points: PairPoints, folds: int = 5, seed: int = 0) -> Validat
         theta = fit_mae(timeslice_speed, _START, X[~test], y[~test])
         held_out[test] = timeslice_speed(theta, X[test])
         fold_mae.append(float(np.mean(np.abs(held_out[test] - y[test]))))
-    full = np.array(fit_timeslice(points))
     return Validation(
         folds=folds,
         groups=len(set(points.groups)),
