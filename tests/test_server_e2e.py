@@ -108,6 +108,19 @@ def test_a_task_not_yet_seen_on_its_gpu_says_so_in_the_queue(start_server):  # t
     server.cli("cancel", task)
 
 
+def test_a_long_task_name_is_cut_in_the_listings_and_whole_in_show(start_server):  # type: ignore[no-untyped-def]
+    """One 200-character name widened every line of `queue --all` and `history` past any terminal."""
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    name = "sweep-" + "lr0.001-" * 24
+    task = server.submit("true", name=name)
+    assert server.cli("wait", task).returncode == 0
+    for listing in (("queue", "--all"), ("history",)):
+        (row,) = server.cli(*listing).stdout.splitlines()[1:]
+        assert f"  {name[:31]}…  " in row and len(row) < 130, row
+    assert f"task {task}: {name} (" in server.cli("show", task).stdout
+    assert server.json("queue", "--all")[0]["name"] == name
+
+
 def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped-def]
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "20")
     task_file = tmp_path / "task.yaml"

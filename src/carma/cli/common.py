@@ -61,6 +61,19 @@ def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+NAME_CELLS = 32
+"""How wide a task's name may make `carma queue` and `carma history` (as squeue cuts its NAME column); `carma
+show` and `--json` give it whole."""
+
+
+def clipped(text: str, cells: int = NAME_CELLS) -> str:
+    """`text` cut to `cells` terminal cells, its end marked with an ellipsis: one 200-character name widened
+    every line of a listing past the terminal."""
+    from rich.cells import cell_len, set_cell_size
+
+    return text if cell_len(text) <= cells else set_cell_size(text, cells - 1).rstrip(" ") + "…"
+
+
 def size_text(n: int) -> str:
     """Bytes for people: GiB from 1 GiB up, MiB from 0.1 MiB, KiB below (a small model's parameters read
     "0.0 MiB" when they were a few KiB)."""

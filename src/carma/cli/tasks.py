@@ -14,7 +14,19 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from carma.cli.common import UsageError, absolute, app, columns, err, error_line, fail, out, positive, size_text
+from carma.cli.common import (
+    UsageError,
+    absolute,
+    app,
+    clipped,
+    columns,
+    err,
+    error_line,
+    fail,
+    out,
+    positive,
+    size_text,
+)
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
 from carma.units import pluralize
 
@@ -215,7 +227,7 @@ def queue_cmd(
         rows.append(
             [
                 str(t["id"]),
-                t["name"],
+                clipped(t["name"]),
                 t["user"],
                 t["state"],
                 gpus,
@@ -502,7 +514,7 @@ def history_cmd(
     rows = [
         [
             f"{r['task_id']}.{r['attempt']}",
-            r["name"],
+            clipped(r["name"]),
             r["user"],
             r["outcome"] or "",
             ",".join(map(str, r["gpus"])),
