@@ -533,7 +533,7 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["submit", "--workdir", "/proc/version", "--", "true"], "'/proc/version' is not a directory"),
         (["submit", "-f", tmp_path], "cannot read task file"),  # a directory
         (["submit", "-f", _file(tmp_path, "latin.yaml", b"command: caf\xe9\n")], "latin.yaml: not UTF-8 text"),
-        (["submit", "-f", _file(tmp_path, "wd.yaml", b"command: true\nworkdir: 5\n")], "workdir must be a path"),
+        (["submit", "-f", _file(tmp_path, "wd.yaml", b"command: 'true'\nworkdir: 5\n")], "workdir must be a path"),
         (["submit", "-f", _file(tmp_path, "q.yaml", b"command: echo 'a\n")], "cannot split command"),
         (
             ["submit", "-f", _file(tmp_path, "twice.yaml", b"command: echo a\nshell: true\ncommand: echo b\n")],
@@ -550,6 +550,14 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             "file is the TOML one)",
         ),
         (["submit", "-f", _file(tmp_path, "nocmd.yaml", b"name: x\n")], "nocmd.yaml: 'command' is missing or empty"),
+        (  # was "command = 42: Input should be a valid list", though a command line is taken
+            ["submit", "-f", _file(tmp_path, "num.yaml", b"command: 42\n")],
+            "num.yaml: command must be a command line or a list of arguments, not 42",
+        ),
+        (
+            ["submit", "-f", _file(tmp_path, "bool.yaml", b"command: true\n")],
+            "not True (YAML reads true and false as booleans: quote the program's name)",
+        ),
         (  # was "Input should be a valid string (quote it in a task file)", though `mem: 8192` is taken
             ["submit", "-f", _file(tmp_path, "half.yaml", b"command: 'true'\nmem: 1.5\n")],
             "mem = 1.5: a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'",

@@ -88,6 +88,9 @@ def _spec_from_file(path: Path) -> dict[str, Any]:
         spec["command"] = [spec["command"]] if spec.get("shell") is True else _split(spec["command"], where)
     if not spec.get("command"):  # the server's own words ("Field required") would not name the file
         raise fail(f"{where}: 'command' is missing or empty")
+    if not isinstance(spec["command"], list):  # the server's "should be a valid list" hid that a line is taken
+        quote = " (YAML reads true and false as booleans: quote the program's name)" * (type(spec["command"]) is bool)
+        raise fail(f"{where}: command must be a command line or a list of arguments, not {spec['command']!r}{quote}")
     if not isinstance(spec.get("workdir") or "", str):
         raise fail(f"{where}: workdir must be a path, not {spec['workdir']!r}")
     # relative to the file's folder, by default that; to the current one for standard input or a pipe (<(...))
