@@ -561,3 +561,38 @@ def test_columns_align_by_terminal_cells_so_wide_characters_keep_the_table_strai
         "训练🚀  running",
         "resnet  queued",
     ]
+
+
+def _path_parameters():  # type: ignore[no-untyped-def]
+    """(command words, option name or None for an argument) of every parameter annotated as a Path."""
+    import typing
+
+    import typer
+
+    from carma.cli import app
+
+    def walk(command, words):  # type: ignore[no-untyped-def]
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*words, name])
+        if command.callback is None:
+            return
+        hints = typing.get_type_hints(command.callback)
+        for param in command.params:
+            if "Path" in str(hints.get(param.name)):
+                yield words, (param.opts[0] if param.param_type_name == "option" else None)
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_every_path_is_refused_when_empty_where_it_was_the_current_directory():
+    """An unset shell variable (`--report "$OUT"`) read as `.`: twin validate said `--report . is a directory`,
+    submit -f `cannot read task file '.'`."""
+    found = _path_parameters()
+    assert len(found) >= 14 and (["twin", "validate"], "--report") in found and (["report"], None) in found
+    for words, option in found:
+        result = run_carma(*words, *([option] if option else []), "")
+        named = option or "FILES"
+        assert (result.returncode, result.stdout) == (2, ""), (words, option)
+        assert result.stderr.startswith(f"error: Invalid value for '{named}") and result.stderr.endswith(
+            f": is empty: give a path (see carma {' '.join(words)} --help)\n"
+        ), result.stderr

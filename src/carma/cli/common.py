@@ -29,6 +29,21 @@ out = Console(width=200 if _PIPED else None, markup=False, soft_wrap=_PIPED)  # 
 err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # whole lines, as logs need
 
 
+def _given_path(value: str | Path) -> Path:
+    """A path option's value. An empty one (an unset shell variable) is refused: Path("") is the current
+    directory, and `--report ""` wrote there or said `. is a directory`."""
+    if isinstance(value, Path):  # a default
+        return value
+    if not value:
+        raise typer.BadParameter("is empty: give a path")
+    return Path(value)
+
+
+_given_path.__name__ = "path"  # the type Typer's help shows beside an argument (an option's is its metavar)
+PATH_VALUE = {"parser": _given_path, "metavar": "PATH"}
+"""typer.Option/Argument settings of every path a command takes."""
+
+
 class UsageError(Exception):
     """A user mistake, reported as one line."""
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperGroup
 
-from carma.cli.common import UsageError, absolute, app, choice, err, fail, out, size_text
+from carma.cli.common import PATH_VALUE, UsageError, absolute, app, choice, err, fail, out, size_text
 from carma.estimate.base import CAPTURE_TIMEOUT_S, TIMELINE_NOT_WRITTEN, Estimate, EstimateError
 from carma.estimate.registry import CPU_METHODS
 
@@ -67,7 +67,7 @@ def estimate_cmd(
         float, typer.Option(help="Seconds the capture may take to reach its steps (a large model's may need more).")
     ] = CAPTURE_TIMEOUT_S,
     timeline: Annotated[
-        Path | None, typer.Option(help="xmem only: write the tensors-vs-segments plot to this PNG.")
+        Path | None, typer.Option(help="xmem only: write the tensors-vs-segments plot to this PNG.", **PATH_VALUE)
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
 ) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from carma.cli.common import UsageError, app, fail, out
+from carma.cli.common import PATH_VALUE, UsageError, app, fail, out
 from carma.units import pluralize
 
 if TYPE_CHECKING:
@@ -22,7 +22,11 @@ DEFAULT_HOURS = 6.0
 def report_cmd(
     files: Annotated[
         list[Path] | None,
-        typer.Argument(metavar="FILES", show_default=False, help="Report files written by `carma simulate --save`."),
+        typer.Argument(
+            show_default=False,
+            help="Report files written by `carma simulate --save`.",
+            **{**PATH_VALUE, "metavar": "FILES"},
+        ),
     ] = None,
     server: Annotated[bool, typer.Option("--server", help="Add the running daemon's recent history.")] = False,
     hours: Annotated[
@@ -32,9 +36,9 @@ def report_cmd(
             show_default=False,
         ),
     ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for report.html and its charts.")] = Path(
-        "results/report"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory for report.html and its charts.", **PATH_VALUE)
+    ] = Path("results/report"),
 ) -> None:
     """Write an HTML report with charts of simulated runs or the server's history.
 

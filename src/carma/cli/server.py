@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import typer
 
-from carma.cli.common import UsageError, app, choice, err, fail, out, positive
+from carma.cli.common import PATH_VALUE, UsageError, app, choice, err, fail, out, positive
 from carma.sim.models import SHARING_MODES
 from carma.units import pluralize
 
@@ -31,11 +31,14 @@ def server_cmd(
         str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
     ] = None,
     config: Annotated[
-        Path | None, typer.Option(help="TOML configuration file (\\[scheduler], \\[estimate] and \\[server] sections).")
+        Path | None,
+        typer.Option(
+            help="TOML configuration file (\\[scheduler], \\[estimate] and \\[server] sections).", **PATH_VALUE
+        ),
     ] = None,
     tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (bearer tokens required).")] = None,
     home: Annotated[
-        Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).")
+        Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).", **PATH_VALUE)
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when cancelling.", min=0)] = 10.0,
     mps: Annotated[bool, typer.Option(help="Run tasks as clients of carma's MPS control daemon (started).")] = False,
@@ -216,7 +219,9 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[
 
 mps_app = typer.Typer(help="carma's own MPS control daemon (pipe and logs under the state dir).", no_args_is_help=True)
 app.add_typer(mps_app, name="mps")
-HomeOption = Annotated[Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).")]
+HomeOption = Annotated[
+    Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).", **PATH_VALUE)
+]
 
 
 def _mps(home: Path | None):  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from carma.cli.common import UsageError, app, check_writable, choice, err, fail, naming, out
+from carma.cli.common import PATH_VALUE, UsageError, app, check_writable, choice, err, fail, naming, out
 from carma.sim.models import SHARING_MODES
 from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES
 from carma.traces.loaders import BUILTIN_TRACES
@@ -55,18 +55,22 @@ def simulate_cmd(
         bool, typer.Option("--sweep", help="Run CARMA's whole configuration list and compare with Exclusive.")
     ] = False,
     csv_path: Annotated[
-        Path | None, typer.Option("--csv", help="Also write the results as CSV (-: print them instead of the table).")
+        Path | None,
+        typer.Option("--csv", help="Also write the results as CSV (-: print them instead of the table).", **PATH_VALUE),
     ] = None,
-    plot: Annotated[Path | None, typer.Option(help="Write PNG charts of a sweep into this directory.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write PNG charts of a sweep into this directory.", **PATH_VALUE)
+    ] = None,
     save: Annotated[
-        Path | None, typer.Option(help="Also write the run(s) as a report file (JSON) for `carma report`.")
+        Path | None,
+        typer.Option(help="Also write the run(s) as a report file (JSON) for `carma report`.", **PATH_VALUE),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     skip_unknown: Annotated[
         bool, typer.Option("--skip-unknown", help="Leave out trace entries of unknown tasks.")
     ] = False,
     jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
-    config: Annotated[Path | None, typer.Option(help="TOML configuration file.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML configuration file.", **PATH_VALUE)] = None,
 ) -> None:
     """Run a trace through the digital twin of a GPU server."""
     from carma.config import ConfigError

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from carma.cli.common import (
+    PATH_VALUE,
     UsageError,
     absolute,
     app,
@@ -112,7 +113,9 @@ def submit_cmd(
     command: Annotated[list[str] | None, typer.Argument(help="The command and its arguments (after --).")] = None,
     file: Annotated[
         Path | None,
-        typer.Option("--file", "-f", help="A task file (YAML; - reads standard input) instead of a command."),
+        typer.Option(
+            "--file", "-f", help="A task file (YAML; - reads standard input) instead of a command.", **PATH_VALUE
+        ),
     ] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs the task needs (default 1).")] = None,
     mem: Annotated[
@@ -122,7 +125,9 @@ def submit_cmd(
         str | None, typer.Option(help="Or estimate it first: xmem, faketensor, horus, gpumemnet or history.")
     ] = None,
     name: Annotated[str | None, typer.Option(help="A name for the queue (default: the program's).")] = None,
-    workdir: Annotated[Path | None, typer.Option(help="Working directory (default: the current one).")] = None,
+    workdir: Annotated[
+        Path | None, typer.Option(help="Working directory (default: the current one).", **PATH_VALUE)
+    ] = None,
     env: Annotated[list[str] | None, typer.Option(help="Environment variable K=V (repeatable).")] = None,
     shell: Annotated[bool, typer.Option(help="Run the command through /bin/sh (one command line).")] = False,
     clean_env: Annotated[

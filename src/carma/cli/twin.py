@@ -7,12 +7,15 @@ from typing import Annotated
 
 import typer
 
-from carma.cli.common import UsageError, app, check_writable, err, fail, naming, out
+from carma.cli.common import PATH_VALUE, UsageError, app, check_writable, err, fail, naming, out
 
 twin_app = typer.Typer(help="Calibrate the digital twin on measurements and report its fidelity.", no_args_is_help=True)
 app.add_typer(twin_app, name="twin")
 DataOption = Annotated[
-    Path | None, typer.Option("--data", help="Public datasets folder (lucid/, gpumemnet/); found beside the checkout.")
+    Path | None,
+    typer.Option(
+        "--data", help="Public datasets folder (lucid/, gpumemnet/); found beside the checkout.", **PATH_VALUE
+    ),
 ]
 
 
@@ -45,6 +48,7 @@ def twin_validate(
         typer.Option(
             help="Where to write the fidelity report. \\[default: the checkout's docs/fidelity.md, else ./fidelity.md]",
             show_default=False,
+            **PATH_VALUE,
         ),
     ] = None,
     jobs: Annotated[int, typer.Option(help="Processes for the trace-1 sweep.", min=1)] = 1,
