@@ -277,6 +277,10 @@ def test_a_reason_printed_on_stdout_is_given_when_stderr_has_none(workdir: Path)
     both = script(workdir, "both.py", "import sys\nprint('step 0')\nsys.exit('no labels')\n")
     with pytest.raises(EstimateError, match=r"exited after 0 optimizer steps: no labels$"):  # stderr's comes first
         estimate(["python", both])
+    bar = "".join(f"\rloading {i * 20}%|{'#' * i:5}| {i}/5" for i in range(5))  # tqdm's, on stderr
+    loads = script(workdir, "loads.py", f"import sys\nsys.stderr.write({bar!r})\nprint('no /data/x')\nsys.exit(1)\n")
+    with pytest.raises(EstimateError, match=r"exited with status 1 after 0 optimizer steps: no /data/x$"):
+        estimate(["python", loads])  # was "loading 80%|#### | 4/5"
 
 
 def test_a_very_long_reason_is_cut_to_a_line(workdir: Path) -> None:

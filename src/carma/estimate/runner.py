@@ -270,8 +270,11 @@ def _said(stderr: BinaryIO, stdout: BinaryIO) -> str:
 
 
 def _lines(err: str) -> list[str]:
-    """A child's error output, its blank lines left out, each cut to a length an error line can show."""
-    return [cut(line.strip(), REASON_CHARS) for line in err.splitlines() if line.strip()]
+    """A child's error output, each line cut to a length an error line can show; blank lines and progress
+    bars (a line redrawn after carriage returns, as tqdm's) left out: a bar on stderr was given as the
+    reason where the script had printed its complaint."""
+    lines = (line.rstrip("\r") for line in err.split("\n"))
+    return [cut(line.strip(), REASON_CHARS) for line in lines if line.strip() and "\r" not in line]
 
 
 def _last_line(err: str) -> str | None:
