@@ -622,13 +622,32 @@ def test_restored_tasks_take_up_queues_and_gpus_as_they_were():
     waiting.state, waiting.attempts = TaskState.QUEUED, []
     crashed.state = TaskState.RECOVERING
     for task in (running, waiting, crashed):
-        after.sched.restore(task)
+        after.sched.restore(task, after.t)
     assert after.sched.queue == [waiting.id] and after.sched.recovery_queue == [crashed.id]
     assert after.sched.submit(TaskSpec("new"), after.t).id == crashed.id + 1
     status = {s.gpu.index: s for s in after.sched.gpu_status(after.t)}
     assert status[0].tasks == (running.id,) and not status[0].valid  # its TTFK window still runs
     after.t = running.current.first_kernel_s + 30
     assert after.sched.gpu_status(after.t)[0].valid
+
+
+def test_a_waiting_task_a_server_restarted_with_fewer_gpus_cannot_run_fails_and_the_queue_moves_on():
+    """Restored at the head of the queue, a 2-GPU task on 1 GPU stopped the scheduling loop (an IndexError),
+    at every start: nothing could cancel it."""
+    b = Bench(gpus=2)
+    pair, crashed, single = b.submit("pair", gpus=2), b.submit("crashed", gpus=2), b.submit("single")
+    crashed.state = TaskState.RECOVERING
+    after = Bench(gpus=1)
+    after.t = 500.0
+    for task in (pair, crashed, single):
+        after.sched.restore(task, after.t)
+    assert (pair.state, pair.ended_s) == (TaskState.FAILED, 500.0)
+    assert pair.reason == "task 'pair' needs 2 GPUs but this server has 1 since a restart; it never ran here"
+    assert crashed.state is TaskState.FAILED and after.sched.recovery_queue == []
+    assert [t.id for t in after.sched.take_changes()] == [pair.id, crashed.id]  # for the world to persist
+    assert after.sched.queue == [single.id]
+    after.decide()
+    assert single.current.gpus == (0,)
 
 
 def test_a_restored_multi_gpu_task_counts_as_seen_only_where_it_is_seen_again():
@@ -643,7 +662,7 @@ def test_a_restored_multi_gpu_task_counts_as_seen_only_where_it_is_seen_again():
     assert [s.awaiting_first_kernel for s in b.sched.gpu_status(b.t)] == [False, True]
     after = Bench(gpus=2)
     after.t = b.t
-    after.sched.restore(pair)
+    after.sched.restore(pair, after.t)
     assert [s.valid for s in after.sched.gpu_status(after.t)] == [False, False]
     after.sched.record_gpu_processes(0, {pair.id}, 0, after.t)
     after.advance(30)

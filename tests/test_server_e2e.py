@@ -497,6 +497,26 @@ def test_starting_with_other_fake_gpus_takes_no_gpu_from_a_task(start_server):  
     server.cli("cancel", task)
 
 
+def test_a_queued_task_a_restart_on_fewer_gpus_cannot_run_fails_and_the_server_runs_on(start_server):  # type: ignore[no-untyped-def]
+    """It stopped the daemon at its first scheduling step, at every start, so that nothing could cancel it."""
+    server = start_server("--fake-gpus", "2xA100-40GB")
+    server.cli("drain")
+    pair, single = server.submit("true", gpus=2, name="pair"), server.submit("true")
+    server.stop()
+    server.options = ("--fake-gpus", "1xA100-40GB")
+    server.start()
+    server.cli("resume")
+    assert server.cli("wait", single).returncode == 0
+    assert (
+        server.task(pair)["reason"]
+        == "task 'pair' needs 2 GPUs but this server has 1 since a restart; it never ran here"
+    )
+    assert f"task {pair} failed: task 'pair' needs 2 GPUs" in (server.home / "test-server.log").read_text()
+    server.stop()
+    server.start()  # stored as failed
+    assert server.task(pair)["state"] == "failed"
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

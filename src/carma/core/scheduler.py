@@ -126,16 +126,23 @@ class Scheduler:
         self._changed.add(task.id)
         return task
 
-    def restore(self, task: Task) -> None:
+    def restore(self, task: Task, now: float) -> None:
         """Take back a task a world persisted (after a restart), in its state; call in submission order.
 
         Waiting tasks rejoin their queue; a dispatched or running attempt holds its GPUs again, with its
-        TTFK bookkeeping as it was.
+        TTFK bookkeeping as it was. A waiting task this server can no longer run (restarted with fewer GPUs)
+        fails: at the head of its queue it stopped the scheduling loop, at every start.
         """
         if task.id in self._tasks:
             raise ValueError(f"task id {task.id} is already taken")
         self._tasks[task.id] = task
         self._next_id = max(self._next_id, task.id + 1)
+        if task.state in (TaskState.QUEUED, TaskState.RECOVERING, TaskState.OOM_CRASHED):
+            try:
+                self.check(task.spec)
+            except SpecError as e:
+                self._finish(task, TaskState.FAILED, now, f"{e} since a restart; it never ran here")
+                return
         if task.state is TaskState.QUEUED:
             self._queue.append(task.id)
         elif task.state is TaskState.RECOVERING:

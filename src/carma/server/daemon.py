@@ -287,7 +287,10 @@ class Daemon:
                 self._readopt(task, stored.spawns.get(task.current.number))
             if task.state in ACTIVE_STATES and (seen := stored.observed.get(task.current.number)):
                 self.recorder.resume(task.id, seen)
-            self.scheduler.restore(task)
+            ended = task.terminal
+            self.scheduler.restore(task, self.clock.now())
+            if task.terminal and not ended:
+                log.warning("task %d failed: %s", task.id, task.reason)
             if task.state is TaskState.QUEUED:
                 self.estimates.request(task.id, stored.job)
 
