@@ -305,6 +305,7 @@ def test_a_listener_on_port_0_is_named_by_the_port_the_system_chose(start_server
     address = json.loads(server.cli("status", "--json").stdout)["tcp"]
     port = int(address.removeprefix("127.0.0.1:"))
     assert port > 0 and server.cli("dashboard").stdout.startswith(f"http://127.0.0.1:{port}/#token=")
+    assert f", on http://127.0.0.1:{port}; no tasks" in server.cli("status").stdout  # said in --json alone
     assert f"and http://127.0.0.1:{port} (dashboard)" in (server.home / "test-server.log").read_text()
     with socket.create_connection(("127.0.0.1", port), timeout=10):
         pass

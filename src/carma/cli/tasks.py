@@ -490,8 +490,9 @@ def status_cmd(as_json: JsonOption = False) -> None:
     mps = ", MPS" if status["mps"] else ""
     risk = "" if status["risk"]["enabled"] else ", risk filter off"  # else a risky GPU "ok" reads as a fault
     gpus = pluralize(status["gpus"], "GPU")
+    tcp = f", on http://{status['tcp']}" if status.get("tcp") else ""  # none from a daemon before an upgrade
     out.print(
-        f"carma {status['version']}: {gpus}{mps}, policy {status['policy']}{risk}{drain}; {counts}",
+        f"carma {status['version']}: {gpus}{mps}, policy {status['policy']}{risk}{drain}{tcp}; {counts}",
         highlight=False,
     )
     for gpu, names in status["missing_metrics"].items():
