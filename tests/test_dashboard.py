@@ -363,3 +363,5 @@ def test_dashboard_of_a_remote_server_is_its_url(start_server):  # type: ignore[
     assert "sign in on the page with your token" in bare.stderr
     signed = server.cli("dashboard", env={**remote, "CARMA_TOKEN": "tok-1"})
     assert (signed.returncode, signed.stdout) == (0, "http://gpu-box.invalid:8765/carma/#token=tok-1\n")
+    local = server.cli("dashboard", "--home", server.home, env=remote)  # was the CARMA_URL one, --home unread
+    assert local.returncode == 2 and "the server does not listen on TCP" in local.stderr

@@ -270,9 +270,9 @@ def dashboard_cmd(home: HomeOption = None) -> None:
     from carma.server.paths import Paths, carma_home
 
     paths = Paths(home or carma_home())
-    remote = os.environ.get("CARMA_URL")
+    remote = None if home else os.environ.get("CARMA_URL")  # --home names a server of this machine
     try:
-        client = Client(paths.socket)  # CARMA_URL's form is checked here
+        client = Client(paths.socket if home else None)  # CARMA_URL's form is checked here
         status = None if remote else client.status()  # a remote server is the address the user gave
     except ClientError as e:
         raise fail(e) from None

@@ -74,7 +74,7 @@ class _UnixConnection(http.client.HTTPConnection):
 
 class Client:
     def __init__(self, socket_path: Path | None = None, url: str | None = None, token: str | None = None) -> None:
-        url = url or os.environ.get("CARMA_URL")
+        url = url or (None if socket_path else os.environ.get("CARMA_URL"))  # a socket given is the one meant
         token = token or os.environ.get("CARMA_TOKEN")
         if token and not (token.isascii() and token.isprintable() and " " not in token):
             raise ClientError("cannot use CARMA_TOKEN: a token is printable ASCII without spaces")
