@@ -757,7 +757,12 @@ def test_a_dry_run_says_whether_the_server_would_take_the_task_and_submits_nothi
     assert json.loads(server.cli("submit", "--dry-run", "--json", "--", "true").stdout) == {
         "dry_run": True,
         "name": "true",
+        "draining": False,
     }
+    server.cli("drain")  # a dry run is when one would want to know that the task would wait
+    drained = server.cli("submit", "--dry-run", "--", "true")
+    assert drained.stderr == "note: the server is draining: no placements until `carma resume`\n"
+    server.cli("resume")
     refused = server.cli("submit", "--dry-run", "--gpus", "2", "--", "true")
     assert (refused.returncode, refused.stderr) == (2, "error: task 'true' needs 2 GPUs but this server has 1\n")
     assert server.json("queue", "--all") == []

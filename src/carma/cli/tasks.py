@@ -189,19 +189,21 @@ def submit_cmd(
         if left_out := [k for k in undecodable(os.environ) if k not in spec["env"]]:
             err.print(f"note: not passed to the task, their values are not UTF-8 text: {', '.join(left_out)}")
     spec = {k: v for k, v in spec.items() if v is not None}
+    from carma.server.client import DRAINING
+
     if dry_run:  # as sbatch --test-only: the same checks, and a refusal the same error
         checked = _call(_client().check, spec)
         if as_json:
             _print_json(checked)
-        else:
-            out.print(f"the server would take task {checked['name']!r}; nothing was submitted", highlight=False)
+            return
+        out.print(f"the server would take task {checked['name']!r}; nothing was submitted", highlight=False)
+        if checked.get("draining"):  # none from a daemon before an upgrade
+            err.print(f"note: {DRAINING}")
         return
     task = _call(_client().submit, spec)
     if as_json:
         _print_json({"id": task["id"]})
     else:
-        from carma.server.client import DRAINING
-
         out.print(f"submitted task {task['id']} ({task['name']})")
         if task["waiting_reason"] == DRAINING:  # easily missed: the task would wait without a word
             err.print(f"note: {DRAINING}")

@@ -229,7 +229,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             if dry_run:
                 daemon.check(job)
                 response.status_code = 200
-                return {"dry_run": True, "name": name}
+                return {"dry_run": True, "name": name, "draining": daemon.draining}
             task = daemon.submit(job)
         except SpecError as e:
             raise HTTPException(422, str(e)) from None

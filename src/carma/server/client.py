@@ -151,7 +151,7 @@ class Client:
         return self.request("POST", "/v1/tasks", json_body=spec)
 
     def check(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Raise Refused as `submit` would, keeping nothing; else `{"dry_run": true, "name": ...}`."""
+        """Raise Refused as `submit` would, keeping nothing; else `{"dry_run": true, "name": ..., "draining": ...}`."""
         return self.request("POST", "/v1/tasks", {"dry_run": True}, json_body=spec)
 
     def tasks(self, all: bool = False, state: str | None = None) -> list[dict[str, Any]]:
