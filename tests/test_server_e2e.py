@@ -582,6 +582,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             ["submit", "-f", _file(tmp_path, "half.yaml", b"command: 'true'\nmem: 1.5\n")],
             "mem = 1.5: a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'",
         ),
+        (
+            ["submit", "-f", _file(tmp_path, "inf.yaml", b"command: 'true'\nmem: .inf\n")],
+            "mem = inf: a memory size is a",
+        ),
         (["submit", "-f", _file(tmp_path, "blank.yaml", b"command: '  '\n")], "blank.yaml: 'command' is missing or"),
         (["queue", "--state", "queud"], "state must be one of queued, "),
         (["submit", "--", ""], "command: its program is empty"),  # these three were a 500 Internal Server Error

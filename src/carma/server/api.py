@@ -5,6 +5,7 @@ without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing
 """
 
 import codecs
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -73,7 +74,11 @@ def _one_line(exc: RequestValidationError) -> str:
         where += f" = {value!r}"
     message = first.get("msg", "invalid")
     if loc == ["mem"] and isinstance(value, float):  # `mem: 8192` is MiB: 1.5 was told to be quoted, as "1.5"
-        message = "a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'"
+        message = (
+            "a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'"
+            if math.isfinite(value)
+            else "a memory size is a finite number"  # `.inf` in YAML was told to be given with a unit
+        )
     elif message == "Input should be a valid string" and isinstance(value, int | float | bool):
         message += " (quote it in a task file)"
     return f"invalid request: {where + ': ' if where else ''}{message}"
