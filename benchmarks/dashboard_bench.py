@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import shutil
 import socket
@@ -70,6 +71,9 @@ def bench_browser(token: str, pid: int, port: int) -> None:
     except ImportError:
         print("first load and viewer CPU: skipped (pip install playwright; needs chromium)")
         return
+    if not Path(CHROMIUM).is_file():  # was Playwright's traceback, after the /metrics figures
+        print(f"first load and viewer CPU: skipped (no chromium at {CHROMIUM}: install it)")
+        return
     url = f"http://127.0.0.1:{port}/#token={token}"
     count = "document.querySelectorAll"
     drawn = f"{count}('[data-gpu]').length == 8 && {count}('#timeline rect').length >= {HISTORY}"
@@ -107,6 +111,7 @@ def _cpu_share(pid: int, seconds: float) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help: its use, not a run
     print(machine_line())
     home = Path(tempfile.mkdtemp(prefix="cdb", dir="/tmp"))
     try:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -142,6 +143,7 @@ def bench_idle(home: Path, seconds: float = 30.0) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help: its use, not a run
     print(machine_line())
     for bench in (bench_submit_and_queue, bench_idle):
         home = Path(tempfile.mkdtemp(prefix="carma-bench-"))
