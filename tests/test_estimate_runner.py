@@ -919,6 +919,31 @@ def test_data_put_on_cuda_before_training_is_counted_by_xmem_and_named_by_the_ba
     )
 
 
+# A GAN on CUDA whose noise, made at each iteration's top, is the generator's input.
+GAN_NOISE_SCRIPT = """
+import torch
+G = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 256)).to(DEVICE)
+D = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)).to(DEVICE)
+g_opt, d_opt = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+for step in range(50):
+    z, real = torch.randn(4096, 256, device=DEVICE), torch.randn(4096, 256, device=DEVICE)
+    d_loss = D(G(z).detach()).mean() - D(real).mean()
+    d_opt.zero_grad(); d_loss.backward(); d_opt.step()
+    g_loss = -D(G(z)).mean()
+    g_opt.zero_grad(); g_loss.backward(); g_opt.step()
+"""
+
+
+def test_a_generators_noise_made_before_the_first_model_call_is_not_taken_for_data_on_the_gpu(workdir: Path) -> None:
+    """The capture's own record of the generator's first call kept the first iteration's noise alive: it was
+    counted as data held for the whole run (4 MiB here), with the note saying so."""
+    on_cuda = script(workdir, "gan_cuda.py", GAN_NOISE_SCRIPT.replace("DEVICE", '"cuda"'))
+    on_cpu = script(workdir, "gan_cpu.py", GAN_NOISE_SCRIPT.replace("DEVICE", '"cpu"'))
+    counted, without = registered(["python", on_cuda]), registered(["python", on_cpu])
+    assert counted.breakdown == without.breakdown and counted.peak_bytes == without.peak_bytes
+    assert not [note for note in counted.notes if "before training" in note]
+
+
 MEMORY_LOGGING = {  # the script's edits, and the calls the note names
     "logging": (  # statistics read 0 without CUDA; their resets and the summary would fail
         [

@@ -127,6 +127,6 @@ def test_a_size_past_a_pebibyte_is_refused_not_said_in_float_noise():
 )
 def test_sizes_for_people_keep_a_small_model_s_kibibytes(n, text):
     """A model of a few KiB read "0.0 MiB" in each part of its estimate."""
-    from carma.cli.common import size_text
+    from carma.units import size_text
 
     assert size_text(n) == text

@@ -42,6 +42,14 @@ def parse_mib(text: str | int | float) -> int:
     return mib
 
 
+def size_text(n: int) -> str:
+    """Bytes for people: GiB from 1 GiB up, MiB from 0.1 MiB, KiB below (a small model's parameters read
+    "0.0 MiB" when they were a few KiB)."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 // 10 or n == 0 else f"{n / 2**10:.1f} KiB"
+
+
 def cut(line: str, limit: int) -> str:
     """`line`, cut to `limit` characters with an ellipsis: a job's own words in a one-line message (a 65 KB
     exception message was shown whole)."""

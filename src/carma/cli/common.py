@@ -89,14 +89,6 @@ def clipped(text: str, cells: int = NAME_CELLS) -> str:
     return text if cell_len(text) <= cells else set_cell_size(text, cells - 1).rstrip(" ") + "…"
 
 
-def size_text(n: int) -> str:
-    """Bytes for people: GiB from 1 GiB up, MiB from 0.1 MiB, KiB below (a small model's parameters read
-    "0.0 MiB" when they were a few KiB)."""
-    if n >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 // 10 or n == 0 else f"{n / 2**10:.1f} KiB"
-
-
 def choice(value: str, choices: list[str] | tuple[str, ...], option: str) -> str:
     """One of `choices`, in any case (`--policy MAGM`, as the papers write it, is `magm`)."""
     found = next((c for c in choices if c.lower() == value.lower()), None)

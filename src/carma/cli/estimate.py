@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperGroup
 
-from carma.cli.common import PATH_VALUE, UsageError, absolute, app, choice, err, fail, out, size_text
+from carma.cli.common import PATH_VALUE, UsageError, absolute, app, choice, err, fail, out
 from carma.estimate.base import CAPTURE_TIMEOUT_S, TIMELINE_NOT_WRITTEN, Estimate, EstimateError
 from carma.estimate.registry import CPU_METHODS
+from carma.units import size_text
 
 if TYPE_CHECKING:
     import click

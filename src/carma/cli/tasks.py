@@ -26,10 +26,9 @@ from carma.cli.common import (
     fail,
     out,
     positive,
-    size_text,
 )
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
-from carma.units import pluralize
+from carma.units import pluralize, size_text
 
 if TYPE_CHECKING:
     from carma.server.client import Client

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from carma.estimate.base import Breakdown, Estimate, EstimateError, capture_storages, optimizer_parameters
 from carma.estimate.devices import Device, get_device
 from carma.estimate.session import CPU_AUTOCAST, CUDA_AUTOCAST
+from carma.units import size_text
 
 if TYPE_CHECKING:
     from carma.estimate.base import Capture
@@ -101,7 +102,7 @@ def data_notes(method: str, capture: Capture) -> tuple[str, ...]:
     held = sum(capture_storages(capture).data.values())
     if not held:
         return ()
-    what = f"{held / 2**20:,.1f} MiB the job put on CUDA before training and holds (its data, say)"
+    what = f"{size_text(held)} the job put on CUDA before training and holds (its data, say)"
     if method == "xmem":
         return (f"the {what} are counted as on the GPU for the whole run",)
     return (f"{method} leaves out the {what}, which xmem counts",)

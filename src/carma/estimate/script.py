@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from carma.estimate import cuda_on_cpu, libraries
-from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob, optimizer_parameters
+from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob, optimizer_parameters, tensors_in
 from carma.estimate.session import (
     CPU_AUTOCAST,
     DEFAULT_STEPS,
@@ -137,6 +137,12 @@ class _ModelRecorder:
         if not self.session.order:
             self.calls[id(module)] = (module, tuple(args), dict(kwargs))
         self.inputs.record(len(self.session.order), module, tuple(args), kwargs)
+
+    def inputs_held(self) -> set[int]:
+        """The ids of the tensors the recorded calls were given: alive at the stop because they are recorded
+        (a GAN's noise, made before the loop's first model call), they are a module's batch, not data the
+        job keeps on the GPU."""
+        return {id(t) for _, args, kwargs in self.calls.values() for t in tensors_in((args, kwargs))}
 
     def model_of(self, optimizer: Any) -> tuple[Any, Any]:
         """The recorded module holding most of the optimizer's parameters, and its training batch."""
@@ -457,6 +463,7 @@ def _captured(
     # A library's GPU-only mixed precision ran as CPU autocast: that autocast is the library's.
     precision = [*dict.fromkeys(mixed_precision)]
     precision += [used for used in session.mixed_precision if not (precision and used == CPU_AUTOCAST)]
+    inputs = recorder.inputs_held()
     return Capture(
         job,
         session.trace,
@@ -466,5 +473,5 @@ def _captured(
         tuple(others),
         tuple(notes),
         mixed_precision=tuple(precision),
-        cuda_data=tuple(cuda.held.values()),
+        cuda_data=tuple(t for t in cuda.held.values() if id(t) not in inputs),
     )

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from carma.estimate.base import optimizer_parameters
 from carma.estimate.epochs import short_batch_second
 from carma.estimate.kernels import cuda_autocast, cuda_like_operators, take_cuda_foreach, value_free_arithmetic
-from carma.units import cut
+from carma.units import cut, size_text
 
 DEFAULT_STEPS = 3
 REASON_CHARS = 500  # the most of one line of the job's output an error shows
@@ -412,7 +412,7 @@ def _history_notes(optimizers: Sequence[Any]) -> list[str]:
             most = 2 * history * sum(p.numel() * p.element_size() for p in optimizer_parameters(optimizer))
             notes.append(
                 f"LBFGS keeps up to {history} pairs of parameter-sized vectors, filled over its first iterations: "
-                f"later steps than those captured may hold up to {most / 2**20:,.1f} MiB more optimizer state"
+                f"later steps than those captured may hold up to {size_text(most)} more optimizer state"
             )
     return notes
 
