@@ -147,6 +147,17 @@ def test_timeline_writes_a_png_for_xmem_making_its_folder(work):
     assert as_json.stderr.splitlines()[-1] == "wrote t.png"  # it said nothing of the file
 
 
+def test_the_timeline_counts_iterations_from_1_as_the_docs_do(monkeypatch):
+    """The docs' "peak in iteration 2" was titled "peak in iteration 1" on the plot (counted from 0)."""
+    from carma.estimate.xmem import estimator
+
+    titles: list[str] = []
+    monkeypatch.setattr(estimator, "draw_png", lambda sim, path, title: titles.append(title))
+    for k in (1, -1):
+        estimator.plot_timeline(estimator.XMemResult(None, k, 0, 0, 0, 0.0), "t.png", "h100-80gb")  # type: ignore[arg-type]
+    assert titles == ["xMem on h100-80gb: peak in iteration 2", "xMem on h100-80gb: peak before the first iteration"]
+
+
 def test_an_interpreter_that_does_not_run_is_reported_by_its_first_line(work, tmp_path):
     """A pyenv shim for a Python not installed: its last line, the one reported, was a fragment of advice."""
     shim = tmp_path / "bin" / "python2"

@@ -52,7 +52,9 @@ def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:
 def plot_timeline(result: XMemResult, path: str | Path, device: str = "") -> None:
     """PNG of tensor memory (allocated) against segment memory (reserved) over the simulated iterations."""
     where = f" on {device}" if device else ""
-    draw_png(result.simulation, path, f"xMem{where}: peak in iteration {result.peak_iteration}")
+    k = result.peak_iteration
+    when = f"in iteration {k + 1}" if k >= 0 else "before the first iteration"  # counted from 1, as the docs do
+    draw_png(result.simulation, path, f"xMem{where}: peak {when}")
 
 
 def estimate_xmem(

@@ -104,7 +104,7 @@ def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
     ax.fill_between(sim.times, [a / scale for a in sim.allocated], step="post", alpha=0.5, label="allocated (tensors)")
     for k, start in enumerate(sim.iteration_starts):
         ax.axvline(start, color="grey", linestyle=":", linewidth=0.8)
-        ax.annotate(f"iter {k}", (start, 0), xytext=(3, 3), textcoords="offset points", fontsize=8, color="grey")
+        ax.annotate(f"iter {k + 1}", (start, 0), xytext=(3, 3), textcoords="offset points", fontsize=8, color="grey")
     peak = sim.peak_reserved / scale  # in the legend: a note at the peak ran off the plot when it came last
     label = f"peak reserved, {peak:.2f} {unit} (the estimate adds the allowance and the CUDA context)"
     ax.axhline(peak, color="tab:red", linestyle="--", linewidth=0.8, label=label)
