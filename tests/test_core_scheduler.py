@@ -642,7 +642,7 @@ def test_a_waiting_task_a_server_restarted_with_fewer_gpus_cannot_run_fails_and_
     for task in (pair, crashed, single):
         after.sched.restore(task, after.t)
     assert (pair.state, pair.ended_s) == (TaskState.FAILED, 500.0)
-    assert pair.reason == "task 'pair' needs 2 GPUs but this server has 1 since a restart; it never ran here"
+    assert pair.reason == "task 'pair' needs 2 GPUs but this server has 1 since it restarted"
     assert crashed.state is TaskState.FAILED and after.sched.recovery_queue == []
     assert [t.id for t in after.sched.take_changes()] == [pair.id, crashed.id]  # for the world to persist
     assert after.sched.queue == [single.id]

@@ -507,10 +507,7 @@ def test_a_queued_task_a_restart_on_fewer_gpus_cannot_run_fails_and_the_server_r
     server.start()
     server.cli("resume")
     assert server.cli("wait", single).returncode == 0
-    assert (
-        server.task(pair)["reason"]
-        == "task 'pair' needs 2 GPUs but this server has 1 since a restart; it never ran here"
-    )
+    assert server.task(pair)["reason"] == "task 'pair' needs 2 GPUs but this server has 1 since it restarted"
     assert f"task {pair} failed: task 'pair' needs 2 GPUs" in (server.home / "test-server.log").read_text()
     server.stop()
     server.start()  # stored as failed

@@ -141,7 +141,7 @@ class Scheduler:
             try:
                 self.check(task.spec)
             except SpecError as e:
-                self._finish(task, TaskState.FAILED, now, f"{e} since a restart; it never ran here")
+                self._finish(task, TaskState.FAILED, now, f"{e} since it restarted")
                 return
         if task.state is TaskState.QUEUED:
             self._queue.append(task.id)
