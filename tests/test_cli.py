@@ -472,6 +472,17 @@ def test_replay_refuses_bad_options_in_one_line_before_it_asks_a_server(args, me
     assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: {message}\n")
 
 
+def test_server_refuses_a_time_scale_past_its_bound_before_touching_its_state(tmp_path):
+    home = tmp_path / "home"
+    result = run_carma("server", "--fake-gpus", "1xA100-40GB", "--time-scale", "1e9", env=cli_env(CARMA_HOME=str(home)))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "error: --time-scale must be at most 10,000; got 1e+09 (a task's start-up alone would be hours of simulated "
+        "time)\n"
+    )
+    assert not home.exists()
+
+
 @pytest.mark.parametrize("option", [["--time-scale", "50"], ["--sharing", "timeslice"]])
 def test_server_refuses_fake_gpu_options_without_fake_gpus_before_touching_its_state(option, tmp_path):
     home = tmp_path / "home"

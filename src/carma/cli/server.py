@@ -79,6 +79,11 @@ def server_cmd(
             if given and not fake_gpus:
                 raise ValueError(f"{option} only applies to fake GPUs (--fake-gpus)")
         positive(time_scale, "--time-scale")  # before the state directory keeps a clock of that scale
+        if time_scale > MAX_TIME_SCALE:  # at 1e9 the daemon spun a core and TIME read 62798 hours
+            raise UsageError(
+                f"--time-scale must be at most {MAX_TIME_SCALE:,}; got {time_scale:g} (a task's start-up alone "
+                "would be hours of simulated time)"
+            )
         if not math.isfinite(grace):  # nan passes min=0, and a cancelled task that ignored SIGTERM ran on
             raise UsageError(f"--grace must be a finite number of seconds; got {grace:g}")
         check_socket_path(paths.socket)
@@ -159,6 +164,7 @@ def _reachable(address: str) -> str:
 
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost", "ip6-loopback")
+MAX_TIME_SCALE = 10_000  # simulated seconds per wall second: a day in under 9 s
 
 
 def machine_name() -> str:
