@@ -375,7 +375,10 @@ def test_calibrated_values_take_precedence_and_keep_each_other(config_home):
 @pytest.mark.parametrize(
     ("table", "why"),
     [
-        ("context_bytes = 'many'", "invalid literal"),
+        ("context_bytes = 'many'", "a100-40gb: context_bytes must be a whole number of bytes, not 'many'"),
+        # int() took these as 1 byte and 3 bytes
+        ("context_bytes = true\ntotal_bytes = 100\nsource = 'hand-edited'", "context_bytes must be a whole .*not True"),
+        ("context_bytes = 5\ntotal_bytes = 3.7\nsource = 'hand-edited'", "total_bytes must be a whole .*not 3.7"),
         ("context_bytes = -5\ntotal_bytes = 100\nsource = 'hand-edited'", "context_bytes must be at least 0"),
         ("context_bytes = 200\ntotal_bytes = 100\nsource = 'hand-edited'", "and below total_bytes \\(100\\), not 200"),
         ("context_bytes = 5\ntotal_bytes = 0\nsource = 'hand-edited'", "total_bytes must be positive, not 0"),

@@ -98,12 +98,22 @@ def calibrated() -> dict[str, Device]:
     try:
         tables = tomllib.loads(path.read_text())
         return {
-            name.lower(): Device(name.lower(), int(t["context_bytes"]), int(t["total_bytes"]), str(t["source"]))
+            name.lower(): Device(name.lower(), _bytes(name, t, "context_bytes"), _bytes(name, t, "total_bytes"),
+                                 str(t["source"]))
             for name, t in tables.items()
-        }
+        }  # fmt: skip
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, AttributeError, OSError) as e:
         why = e.strerror if isinstance(e, OSError) else e  # a folder, or not ours to read
         raise EstimateError(f"cannot read {path}: {why}; run `carma estimate calibrate` again or delete it") from None
+
+
+def _bytes(name: str, table: dict, key: str) -> int:
+    """A size as `calibrate` writes it, a TOML integer: `int()` took `true` as 1 byte, 3.7 as 3 and "5e8" as
+    a refusal that named no key."""
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: {key} must be a whole number of bytes, not {value!r}")
+    return value
 
 
 def devices() -> dict[str, Device]:
