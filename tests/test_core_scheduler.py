@@ -417,7 +417,9 @@ def test_a_relaunch_goes_only_to_a_gpu_that_holds_the_need_it_was_placed_with():
     assert b.placed() == {big.id: (1,)}
     b.oom(big.id)
     assert b.placed() == {}
-    assert b.sched.waiting_reason(big.id) == "recovery: waiting for 1 whole idle GPU that can hold 26048 MiB"
+    assert b.sched.waiting_reason(big.id) == (
+        "recovery: waiting for 1 whole idle GPU that can hold 26048 MiB (its need when first placed, with the margin)"
+    )
     b.exit(filler.id)
     assert b.placed() == {big.id: (1,)}
 

@@ -258,7 +258,9 @@ class Scheduler:
                     idle = self._whole(idle, first_need, n)
                 if len(idle) < n:
                     larger = f" larger than {outgrown} MiB" if outgrown else ""
-                    waiting = self._waiting_whole(n, first_need, larger)
+                    waiting = self._waiting_whole(
+                        n, first_need, larger, " (its need when first placed, with the margin)"
+                    )
                     self._blocked[task.id] = f"recovery: {waiting}"
                     break
                 launches.append(self._launch(task, idle[:n], RECOVERY_NEED, now, recovery=True))
@@ -384,10 +386,11 @@ class Scheduler:
         known in MiB with the margin, or the n largest GPUs' for a need larger; None for a need not known."""
         return None if need.mib is None else min(need.mib + self.config.margin_mib, self._usable(n))
 
-    def _waiting_whole(self, n: int, need: MemoryNeed | None, larger: str = "") -> str:
-        """Why a task waits for whole idle GPUs, with the memory each must hold when its need is known."""
+    def _waiting_whole(self, n: int, need: MemoryNeed | None, larger: str = "", whose: str = "") -> str:
+        """Why a task waits for whole idle GPUs, with the memory each must hold when its need is known (and
+        `whose` that is: a relaunch's is its first placement's, which its crash may have shown too small)."""
         required = None if need is None else self._whole_mib(need, n)
-        can_hold = f" that can hold {required} MiB" if required is not None else ""
+        can_hold = f" that can hold {required} MiB{whose}" if required is not None else ""
         return f"waiting for {pluralize(n, 'whole idle GPU')}{larger}{can_hold}"
 
     def _usable(self, n: int) -> int:
