@@ -448,3 +448,20 @@ def test_an_out_that_is_a_file_is_refused_and_left_alone(tmp_path):
     result = _report("--server", "--out", "notes.txt", cwd=tmp_path)
     assert (result.returncode, result.stderr) == (2, "error: --out notes.txt is a file; give a directory\n")
     assert (tmp_path / "notes.txt").read_text() == "hello"
+
+
+def test_a_chart_legend_of_long_labels_stays_clear_of_the_title():
+    """The legend sat at the figure's top right, on the title's line: long run labels ran into the title."""
+    pytest.importorskip("matplotlib")
+    from carma.metrics import plots
+
+    plt = plots.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
+    lines = [axes[0].plot([0, 1], [0, i])[0] for i in range(15)]
+    plots._legend(fig, lines, [f"configuration {i} with a much longer label text than usual" for i in range(15)])
+    title = fig.suptitle("CDF of job completion time and waiting time (queued, recovery queue included), done")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert not legend.overlaps(title.get_window_extent(renderer))
+    plt.close(fig)

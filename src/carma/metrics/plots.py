@@ -49,8 +49,9 @@ def _styles(n: int) -> list[dict[str, Any]]:
 
 
 def _legend(fig: Any, handles: Sequence[Any], labels: Sequence[str]) -> None:
-    """A legend right of the panels, outside them (constrained layout makes room)."""
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    """A legend right of the panels, outside them (constrained layout makes room), centred on their height: at
+    their top it shared the figure's first line with the title, which long labels ran into."""
+    fig.legend(handles, labels, loc="outside right center", fontsize=8, frameon=False)
 
 
 def _values(values: Sequence[float | None]) -> np.ndarray:
