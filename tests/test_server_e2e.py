@@ -444,6 +444,7 @@ def test_wait_gives_up_on_a_server_that_does_not_come_back(start_server):  # typ
     waiting.start()
     time.sleep(1)
     server.stop()
+    assert not (server.home / "carma.sock").exists()  # a stopped server left it, to be removed at its next start
     waiting.join(30)
     assert [str(e) for e in errors] == [
         f"the carma server is not running (nothing answers at {server.home / 'carma.sock'}); start it with "
@@ -809,10 +810,11 @@ def test_a_tcp_address_it_cannot_listen_on_is_named_in_one_line():
             (f"127.0.0.1:{port}", f"cannot listen on 127.0.0.1:{port}: Address already in use"),
             (f"http://127.0.0.1:{port}", f"cannot read TCP address 'http://127.0.0.1:{port}'; write HOST:PORT"),
         ]:
-            started = run_carma(
-                "server", "--fake-gpus", "1xA100-40GB", "--tcp", address, env=cli_env(CARMA_HOME=str(home))
-            )
+            env = cli_env(CARMA_HOME=str(home), PATH=f"{Path(__file__).parent / 'bin'}:{os.environ['PATH']}")
+            started = run_carma("server", "--fake-gpus", "1xA100-40GB", "--mps", "--tcp", address, env=env)
             assert started.returncode == 2 and started.stderr.startswith(f"error: {message}"), started.stderr
+            assert not (home / "carma.sock").exists()  # the unix socket bound before it was left behind
+            assert not (home / "mps" / "pipe" / "fake-control.pid").exists()  # MPS was started, and ran on
     shutil.rmtree(home)
 
 

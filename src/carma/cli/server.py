@@ -57,10 +57,10 @@ def server_cmd(
     from carma.server.paths import Paths, carma_home
     from carma.server.serve import (
         AlreadyRunning,
-        bind_tcp,
-        bind_unix,
         check_socket_path,
+        close_listeners,
         hold_state,
+        listen,
         refuse_if_running,
         serve,
     )
@@ -70,6 +70,7 @@ def server_cmd(
     paths = Paths(home.expanduser().resolve() if home else carma_home().absolute())  # as clients elsewhere reach it
     if home:  # what the daemon reads from its CARMA_HOME (the devices' calibration) is read from there too
         os.environ["CARMA_HOME"] = str(paths.home)
+    sockets = []
     try:
         settings = load_config(config)
         scheduler = settings.scheduler
@@ -91,6 +92,7 @@ def server_cmd(
         lock = hold_state(paths)  # before anything in the state directory is read or changed
         refuse_if_running(paths.socket)  # a socket left by a daemon that died goes
         tokens = Tokens(paths.tokens)  # a malformed file stops the start before an MPS daemon or GPU is touched
+        sockets, tcp = listen(paths.socket, tcp)  # so does a TCP port in use (found after MPS had started)
         sharing_mode = choice(sharing or "mps", SHARING_MODES, "--sharing")
         backend, env = _backend(paths, fake_gpus, sharing_mode, time_scale, scheduler.sample_interval_s)
         control = MpsControl(paths.home) if mps else None
@@ -99,15 +101,12 @@ def server_cmd(
         daemon = Daemon(
             paths, backend, scheduler, time_scale, env, grace, control, settings.estimate, settings.server.keep_ended_s
         )
-        sockets = [bind_unix(paths.socket)]
-        if tcp:
-            sockets.append(bind_tcp(tcp))
-            tcp = f"{tcp.rpartition(':')[0]}:{sockets[-1].getsockname()[1]}"  # port 0: the one the system chose
-            if not tokens:
-                tokens.create(_me(), os.geteuid(), admin=True)
-                err.print(f"created an admin token for TCP clients in {paths.tokens}")
+        if tcp and not tokens:
+            tokens.create(_me(), os.geteuid(), admin=True)
+            err.print(f"created an admin token for TCP clients in {paths.tokens}")
         daemon.tcp = tcp
     except (UsageError, ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
+        close_listeners(sockets, paths.socket)
         raise fail(e) from None
     if settings.has_twin:
         err.print(
@@ -139,6 +138,7 @@ def server_cmd(
     try:
         asyncio.run(serve(daemon, sockets, tokens))
     finally:
+        close_listeners(sockets, paths.socket)
         lock.close()
 
 

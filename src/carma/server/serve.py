@@ -147,6 +147,29 @@ def _stopped(sig: int, frame: FrameType | None) -> None:
     raise SystemExit(0)  # a stop asked for, as after Ctrl-C (and what a service manager counts as clean)
 
 
+def listen(path: Path, tcp: str | None) -> tuple[list[socket.socket], str | None]:
+    """The daemon's listening sockets, its unix socket at `path` and a TCP one on `tcp` (HOST:PORT), with the
+    TCP address as bound (port 0: the one the system chose). Nothing is left bound when one fails."""
+    sockets = [bind_unix(path)]
+    if not tcp:
+        return sockets, None
+    try:
+        sockets.append(bind_tcp(tcp))
+    except BaseException:
+        close_listeners(sockets, path)
+        raise
+    return sockets, f"{tcp.rpartition(':')[0]}:{sockets[-1].getsockname()[1]}"
+
+
+def close_listeners(sockets: list[socket.socket], path: Path) -> None:
+    """Close the daemon's sockets and remove its unix socket's file: a stopped daemon left it behind, and a
+    start that failed after binding left it beside a half-made state."""
+    for sock in sockets:
+        sock.close()
+    if sockets:
+        path.unlink(missing_ok=True)
+
+
 async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) -> None:
     config = uvicorn.Config(
         too_large_as_json(create_app(daemon, tokens)),
