@@ -574,6 +574,29 @@ def test_columns_align_by_terminal_cells_so_wide_characters_keep_the_table_strai
     ]
 
 
+def test_a_ctrl_c_during_a_printed_line_never_prints_it_again():
+    """Rich empties its buffer after writing it: a Ctrl-C in between printed a replay's last progress line a
+    second time above `error: interrupted`. The interrupt now comes once the line is out, and only once."""
+    import os
+    import signal
+
+    from carma.cli import common
+
+    class Terminal(io.StringIO):
+        def write(self, text: str) -> int:
+            written = super().write(text)
+            if written == len(self.getvalue()):  # the first line: the user's Ctrl-C as it is written
+                os.kill(os.getpid(), signal.SIGINT)
+            return written
+
+    terminal = Terminal()
+    console = common._Console(file=terminal, markup=False, soft_wrap=True)
+    with pytest.raises(KeyboardInterrupt):
+        console.print("t=0s submitted task 1 (vgg)")
+    console.print("error: interrupted")
+    assert terminal.getvalue() == "t=0s submitted task 1 (vgg)\nerror: interrupted\n"
+
+
 def _path_parameters():  # type: ignore[no-untyped-def]
     """(command words, option name or None for an argument) of every parameter annotated as a Path."""
     import typing

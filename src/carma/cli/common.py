@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,11 +23,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+class _Console(Console):
+    """A rich console whose print is never cut by Ctrl-C. Rich empties its buffer only after writing it, so a
+    KeyboardInterrupt landing between the two printed the last line again with the next message (a replay
+    said `t=0s submitted task 1` twice above `error: interrupted`). SIGINT is held for the print and
+    delivered as soon as it returns."""
+
+    def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            super().print(*objects, **kwargs)  # type: ignore[arg-type]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 # No markup: what carma prints holds file, task and config names, and "[b]" or "[scheduler.risk]" in one
 # must print as written
 _PIPED = not sys.stdout.isatty()
-out = Console(width=200 if _PIPED else None, markup=False, soft_wrap=_PIPED)  # pipes and CI logs: whole rows, lines
-err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # whole lines, as logs need
+out = _Console(width=200 if _PIPED else None, markup=False, soft_wrap=_PIPED)  # pipes and CI logs: whole rows, lines
+err = _Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # whole lines, as logs need
 
 
 def _given_path(value: str | Path) -> Path:
