@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,15 +29,22 @@ app = typer.Typer(
 class _Console(Console):
     """A rich console whose print is never cut by Ctrl-C. Rich empties its buffer only after writing it, so a
     KeyboardInterrupt landing between the two printed the last line again with the next message (a replay
-    said `t=0s submitted task 1` twice above `error: interrupted`). SIGINT is held for the print and
-    delivered as soon as it returns."""
+    said `t=0s submitted task 1` twice above `error: interrupted`). A SIGINT during a print (in the main
+    thread, where Python runs signal handlers) is raised again once the print has returned."""
 
     def print(self, *objects: object, **kwargs: object) -> None:  # type: ignore[override]
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # Not in another thread (no handler can be set there), nor over a handler set outside Python
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+            super().print(*objects, **kwargs)  # type: ignore[arg-type]
+            return
+        interrupted: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
         try:
             super().print(*objects, **kwargs)  # type: ignore[arg-type]
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            signal.raise_signal(signal.SIGINT)  # to the handler there was: KeyboardInterrupt by default
 
 
 # No markup: what carma prints holds file, task and config names, and "[b]" or "[scheduler.risk]" in one
