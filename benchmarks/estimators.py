@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -54,7 +54,7 @@ from torch import nn
 from carma.calibration.sources import GPUMEMNET_RUNS, DataNotFound, find_datasets
 from carma.estimate.base import Capture, Estimate, EstimateError, TrainingJob
 from carma.estimate.devices import get_device
-from carma.estimate.gpumemnet import classifier_from_json, estimate_gpumemnet, parse_run_name, shipped_classifier
+from carma.estimate.gpumemnet import classifier_from_json, parse_run_name, shipped_classifier
 from carma.estimate.job import capture_job
 from carma.estimate.registry import CPU_METHODS, estimate_captured
 from carma.estimate.runner import capture_environment
@@ -190,13 +190,12 @@ def every_method(capture: Capture, device: str) -> dict[str, Estimate | Estimate
 
 
 def held_out_gpumemnet(capture: Capture, device: str, weights: Path) -> Estimate | EstimateError:
-    """GPUMemNet's estimate by weights trained without this run, its seconds counted as the registry's are."""
+    """GPUMemNet's estimate by weights trained without this run."""
     try:
         classifier = classifier_from_json(json.loads(weights.read_text()))
-        estimate = estimate_gpumemnet(capture, get_device(device).context_bytes, device, classifier)
+        return estimate_captured("gpumemnet", capture, device, classifier=classifier)
     except EstimateError as e:
         return e
-    return replace(estimate, seconds=capture.seconds + estimate.seconds)
 
 
 def held_out_weights(runs_csv: Path, folder: Path) -> dict[str, Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import itertools
 
 import pytest
@@ -259,6 +260,17 @@ def test_gpumemnet_predicts_the_upper_edge_of_a_bin_from_the_shipped_weights(run
     assert int(row["Max GPU Memory (MiB)"]) * MIB <= estimate.peak_bytes == 2000 * MIB  # measured 1457 MiB
     assert estimate.breakdown.context == devices.get_device("a100-40gb").context_bytes
     assert estimate.breakdown.total == estimate.peak_bytes
+
+
+def test_gpumemnet_estimates_by_weights_given_in_place_of_the_shipped_ones():
+    """The accuracy benchmark judges GPUMemNet by weights trained without the run; no other method takes them."""
+    shipped = gpumemnet.shipped_classifier()
+    wider = dataclasses.replace(shipped, bin_mib=2 * shipped.bin_mib)  # the same bin predicted, twice as wide
+    by_shipped = estimate_captured("gpumemnet", captured(bottleneck_job()), "a100-40gb")
+    by_given = estimate_captured("gpumemnet", captured(bottleneck_job()), "a100-40gb", classifier=wider)
+    assert by_given.peak_bytes == 2 * by_shipped.peak_bytes == 4000 * MIB
+    with pytest.raises(EstimateError, match="a classifier's weights are gpumemnet's only"):
+        estimate_captured("horus", captured(bottleneck_job()), "a100-40gb", classifier=wider)
 
 
 def test_gpumemnet_says_when_a_model_has_layers_its_classifier_never_saw():

@@ -195,7 +195,7 @@ def shipped_classifier() -> Classifier:
 
 
 def estimate_gpumemnet(capture: Any, context_bytes: int, device: str, classifier: Classifier | None = None) -> Estimate:
-    """By the shipped weights, or by `classifier` (the accuracy benchmark's, trained without the run it judges)."""
+    """By the shipped weights, or by `classifier` (see `carma.estimate.registry.estimate_captured`)."""
     from carma.estimate.horus import summarize
 
     start = time.perf_counter()

@@ -14,6 +14,7 @@ from carma.units import size_text
 
 if TYPE_CHECKING:
     from carma.estimate.base import Capture
+    from carma.estimate.gpumemnet import Classifier
 
 METHODS = ("xmem", "faketensor", "horus", "gpumemnet", "history")
 CPU_METHODS = METHODS[:-1]  # those that estimate from a CPU capture
@@ -25,10 +26,17 @@ _LEFT_OUT = "{} counts activations in float32: it leaves out the job's mixed pre
 
 
 def estimate_captured(
-    method: str, capture: Capture, device: str | Device, *, timeline: str | Path | None = None
+    method: str,
+    capture: Capture,
+    device: str | Device,
+    *,
+    timeline: str | Path | None = None,
+    classifier: Classifier | None = None,
 ) -> Estimate:
     """Estimate a captured job's peak on `device` (its name, looked up here, or its constants as the process
-    that asked for the estimate found them) by `method`; `timeline` (xmem only) is a PNG to draw.
+    that asked for the estimate found them) by `method`; `timeline` (xmem only) is a PNG to draw;
+    `classifier` (gpumemnet only) replaces the shipped weights (the accuracy benchmark's, trained without
+    the run it judges).
 
     `seconds` is the whole cost of the estimate: the capture's CPU run plus the method's own work.
     """
@@ -43,6 +51,8 @@ def estimate_captured(
         raise EstimateError(f"unknown method {method!r}; choose one of {', '.join(CPU_METHODS)}")
     if timeline and method != "xmem":
         raise EstimateError("a timeline is drawn by xmem only")
+    if classifier and method != "gpumemnet":
+        raise EstimateError("a classifier's weights are gpumemnet's only")
     if method != "xmem":
         one_model(capture, method)
     start = time.perf_counter()
@@ -63,7 +73,7 @@ def estimate_captured(
     else:
         from carma.estimate.gpumemnet import estimate_gpumemnet
 
-        result = estimate_gpumemnet(capture, known.context_bytes, device)
+        result = estimate_gpumemnet(capture, known.context_bytes, device, classifier)
     notes = (*precision_notes(method, capture), *data_notes(method, capture), *result.notes)
     return replace(result, seconds=capture.seconds + time.perf_counter() - start, notes=notes)
 
