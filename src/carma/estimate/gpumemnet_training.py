@@ -20,7 +20,7 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from carma.estimate.gpumemnet import FEATURES, features_from_run, parse_run_name
+from carma.estimate.gpumemnet import FEATURES, classifier_from_json, features_from_run, parse_run_name
 
 HIDDEN = (32, 16)
 
@@ -105,7 +105,5 @@ def _split(runs: Runs, train: np.ndarray, test: np.ndarray, seed: int, trained_o
 def upper_edges_mib(split: Split, runs: Runs) -> np.ndarray:
     """The estimates (each predicted bin's upper edge, MiB) of the split's held-out runs, from the runs' CSV
     features (the benchmark estimates from the captured model instead, the same features)."""
-    from carma.estimate.gpumemnet import classifier_from_json
-
     classifier = classifier_from_json(split.weights)
     return np.array([(classifier.predict_bin(runs.features[i]) + 1) * runs.bin_mib for i in split.held_out])
