@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptFailed, ShortBatchEnded, capture_script, parse_argv
 from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, last_line
 from carma.units import cut
+from carma.userfiles import open_for_reading, owners_of
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read back for its last line
@@ -246,13 +246,10 @@ def _read_result(path: Path) -> str | None:
     """The child's JSON result, if it wrote one. The folder is the job owner's (the child runs as them): a
     link or a FIFO put there in place of the file is no result, never followed or waited on."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # none, or a link
+        with open_for_reading(path, owners_of(path.parent)) as f:
+            return f.read(RESULT_BYTES).decode(errors="replace")
+    except OSError:  # none, or not a plain file of the job owner's (see `carma.userfiles`)
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return f.read(RESULT_BYTES).decode(errors="replace")
 
 
 def _tail(file: BinaryIO) -> str:

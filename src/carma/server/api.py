@@ -303,13 +303,16 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         if not 1 <= number <= attempts:
             raise HTTPException(404, f"task {task_id} has no attempt {number}")
         finished = task.state in TERMINAL_STATES or number < attempts  # before reading: no line written after
-        path = daemon.executor.log_path(task_id, number, stream)
         data, at_end = b"", True
-        if path.exists():
-            with open(path, "rb") as f:
+        try:
+            with daemon.executor.open_log(task_id, number, stream) as f:
                 f.seek(offset)
                 data = f.read(LOG_CHUNK)
                 at_end = not f.read(1)
+        except FileNotFoundError:
+            pass  # the attempt has not started yet
+        except OSError as e:  # a link, FIFO or directory the task put in its log's place: refused, never followed
+            raise HTTPException(409, f"task {task_id}'s {stream} cannot be read: {e.strerror or e}") from None
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         text = decoder.decode(data, final=finished and at_end)  # a running task may write the rest of a character
         end = offset + len(data) - len(decoder.getstate()[0])  # a character cut at the chunk's end comes next

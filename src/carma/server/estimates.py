@@ -38,6 +38,7 @@ from carma.server.executor import groups_of
 from carma.server.spec import JobSpec
 from carma.server.store import Store
 from carma.units import pluralize
+from carma.userfiles import open_for_reading
 
 MIB = 1 << 20
 SCRIPT_BYTES = 16 << 20  # how much of the script file goes into the fingerprint
@@ -105,8 +106,8 @@ def fingerprint(job: JobSpec, method: str, device: str) -> str:
     found = None if job.shell else _script(job)
     if found is not None:
         script, root = found
-        with suppress(OSError), script.open("rb") as f:
-            digest.update(f.read(SCRIPT_BYTES))
+        with suppress(OSError), open_for_reading(Path(os.path.realpath(script)), single_link=False) as f:
+            digest.update(f.read(SCRIPT_BYTES))  # read as root: a FIFO or device named as the script is refused
         for path in _sources(root):
             _stamp(digest, path, path.relative_to(root))
     for path in _named_files(job):

@@ -47,12 +47,12 @@ from carma.server.shim import (
     STDERR_FILE,
     STDOUT_FILE,
     claim,
-    open_record,
     read_json,
     write_json_atomically,
 )
 from carma.server.spec import JobSpec
 from carma.units import inflect, pluralize
+from carma.userfiles import UnsafeFile, open_for_append, open_for_reading, owners_of
 
 log = logging.getLogger("carma.server")
 
@@ -200,6 +200,12 @@ class ProcessExecutor:
     def log_path(self, task_id: TaskId, attempt: int, stream: Stream) -> Path:
         return self.run_dir(task_id, attempt) / {"stdout": STDOUT_FILE, "stderr": STDERR_FILE}[stream]
 
+    def open_log(self, task_id: TaskId, attempt: int, stream: Stream) -> BinaryIO:
+        """A log opened for reading as `carma.userfiles` allows (UnsafeFile for a link, FIFO, directory or
+        hard link the task's user put in its place); FileNotFoundError before the attempt started."""
+        path = self.log_path(task_id, attempt, stream)
+        return open_for_reading(path, owners_of(path.parent))
+
     # --- launching ------------------------------------------------------------------------------------
 
     def _environment(self, job: JobSpec, task: Task, launch: Launch) -> dict[str, str]:
@@ -224,13 +230,15 @@ class ProcessExecutor:
         marker = read_json(run_dir / SHIM_FILE)
         if marker is not None and marker.get(ABANDONED):
             write_json_atomically(run_dir / SHIM_FILE, {**marker, ADMITS: token})
+        owners = owners_of(run_dir) | ({job.uid} if self.run_as_owner else set())
         for name in (STDOUT_FILE, STDERR_FILE):
-            (run_dir / name).touch()
+            with open_for_append(run_dir / name, owners) as log:
+                if self.run_as_owner:  # through the descriptor checked, never a name the user could swap
+                    os.fchown(log.fileno(), job.uid, job.gid)
         if self.run_as_owner:
             for parent in (run_dir.parent.parent, run_dir.parent):  # tasks/ and tasks/<id>/: traversable
                 parent.chmod(0o711)
-            for path in (run_dir, run_dir / STDOUT_FILE, run_dir / STDERR_FILE):
-                os.chown(path, job.uid, job.gid, follow_symlinks=False)
+            os.chown(run_dir, job.uid, job.gid, follow_symlinks=False)
             run_dir.chmod(0o700)
 
     def _spawn(self, run_dir: Path, job: JobSpec, env: dict[str, str], token: str) -> subprocess.Popen[bytes]:
@@ -347,15 +355,20 @@ def _shim_lives(record: SpawnRecord) -> bool:
 
 
 def _open_log(path: Path) -> BinaryIO:
-    """Open a log for appending without following a symlink planted in a user-owned run dir."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
+    """Open a log of a user-owned run dir for appending the daemon's own lines (see `carma.userfiles`)."""
+    return open_for_append(path, owners_of(path.parent))
 
 
 def _read_tail(path: Path, size: int) -> str:
+    """The end of a log, "" when it is missing or not a plain file of the task's (the exit is still reported:
+    its classification then has no output to read, never the daemon blocked on a FIFO)."""
     try:
-        with open_record(path) as f:
+        with open_for_reading(path, owners_of(path.parent)) as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - size))
             return f.read(size).decode(errors="replace")
+    except UnsafeFile as e:
+        log.warning("%s", e)
+        return ""
     except OSError:
         return ""
 

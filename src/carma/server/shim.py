@@ -22,9 +22,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 from carma.server import proctree
+from carma.userfiles import open_for_reading, owners_of
 
 SHIM_FILE = "shim.json"
 EXIT_FILE = "exit.json"
@@ -69,15 +69,12 @@ def claim(path: Path, data: dict[str, object], launch: str | None = None) -> boo
         tmp.unlink(missing_ok=True)
 
 
-def open_record(path: Path) -> BinaryIO:
-    """Open a run-dir file for reading without following a symlink (the daemon may read it as root)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
-
-
 def read_json(path: Path) -> dict[str, object] | None:
-    """A record file, or None when it is missing or unreadable (never half-written: written atomically)."""
+    """A record file, or None when it is missing, unreadable or not a plain file of the run dir's owner (the
+    daemon may read it as root: see `carma.userfiles`; never half-written: written atomically). Linked
+    twice is allowed: `claim` links its record in place before removing the temporary name."""
     try:
-        with open_record(path) as f:
+        with open_for_reading(path, owners_of(path.parent), single_link=False) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None

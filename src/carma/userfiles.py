@@ -1,0 +1,97 @@
+"""Opening files that another user controls, from a daemon that may run as root (Linux).
+
+The rule (docs/security.md): the daemon never opens, as root, a path that a user can replace. A task's run
+directory belongs to the task's user, who may put a symbolic link, a FIFO, a device's hard link or a
+directory where a log or record file was. Opening such a name with plain `open` follows the link (and
+prints another user's file, or `/etc/shadow`, to whoever asks for the log), blocks on the FIFO until a
+writer comes (the whole daemon with it), or opens a device (with whatever opening it does).
+
+So every such file is first opened with `O_PATH | O_NOFOLLOW`, which reads nothing and opens no device,
+checked with `fstat` (a regular file, owned by the directory's owner or the daemon, and for contents shown
+to users or appended to, no other hard link), and only then reopened for reading or appending through
+`/proc/self/fd`, which reaches that very inode whatever the name points to by then.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Collection
+from pathlib import Path
+from typing import BinaryIO
+
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+class UnsafeFile(OSError):
+    """A file the daemon refuses to open: not a plain file of the run dir's owner. Its message is one line."""
+
+
+def open_for_reading(path: Path, owners: Collection[int] | None = None, single_link: bool = True) -> BinaryIO:
+    """`path` opened for reading, refused (UnsafeFile) unless it is a regular file reached without following a
+    symbolic link at its last component, owned by one of `owners` (any owner when None) and, when
+    `single_link`, with no other hard link. Missing: FileNotFoundError, as `open` says."""
+    if not hasattr(os, "O_PATH"):  # not Linux (`carma estimate` on a laptop): checked once opened, unblocked
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        return os.fdopen(_checked(fd, path, owners, single_link), "rb")
+    fd = _checked(os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC), path, owners, single_link)
+    try:
+        return os.fdopen(_reopen(fd, os.O_RDONLY), "rb")
+    finally:
+        os.close(fd)
+
+
+def open_for_append(path: Path, owners: Collection[int] | None = None, mode: int = 0o644) -> BinaryIO:
+    """`path` opened for appending, created (`mode`) if missing; an existing one is checked as in
+    `open_for_reading` (a single link: appending to a hard link of `/etc/passwd` would change it)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileExistsError:
+        path_fd = _checked(os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC), path, owners, single_link=True)
+        try:
+            fd = _reopen(path_fd, os.O_WRONLY | os.O_APPEND)
+        finally:
+            os.close(path_fd)
+    return os.fdopen(fd, "ab")
+
+
+def owners_of(directory: Path) -> set[int]:
+    """Who may own the files of `directory`: its owner (a task's run dir belongs to the task's user) and this
+    process. The directory itself must not be replaceable by a user: its parent is the daemon's."""
+    return {os.lstat(directory).st_uid, os.geteuid()}
+
+
+def _checked(fd: int, path: Path, owners: Collection[int] | None, single_link: bool) -> int:
+    """`fd`, or UnsafeFile (and `fd` closed) when what it opened is not a plain file as the caller asks."""
+    try:
+        info = os.fstat(fd)
+        problem = _problem(info, owners, single_link)
+        if problem:
+            raise UnsafeFile(f"{path} {problem}: carma opens only the plain files it made there")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _problem(info: os.stat_result, owners: Collection[int] | None, single_link: bool) -> str | None:
+    kind = stat.S_IFMT(info.st_mode)
+    if kind != stat.S_IFREG:
+        return f"is {_KINDS.get(kind, 'not a regular file')}"
+    if owners is not None and info.st_uid not in owners:
+        return f"belongs to uid {info.st_uid}, not to the task's user"
+    if single_link and info.st_nlink != 1:
+        return f"has {info.st_nlink} hard links"
+    return None
+
+
+def _reopen(path_fd: int, flags: int) -> int:
+    """Open the inode `path_fd` refers to (an `O_PATH` descriptor already checked) with `flags`."""
+    return os.open(f"/proc/self/fd/{path_fd}", flags | os.O_CLOEXEC | os.O_NOCTTY)

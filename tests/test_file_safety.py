@@ -1,0 +1,151 @@
+"""A task's user controls its run dir: what they put in place of a log or record is refused, never followed,
+waited on or appended to, and the daemon keeps answering (docs/security.md)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from carma.server.client import ClientError
+from carma.userfiles import UnsafeFile, open_for_append, open_for_reading, owners_of
+from support import wait_until
+
+SECRET = "s3cret-only-for-root"
+
+# ----------------------------------------------------------------------------- the opener itself
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    (tmp_path / "secret").write_text(SECRET)
+    (tmp_path / "secret").chmod(0o600)
+    run = tmp_path / "run"
+    run.mkdir()
+    return run
+
+
+def test_a_plain_file_is_read_and_appended_to(run_dir: Path) -> None:
+    with open_for_append(run_dir / "stdout.log", owners_of(run_dir)) as f:
+        f.write(b"one\n")
+    with open_for_append(run_dir / "stdout.log", owners_of(run_dir)) as f:
+        f.write(b"two\n")
+    with open_for_reading(run_dir / "stdout.log", owners_of(run_dir)) as f:
+        assert f.read() == b"one\ntwo\n"
+
+
+@pytest.mark.parametrize(
+    ("plant", "said"),
+    [
+        (lambda path, secret: path.symlink_to(secret), "is a symbolic link"),
+        (lambda path, secret: os.link(secret, path), "has 2 hard links"),
+        (lambda path, secret: os.mkfifo(path), "is a FIFO"),
+        (lambda path, secret: path.mkdir(), "is a directory"),
+    ],
+    ids=["symlink", "hard link", "fifo", "directory"],
+)
+def test_what_a_user_plants_in_place_of_a_log_is_refused_at_once(run_dir: Path, plant, said: str) -> None:  # type: ignore[no-untyped-def]
+    path = run_dir / "stdout.log"
+    plant(path, run_dir.parent / "secret")
+    with pytest.raises(UnsafeFile, match=f"stdout.log {said}: carma opens only the plain files it made there$"):
+        open_for_reading(path, owners_of(run_dir))
+    with pytest.raises(UnsafeFile, match=said):  # a FIFO: opened for writing it would wait for a reader
+        open_for_append(path, owners_of(run_dir))
+    assert (run_dir.parent / "secret").read_text() == SECRET  # nothing appended through a link
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_file_of_another_user_is_refused(run_dir: Path) -> None:
+    (run_dir / "stdout.log").write_text("theirs")
+    os.chown(run_dir / "stdout.log", 4242, 4242)
+    with pytest.raises(UnsafeFile, match="belongs to uid 4242, not to the task's user"):
+        open_for_reading(run_dir / "stdout.log", owners_of(run_dir))
+    os.chown(run_dir, 4242, 4242)  # the run dir's owner is the task's user: their files are theirs to show
+    with open_for_reading(run_dir / "stdout.log", owners_of(run_dir)) as f:
+        assert f.read() == b"theirs"
+
+
+def test_a_record_linked_twice_is_read_as_claim_links_it_in_place(run_dir: Path) -> None:
+    (run_dir / ".shim.json.tmp").write_text('{"pid": 7}')
+    os.link(run_dir / ".shim.json.tmp", run_dir / "shim.json")
+    with open_for_reading(run_dir / "shim.json", owners_of(run_dir), single_link=False) as f:
+        assert f.read() == b'{"pid": 7}'
+
+
+# ----------------------------------------------------------------------------- through the real daemon
+
+
+def _attack(server, then: str) -> int:  # type: ignore[no-untyped-def]
+    """A task that replaces its own logs in its run dir (`then`, run there), says it did, and waits."""
+    run = f"{server.home}/tasks/$CARMA_TASK_ID/$CARMA_ATTEMPT"
+    script = f"echo hello; cd {run} && {then} && touch planted && while [ ! -e go ]; do sleep 0.1; done; exit 3"
+    task = server.client.submit({"command": ["/bin/sh", "-c", script], "workdir": "/tmp"})["id"]
+    wait_until(lambda: (server.home / "tasks" / str(task) / "1" / "planted").exists(), 60, "the task's plant")
+    return task
+
+
+def _go(server, task: int) -> None:  # type: ignore[no-untyped-def]
+    (server.home / "tasks" / str(task) / "1" / "go").touch()
+
+
+def _answers(server) -> None:  # type: ignore[no-untyped-def]
+    """The daemon answers at once (a daemon blocked on a FIFO never does: the client's timeout would end it)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (server.client.status(), done.set()), daemon=True).start()
+    assert done.wait(10), "the daemon stopped answering"
+
+
+@pytest.fixture
+def server(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "10")
+    (server.home / "secret").write_text(SECRET)
+    (server.home / "secret").chmod(0o600)
+    return server
+
+
+@pytest.mark.parametrize(
+    ("plant", "said"),
+    [
+        ("rm stdout.log && ln -s {home}/secret stdout.log", "is a symbolic link"),
+        ("rm stdout.log && ln -s {home}/tokens stdout.log", "is a symbolic link"),
+        ("rm stdout.log && ln {home}/secret stdout.log", "has 2 hard links"),
+        ("rm stdout.log && mkdir stdout.log", "is a directory"),
+        ("rm stdout.log && mkfifo stdout.log", "is a FIFO"),
+    ],
+    ids=["symlink to a root-only file", "symlink to tokens", "hard link", "directory", "fifo"],
+)
+def test_carma_logs_refuses_what_the_task_put_in_place_of_its_log(server, plant: str, said: str) -> None:  # type: ignore[no-untyped-def]
+    (server.home / "tokens").write_text("admin-token-0123456789 ops 0 admin\n")
+    (server.home / "tokens").chmod(0o600)
+    task = _attack(server, plant.format(home=server.home))
+    shown = server.cli("logs", task)
+    assert shown.returncode != 0 and SECRET not in shown.stdout + shown.stderr
+    assert "admin-token" not in shown.stdout + shown.stderr
+    assert shown.stderr.count("\n") == 1 and said in shown.stderr, shown.stderr
+    with pytest.raises(ClientError, match=said):
+        server.client.logs(task)
+    _answers(server)
+    assert "hello" not in shown.stdout
+    _go(server, task)
+    assert server.wait_state(task, "failed")["state"] == "failed"
+
+
+def test_a_task_ending_with_fifos_for_logs_is_reported_and_the_daemon_keeps_answering(server) -> None:  # type: ignore[no-untyped-def]
+    task = _attack(server, "rm stdout.log stderr.log && mkfifo stdout.log stderr.log")
+    _go(server, task)
+    ended = server.wait_state(task, "failed")
+    assert ended["reason"] == "exit code 3"
+    _answers(server)
+
+
+def test_a_restarted_daemon_is_not_frozen_by_fifos_left_by_a_task_that_ended_while_it_was_down(start_server) -> None:  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB")
+    task = _attack(server, "rm stdout.log stderr.log && mkfifo stdout.log stderr.log")
+    server.kill9()
+    _go(server, task)
+    wait_until(lambda: (server.home / "tasks" / str(task) / "1" / "exit.json").exists(), 30, "the task's exit")
+    again = start_server("--fake-gpus", "1xA100-40GB", home=server.home)  # waits until it answers
+    assert again.wait_state(task, "failed")["state"] == "failed"
+    _answers(again)
