@@ -443,8 +443,11 @@ class Daemon:
         workdir = Path(job.workdir)
         if not workdir.is_absolute():
             raise SpecError(f"working directory {job.workdir!r} is not an absolute path")
-        if not workdir.is_dir():
-            what = "is not a directory" if workdir.exists() else "does not exist"
+        try:
+            what = None if workdir.is_dir() else "is not a directory" if workdir.exists() else "does not exist"
+        except OSError as e:  # a name too long, a directory the daemon may not search: was an HTTP 500
+            what = f"cannot be checked ({e.strerror})"
+        if what:
             raise SpecError(f"working directory {job.workdir!r} {what}")
 
     def no_task(self, task_id: TaskId) -> str:
