@@ -4,6 +4,9 @@ waited on or appended to, and the daemon keeps answering (docs/security.md)."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -149,3 +152,43 @@ def test_a_restarted_daemon_is_not_frozen_by_fifos_left_by_a_task_that_ended_whi
     again = start_server("--fake-gpus", "1xA100-40GB", home=server.home)  # waits until it answers
     assert again.wait_state(task, "failed")["state"] == "failed"
     _answers(again)
+
+
+# ----------------------------------------------------------------------------- fake GPUs under a root daemon
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root daemon's fake device, used by another user's job")
+def test_a_root_daemons_fake_device_is_usable_by_any_users_job_and_forgeries_are_ignored() -> None:
+    from carma.sim.gpus import parse_gpus
+    from carma.telemetry.fake import FakeDevice
+
+    home = Path(tempfile.mkdtemp())  # not under tmp_path, which only root may enter
+    home.chmod(0o711)  # as a state dir
+    try:
+        _use_as_nobody(FakeDevice.create(home / "fake-gpus", parse_gpus("1xA100-40GB")))
+    finally:
+        shutil.rmtree(home)
+
+
+def _use_as_nobody(device) -> None:  # type: ignore[no-untyped-def]
+    root, uuid = device.root, device.gpus()[0].uuid
+    # what a fake job does as its user (without Python: this machine's may be closed to others), and what it
+    # may try: a FIFO for the daemon to wait on, a registration forged for root's process, pid 1
+    job = (
+        f"exec 3>>{root}/device.lock && echo $$ > {root}/generation"
+        f' && echo \'{{"pid": \'$$\', "mib": {{"{uuid}": 1024}}, "load": null}}\' > {root}/procs/$$.json'
+        f" && mkfifo {root}/procs/7.json"
+        f' && echo \'{{"pid": 1, "mib": {{"{uuid}": 4096}}, "load": null}}\' > {root}/procs/1.json'
+        f" && touch {root}/procs/registered && sleep 30"
+    )
+    proc = subprocess.Popen(["/bin/sh", "-c", job], user=NOBODY, group=NOBODY, cwd="/")
+    try:
+        wait_until(lambda: (root / "procs/registered").exists() or proc.poll() is not None, 10, "the registration")
+        assert proc.poll() is None, "user nobody could not use the fake device"
+        assert device.processes(uuid) == [(proc.pid, 1024, None)]  # the forged one for pid 1 is no registration
+    finally:
+        proc.kill()
+        proc.wait()
+    assert device.processes(uuid) == []

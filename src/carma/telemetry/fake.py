@@ -11,6 +11,11 @@ a real GPU through its driver:
     root/generation       a token written anew after every change of the registry: a computing job asks
                           for its speed many times a second, and reads the registry only when it changed
 
+Under a root daemon, which runs each task as its user, every user's fake jobs share the device: procs/ is
+open to all and sticky (as /tmp), the lock and the token writable by all, and a registration counts only
+when the process it names (or root) wrote it. Fake GPUs are a test tool: any local user can change what
+they show.
+
 The model is the twin's (see `carma.sim.twin`): an allocation fails when it exceeds the free memory less
 a fragmentation allowance of what the co-runners hold; a computing process runs at its solo speed divided
 by its largest slowdown over its GPUs; a GPU's SMACT/SMOCC/DRAMA are the computing processes' solo values
@@ -26,7 +31,7 @@ import math
 import os
 import secrets
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -34,6 +39,7 @@ from carma.core.types import GpuInfo, GpuSample
 from carma.sim.gpus import GpuType
 from carma.sim.models import SHARING_MODES, Load, calibrated_interference, calibrated_power
 from carma.telemetry import DeviceReading, GpuProcess
+from carma.userfiles import open_for_reading
 
 ENV_ROOT = "CARMA_FAKE_GPUS"
 ENV_TIME_SCALE = "CARMA_TIME_SCALE"
@@ -99,6 +105,13 @@ class FakeDevice:
         device._procs.mkdir(parents=True, exist_ok=True)
         for stale in device._procs.glob("*.json"):
             stale.unlink(missing_ok=True)
+        for name in ("device.lock", "generation"):
+            (root / name).touch()
+        if os.geteuid() == 0:  # a root daemon runs each task as its user, and each task's fake job uses the device
+            os.chmod(root, 0o755)
+            os.chmod(device._procs, 0o1777)  # as /tmp: every user registers, none removes another's registration
+            for name in ("device.lock", "generation"):
+                os.chmod(root / name, 0o666)
         gpu_list = [{"index": i, "uuid": u, **asdict(k)} for i, (k, u) in enumerate(zip(gpus, uuids, strict=True))]
         description = {"gpus": gpu_list, "sharing": sharing, "time_scale": time_scale, "fragmentation": fragmentation}
         _write_atomic(root / "device.json", description)
@@ -222,16 +235,15 @@ class FakeDevice:
         """The registrations of live processes, by pid; those of dead ones are removed on the way."""
         regs = []
         for path in self._procs.glob("*.json"):
-            try:
-                data = json.loads(path.read_text())
-            except FileNotFoundError:
-                continue  # released while we listed
-            if not _alive(data["pid"]):  # killed without releasing: its co-runners speed up
-                path.unlink(missing_ok=True)
+            reg = _read_registration(path)
+            if reg is None:
+                continue  # released while we listed, or not a registration a process of its owner made
+            if not _alive(reg.pid):  # killed without releasing: its co-runners speed up
+                with suppress(PermissionError):  # another user's, which only its owner or root may remove
+                    path.unlink(missing_ok=True)
                 self._changed()
                 continue
-            load = Load(**data["load"]) if data["load"] is not None else None
-            regs.append(_Registration(data["pid"], data["mib"], load))
+            regs.append(reg)
         return sorted(regs, key=lambda r: r.pid)
 
     def _write(self, reg: _Registration) -> None:
@@ -240,8 +252,11 @@ class FakeDevice:
         self._changed()
 
     def _changed(self) -> None:
-        """Mark the registry changed, after the change (a reader that saw the old token reads again)."""
-        _write_atomic(self.root / "generation", secrets.token_hex(8))
+        """Mark the registry changed, after the change (a reader that saw the old token reads again). Written in
+        place, so that a job of any user may write it: a reader that meets it half-written reads the registry
+        again, as after any change."""
+        with open(self.root / "generation", "w") as f:
+            f.write(secrets.token_hex(8))
 
     def _generation(self) -> str:
         try:
@@ -306,6 +321,30 @@ def _speeds(regs: Sequence[_Registration], uuids: Sequence[str], sharing: str) -
         for (pid, _), slowdown in zip(running, slowdowns, strict=True):
             worst[pid] = max(worst.get(pid, 1.0), slowdown)
     return {pid: 1.0 / slowdown for pid, slowdown in worst.items()}
+
+
+def _read_registration(path: Path) -> _Registration | None:
+    """The registration in `path`, or None when it is gone or is not one that the process it names, or root,
+    wrote (the folder is open to every user under a root daemon: a FIFO, a link or a file forged for another
+    user's process is no registration, and never blocks the daemon's telemetry)."""
+    try:
+        with open_for_reading(path, single_link=False) as f:
+            writer = os.fstat(f.fileno()).st_uid
+            data = json.loads(f.read())
+        pid, mib, load = data["pid"], data["mib"], data["load"]
+        if path.name != f"{pid}.json" or writer not in (0, _owner(pid), os.geteuid()):
+            return None
+        return _Registration(pid, {str(u): int(m) for u, m in mib.items()}, None if load is None else Load(**load))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _owner(pid: int) -> int | None:
+    """The uid a process runs as, None when it is gone."""
+    try:
+        return (_PROC / str(pid)).stat().st_uid
+    except OSError:
+        return None
 
 
 def _alive(pid: int) -> bool:
