@@ -5,7 +5,7 @@ from typing import Any
 
 import typer
 
-from carma.cli import estimate, replay, report, server, simulate, tasks, twin  # noqa: F401  (they register their commands)
+from carma.cli import estimate, replay, report, server, service, simulate, tasks, twin  # noqa: F401  (they register their commands)
 from carma.cli.common import app, error_line
 
 
