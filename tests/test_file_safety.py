@@ -192,3 +192,25 @@ def _use_as_nobody(device) -> None:  # type: ignore[no-untyped-def]
         proc.kill()
         proc.wait()
     assert device.processes(uuid) == []
+
+
+# ----------------------------------------------------------------------------- a run dir of an earlier launch
+
+
+def test_a_launch_that_meets_an_earlier_launchs_records_fails_and_leaves_them_as_they_were(tmp_path: Path) -> None:
+    """Task ids reused (a database replaced) made a new task 1 meet the old one's shim.json: it never ran and
+    was reported completed from the old exit.json."""
+    from carma.core.types import Launch, Task, TaskSpec
+    from carma.server.executor import ProcessExecutor
+    from carma.server.spec import JobSpec
+
+    def launch(argv: tuple[str, ...]):  # type: ignore[no-untyped-def]
+        executor = ProcessExecutor(tmp_path, {1: JobSpec("job", argv, workdir=str(tmp_path))}.__getitem__)
+        executor.launch(Task(1, TaskSpec("job", 1), 0.0), Launch(1, 1, (0,), exclusive=False))
+        return wait_until(executor.poll_exits, 20, "the exit")
+
+    (old,) = launch(("/bin/sh", "-c", "echo old"))
+    assert old.exit.exit_code == 0
+    (new,) = launch(("/bin/sh", "-c", "echo new"))
+    assert new.exit.exit_code is None and "holds the records of an earlier launch" in new.exit.log_tail
+    assert (tmp_path / "tasks/1/1/stdout.log").read_text() == "old\n"

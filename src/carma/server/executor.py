@@ -60,6 +60,11 @@ LOG_TAIL_BYTES = 8192
 Stream = Literal["stdout", "stderr"]
 
 
+class StaleRunDir(RuntimeError):
+    """A launch met another launch's records in its run dir: its shim would refuse to start and its exit would
+    be read from the other launch's exit.json (a task reported completed that never ran)."""
+
+
 @dataclass(frozen=True)
 class SpawnRecord:
     """What the daemon persists about a started attempt to find it again after a restart."""
@@ -127,7 +132,8 @@ class ProcessExecutor:
             message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
             if isinstance(exc, PermissionError) and exc.filename == sys.executable and self.run_as_owner:
                 message += f" (the daemon's Python, which {job.user} cannot run: see `carma server`'s warning)"
-            self._note(run_dir, message)
+            if not isinstance(exc, StaleRunDir):  # its stderr.log is an earlier task's: leave it as it was
+                self._note(run_dir, message)
             self._failed.append(TaskExit(task.id, ProcessExit(None, message), self.to_clock(time.time())))
             return
         record = SpawnRecord(task.id, launch.attempt, child.pid, proctree.start_ticks(child.pid), str(run_dir))
@@ -230,6 +236,8 @@ class ProcessExecutor:
         marker = read_json(run_dir / SHIM_FILE)
         if marker is not None and marker.get(ABANDONED):
             write_json_atomically(run_dir / SHIM_FILE, {**marker, ADMITS: token})
+        elif marker is not None or (run_dir / EXIT_FILE).exists():
+            raise StaleRunDir(f"its run dir {run_dir} holds the records of an earlier launch, not started again")
         owners = owners_of(run_dir) | ({job.uid} if self.run_as_owner else set())
         for name in (STDOUT_FILE, STDERR_FILE):
             with open_for_append(run_dir / name, owners) as log:
