@@ -10,6 +10,7 @@ contains it; MIGM's reachability of a state is how many full layouts contain it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -53,6 +54,19 @@ class Geometry:
         except KeyError:
             known = ", ".join(MODELS)
             raise UnknownModel(f"no MIG geometry for GPU model {model!r}; known: {known}") from None
+
+    @classmethod
+    def for_product(cls, product: str, total_mib: int) -> Geometry:
+        """The geometry of a card as NVML names it ("NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3", "NVIDIA
+        H200") with its total memory: the model of its family whose nominal size the memory matches (a card
+        holds a little more than its nominal GB, never 10% more: an H100 NVL's 94 GB is no H100-80GB)."""
+        total_gb = total_mib * 2**20 / 1e9
+        for model in MODELS:
+            family, nominal = model.split("-")
+            if re.search(rf"\b{family}\b", product) and 0 <= total_gb / int(nominal.removesuffix("GB")) - 1 < 0.1:
+                return cls.of(model)
+        known = ", ".join(MODELS)
+        raise UnknownModel(f"no MIG geometry for {product!r} with {total_mib} MiB; known: {known}")
 
     def profile(self, name: str) -> Profile:
         for p in self.profiles:
