@@ -154,3 +154,23 @@ def test_an_unknown_model_or_profile_is_one_clear_line():
         Geometry.of("V100")
     with pytest.raises(ValueError, match=re.escape("A100-40GB has no MIG profile '5g.30gb'")):
         Geometry.of("A100-40GB").profile("5g.30gb")
+
+
+@pytest.mark.parametrize(
+    ("product", "total_mib", "model"),
+    [
+        ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
+        ("NVIDIA A100-PCIE-40GB", 40536, "A100-40GB"),
+        ("NVIDIA A100 80GB PCIe", 81920, "A100-80GB"),
+        ("NVIDIA H100 80GB HBM3", 81559, "H100-80GB"),
+        ("NVIDIA H200", 143771, "H200-141GB"),
+    ],
+)
+def test_a_card_is_matched_to_its_geometry_by_name_and_memory(product, total_mib, model):
+    assert Geometry.for_product(product, total_mib).model == model
+
+
+def test_a_card_of_another_size_is_not_taken_for_a_known_one():
+    """An H100 NVL (94 GB) has other profiles than an H100-80GB: refused, not guessed."""
+    with pytest.raises(UnknownModel, match=re.escape("no MIG geometry for 'NVIDIA H100 NVL' with 95830 MiB")):
+        Geometry.for_product("NVIDIA H100 NVL", 95830)
