@@ -33,7 +33,7 @@ def _address(handle: Any) -> int:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
-@dataclass
+@dataclass(eq=False)  # instances are told apart by identity: two can hold equal fields
 class FakeCompute:
     id: int
     profile_id: int
@@ -41,7 +41,7 @@ class FakeCompute:
     processes: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class FakeGpuInstance:
     id: int
     profile: Any  # the geometry's profile

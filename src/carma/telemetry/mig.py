@@ -210,4 +210,6 @@ class NvmlMigControl:
         try:
             return fn(*args)
         except self._nvml.NVMLError as e:
-            raise MigError(f"{what}: {REASONS.get(e.value, str(e))}") from None
+            reason = REASONS.get(e.value, str(e))
+        # Raised outside the handler, so no NVMLError is chained: its __eq__ fails against other exceptions.
+        raise MigError(f"{what}: {reason}")
