@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import typer
 
-from carma.cli.common import PATH_VALUE, UsageError, app, choice, err, fail, out, positive
+from carma.cli.common import PATH_VALUE, UsageError, app, choice, err, error_line, fail, out, positive
 from carma.sim.models import SHARING_MODES
 from carma.units import pluralize
 
@@ -42,10 +42,17 @@ def server_cmd(
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when cancelling.", min=0)] = 10.0,
     mps: Annotated[bool, typer.Option(help="Run tasks as clients of carma's MPS control daemon (started).")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Verify the state (the database, its backup) without starting: exit 0 sound, 1 not."
+        ),
+    ] = False,
 ) -> None:
     """Run the carma daemon: it queues, places and runs training tasks on this machine's GPUs."""
     import asyncio
     import logging
+    import sqlite3
     from dataclasses import replace
 
     from carma.config import ConfigError, load_config
@@ -64,10 +71,13 @@ def server_cmd(
         refuse_if_running,
         serve,
     )
+    from carma.server.store import StoreError
     from carma.telemetry.nvml import NvmlUnavailable
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     paths = Paths(home.expanduser().resolve() if home else carma_home().absolute())  # as clients elsewhere reach it
+    if check:
+        raise typer.Exit(check_state(paths))
     if home:  # what the daemon reads from its CARMA_HOME (the devices' calibration) is read from there too
         os.environ["CARMA_HOME"] = str(paths.home)
     sockets = []
@@ -105,7 +115,18 @@ def server_cmd(
             tokens.create(_me(), os.geteuid(), admin=True)
             err.print(f"created an admin token for TCP clients in {paths.tokens}")
         daemon.tcp = tcp
-    except (UsageError, ConfigError, ValueError, OSError, RuntimeError, AlreadyRunning, MpsError, NvmlUnavailable) as e:
+    except (
+        UsageError,
+        ConfigError,
+        ValueError,
+        OSError,
+        RuntimeError,
+        AlreadyRunning,
+        MpsError,
+        NvmlUnavailable,
+        StoreError,
+        sqlite3.OperationalError,  # the database locked by another program, say
+    ) as e:
         close_listeners(sockets, paths.socket)
         raise fail(e) from None
     if settings.has_twin:
@@ -140,6 +161,48 @@ def server_cmd(
     finally:
         close_listeners(sockets, paths.socket)
         lock.close()
+
+
+def check_state(paths) -> int:  # type: ignore[no-untyped-def]
+    """`carma server --check`: whether the daemon would start on this state (0) or not (1, saying why and
+    what to do), checked without changing anything (a running daemon's state may be checked); 2 for a
+    state directory that is not there."""
+    from datetime import datetime
+
+    from carma.core.types import ACTIVE_STATES
+    from carma.server.state import BACKUP_EVERY_S, earlier_state, fresh, open_store
+    from carma.server.store import StoreError, backup_path, damaged
+
+    if not paths.home.is_dir():
+        raise fail(f"{paths.home}: no such state directory (--home or CARMA_HOME names it)")
+    database, backup = paths.database, backup_path(paths.database)
+    try:
+        if (state := fresh(database)) and not earlier_state(paths):
+            out.print(f"ok: {database} is {state}: no tasks yet (a start makes it)", highlight=False, soft_wrap=True)
+            return 0
+        with closing(open_store(paths, readonly=True)) as store:
+            problem = store.check()
+            if problem != "ok":
+                raise damaged(database, f"the database is damaged (integrity_check: {problem})")
+            tasks = store.load()
+            next_id = store.next_id
+    except StoreError as e:
+        error_line(str(e))
+        return 1
+    live = sum(t.task.state in ACTIVE_STATES for t in tasks)
+    waiting = sum(not t.task.terminal for t in tasks) - live
+    if backup.is_file():
+        made = datetime.fromtimestamp(backup.stat().st_mtime).isoformat(" ", "seconds")
+        kept = f"backup {backup} of {made}"
+    else:
+        kept = f"no backup yet ({backup}: made at each start and every {BACKUP_EVERY_S / 3600:g} hours)"
+    out.print(
+        f"ok: {database}: {pluralize(len(tasks), 'task')} ({waiting} waiting, {live} running), integrity ok, "
+        f"next id {next_id}; {kept}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 0
 
 
 def _host(address: str) -> str:
@@ -200,7 +263,7 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[
     One that tasks still hold placements on is kept: the daemon would refuse new GPUs, and these would be
     gone for good."""
     from carma.server.daemon import placements_held
-    from carma.server.store import Store
+    from carma.server.state import open_store
     from carma.telemetry.fake import FakeDevice
 
     try:
@@ -210,7 +273,7 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[
     kinds = [(g.name, g.total_mib) for g in device.gpus()]
     if kinds == [(g.name, g.total_mib) for g in gpus] and (device.sharing, device.time_scale) == (sharing, time_scale):
         return device
-    with closing(Store(paths.database)) as store:
+    with closing(open_store(paths)) as store:
         held = placements_held(store)
     if held:
         names = [name for name, _ in kinds]

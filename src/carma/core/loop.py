@@ -1,4 +1,10 @@
-"""One scheduling step, identical in both worlds: exits, telemetry, decisions, persistence, launches."""
+"""One scheduling step, identical in both worlds: exits, telemetry, decisions, persistence, launches.
+
+Every change is written to the journal before it is acted on. A journal that cannot write for a while (a
+full disk) raises `JournalError`: the in-memory core stays authoritative, the changes wait and are written
+at the next call, and the launches decided meanwhile wait with them (a launch not written could run twice
+after a restart); no new placement is decided until the journal has caught up.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,10 @@ from collections.abc import Callable
 from carma.core.ports import Clock, Executor, Journal, Telemetry
 from carma.core.scheduler import Scheduler
 from carma.core.types import Launch, Task, TaskId, TaskSpec
+
+
+class JournalError(Exception):
+    """The journal could not write now; the loop keeps the changes and writes them at its next call."""
 
 
 class SchedulingLoop:
@@ -26,6 +36,8 @@ class SchedulingLoop:
         self.executor = executor
         self.journal = journal
         self.on_decision = on_decision  # told how many seconds each decision took (instrumentation only)
+        self._unsaved: dict[TaskId, Task] = {}  # changed tasks the journal failed to write so far
+        self._held: list[Launch] = []  # decided launches waiting for their placement to be written
 
     def submit(self, spec: TaskSpec, task_id: TaskId | None = None, at: float | None = None) -> Task:
         """Queue a task submitted `at` (now by default; a world that recorded it first gives the time it kept)."""
@@ -33,14 +45,23 @@ class SchedulingLoop:
         self._persist()
         return task
 
+    @property
+    def behind(self) -> bool:
+        """Whether changes are waiting for the journal."""
+        return bool(self._unsaved)
+
     def cancel(self, task_id: TaskId) -> None:
+        """Cancel a task; raises JournalError, changing nothing, while earlier changes cannot be written."""
+        if self._unsaved:
+            self._write()  # raises JournalError
         kill = self.scheduler.cancel(task_id, self.clock.now())
-        self._persist()
+        self._persist()  # a failure now leaves the cancel to be written later: the kill asked for goes ahead
         if kill:
             self.executor.kill(task_id)
 
     def step(self, place: bool = True) -> list[Launch]:
-        """Take exits and telemetry in; unless `place` is off (draining), decide; persist; launch."""
+        """Take exits and telemetry in; unless `place` is off (draining) or the journal is behind, decide;
+        persist; launch. Returns the launches carried out."""
         now = self.clock.now()
         sched = self.scheduler
         for ended in self.executor.poll_exits():
@@ -50,11 +71,10 @@ class SchedulingLoop:
             sched.record_sample(sample)
         for gpu, procs in reading.processes.items():
             sched.record_gpu_processes(gpu, procs.tasks, procs.foreign, now)
-        launches = self._decide(now) if place else []
-        self._persist()  # every change, placements included, is written before it is acted on
-        for launch in launches:
-            self.executor.launch(sched.task(launch.task_id), launch)
-        return launches
+        caught_up = self._persist() if self._unsaved else []
+        if place and caught_up is not None:
+            self._held += self._decide(now)
+        return (caught_up or []) + (self._persist() or [])
 
     def _decide(self, now: float) -> list[Launch]:
         if self.on_decision is None:
@@ -64,7 +84,21 @@ class SchedulingLoop:
         self.on_decision(time.perf_counter() - began)
         return launches
 
-    def _persist(self) -> None:
-        changes = self.scheduler.take_changes()
-        if self.journal is not None and changes:
-            self.journal.save(changes)
+    def _persist(self) -> list[Launch] | None:
+        """Write the changes, then carry out the launches that waited on them (returned); None when the
+        journal failed."""
+        try:
+            return self._write()
+        except JournalError:
+            return None
+
+    def _write(self) -> list[Launch]:
+        for task in self.scheduler.take_changes():
+            self._unsaved[task.id] = task
+        if self.journal is not None and self._unsaved:
+            self.journal.save(list(self._unsaved.values()))  # every change is written before it is acted on
+        self._unsaved.clear()
+        launches, self._held = self._held, []
+        for launch in launches:
+            self.executor.launch(self.scheduler.task(launch.task_id), launch)
+        return launches

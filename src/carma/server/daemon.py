@@ -4,6 +4,11 @@ One asyncio thread runs both the HTTP API and the scheduling loop, so the core i
 concurrently. On start the daemon restores every task from the store: waiting tasks rejoin their queue,
 live processes are re-adopted, and exits that happened while it was down are read from the tasks'
 exit-status files, so no task is lost or run twice.
+
+Faults of the world (a full disk, no file descriptors left) never stop the scheduling loop: each part of a
+step that meets one reports it (`FaultLog`, not once a second) and is tried again at the next step; the
+journal catches up once it can write (`SchedulingLoop`). Requests that must write are refused meanwhile
+(`StoreUnavailable`: 507 for a full disk), while the tasks already accepted are placed and ended.
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from carma.config import EstimateConfig
 from carma.core.config import SchedulerConfig
-from carma.core.loop import SchedulingLoop
+from carma.core.loop import JournalError, SchedulingLoop
 from carma.core.ports import GpuProcesses, TelemetryReading
 from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import ACTIVE_STATES, GpuInfo, Launch, NeedKind, Task, TaskId, TaskState
@@ -27,11 +33,13 @@ from carma.server import proctree
 from carma.server.archive import SampleArchive
 from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
+from carma.server.faults import WORLD_FAULTS, FaultLog, StoreUnavailable
 from carma.server.metrics import counted, decision_histogram
 from carma.server.mps import MpsControl, MpsError, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
-from carma.server.store import Observation, Spawn, Store
+from carma.server.state import Backups, open_store
+from carma.server.store import Observation, Spawn, Store, no_space_left
 from carma.telemetry import DeviceReading, GpuBackend
 from carma.units import pluralize
 
@@ -41,6 +49,7 @@ METRICS = ("smact", "smocc", "drama")
 OBSERVATIONS_SAVE_S = 60.0  # how often what telemetry saw of live tasks is saved (wall seconds; and at a stop)
 PEAK_SAVE_S = 5.0  # sooner when a live task's peak grew: a kill -9 lost the peak of tasks that ended meanwhile
 FORGET_EVERY_S = 60.0  # how often ended tasks past their retention are looked for (the daemon's clock seconds)
+WAITING_STATES = frozenset({TaskState.QUEUED, TaskState.RECOVERING, TaskState.OOM_CRASHED})
 FORGET_BATCH = 500  # the most tasks forgotten in one scheduling step (their rows and log folders deleted)
 
 
@@ -143,20 +152,28 @@ class RunRecorder:
 
 
 class Journal:
-    """The core's Journal port: the store, plus each ended attempt's observation."""
+    """The core's Journal port: the store, plus each ended attempt's observation (in the same transaction,
+    and kept until it is written: a save that failed is retried with it)."""
 
     def __init__(self, store: Store, recorder: RunRecorder) -> None:
         self._store = store
         self._recorder = recorder
+        self._ended: dict[tuple[TaskId, int], Observation] = {}
+        self.fault: BaseException | None = None  # why the last save failed
 
     def save(self, tasks: Sequence[Task]) -> None:
-        self._store.save(tasks)
         for task in tasks:
             attempt = task.current
             if attempt is not None and attempt.ended_s is not None:
                 seen = self._recorder.finish(task.id)
                 if seen is not None:
-                    self._store.record_observation(task.id, attempt.number, seen)
+                    self._ended[task.id, attempt.number] = seen
+        try:
+            self._store.save(tasks, self._ended)
+        except WORLD_FAULTS as e:  # a full disk: the loop keeps the changes and saves them again later
+            self.fault = e
+            raise JournalError(str(e)) from e
+        self._ended.clear()
 
 
 Observer = Callable[[Sequence[DeviceReading], Mapping[int, TaskId]], None]
@@ -205,10 +222,13 @@ class Daemon:
         self.paths = paths
         self.keep_ended_s = keep_ended_s  # None: every task is kept
         self.backend = backend
-        self.store = Store(paths.database)
-        self.clock = self._clock(time_scale)
+        self.faults = FaultLog(log)
+        self.store = open_store(paths, faults=self.faults)
+        with self._starting():
+            self.clock = self._clock(time_scale)
         self.gpus = list(backend.gpus())
-        self._check_gpus()
+        with self._starting():
+            self._check_gpus()
         self.jobs: dict[TaskId, JobSpec] = {}
         self.estimates = Estimates(
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
@@ -230,9 +250,11 @@ class Daemon:
         self._observations_saved = time.monotonic()
         self._saved_peaks: dict[TaskId, int] = {}  # by `_save_observations`, to save a grown one soon
         self._forget_at = -math.inf  # the daemon's clock time of the next look for tasks to forget
+        self._unrecorded: list[SpawnRecord] = []  # spawns the store failed to record, recorded at a later step
+        self.backups = Backups(paths.database, self.faults)
         self.archive = SampleArchive(self.store)
         telemetry = BackendTelemetry(backend, self.executor.shim_pids, [recorder.observe, self.archive.observe])
-        journal = Journal(self.store, recorder)
+        journal = self.journal = Journal(self.store, recorder)
         self.decision_seconds = decision_histogram()
         self.loop = SchedulingLoop(
             self.scheduler, self.clock, telemetry, self.executor, journal, self.decision_seconds.observe
@@ -243,9 +265,30 @@ class Daemon:
         self.tick = 0  # scheduling steps so far; live views wait for the next one
         self.closing = False
         self._ticked = asyncio.Event()
-        self._restore()
+        with self._starting():
+            self._restore()
 
     # ----------------------------------------------------------------- set-up
+
+    @contextmanager
+    def _starting(self) -> Iterator[None]:
+        """A start-up write that fails for lack of space stops the start with one line: started, the daemon
+        could not record what it does."""
+        try:
+            yield
+        except WORLD_FAULTS as e:
+            if (full := no_space_left(self.paths.home, e)) is not None:
+                self.store.close()
+                raise full from None
+            raise
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A request's write that the state cannot take now is refused as such (507 on a full disk)."""
+        try:
+            yield
+        except (*WORLD_FAULTS, JournalError) as e:
+            raise StoreUnavailable(self.paths.home, e.__cause__ if isinstance(e, JournalError) else e) from e
 
     def _clock(self, scale: float) -> DaemonClock:
         origin = self.store.meta("clock")
@@ -263,7 +306,8 @@ class Daemon:
 
     @draining.setter
     def draining(self, value: bool) -> None:
-        self.store.set_meta("draining", value)
+        with self._writing():
+            self.store.set_meta("draining", value)
         self._draining = value
 
     def _check_gpus(self) -> None:
@@ -283,6 +327,8 @@ class Daemon:
         for stored in self.store.load():
             task = stored.task
             self.jobs[task.id] = stored.job
+            if task.state in WAITING_STATES:
+                self._refuse_stale_run(task)
             if task.state in ACTIVE_STATES:
                 self._readopt(task, stored.spawns.get(task.current.number))
             if task.state in ACTIVE_STATES and (seen := stored.observed.get(task.current.number)):
@@ -293,6 +339,22 @@ class Daemon:
                 log.warning("task %d failed: %s", task.id, task.reason)
             if task.state is TaskState.QUEUED:
                 self.estimates.request(task.id, stored.job)
+
+    def _refuse_stale_run(self, task: Task) -> None:
+        """Fail a waiting task whose next attempt's run dir exists: that attempt ran, and the database does not
+        know it (one restored from an older backup). Placed again it would meet the old run's files, and
+        run a second time; its owner decides whether it should."""
+        number = len(task.attempts) + 1
+        run_dir = self.executor.run_dir(task.id, number)
+        if not run_dir.exists():
+            return
+        task.state, task.ended_s = TaskState.FAILED, self.clock.now()
+        task.reason = (
+            f"attempt {number} ran without the database knowing (a database restored from an older backup?): "
+            f"its files are in {run_dir}; submit the task again to run it again"
+        )
+        self.store.save([task])
+        log.warning("task %d failed: %s", task.id, task.reason)
 
     def _readopt(self, task: Task, spawn: Spawn | None) -> None:
         attempt = task.current
@@ -340,7 +402,17 @@ class Daemon:
             log.error("MPS is unusable (%s): tasks run without it, and without their MPS memory limits", e)
 
     def _on_spawn(self, record: SpawnRecord) -> None:
-        self.store.record_spawn(record.task_id, record.attempt, Spawn(record.pid, record.start_ticks, record.run_dir))
+        """Record a started attempt's process; kept to be recorded later when the store cannot write now (the
+        shim's own record finds it again after a restart meanwhile)."""
+        self._unrecorded.append(record)
+        self._record_spawns()
+
+    def _record_spawns(self) -> None:
+        with self.faults.guard("recording started tasks"):
+            while self._unrecorded:
+                r = self._unrecorded[0]
+                self.store.record_spawn(r.task_id, r.attempt, Spawn(r.pid, r.start_ticks, r.run_dir))
+                self._unrecorded.pop(0)
 
     # ----------------------------------------------------------------- running
 
@@ -350,13 +422,25 @@ class Daemon:
         return self.scheduler.config.sample_interval_s / self.clock.scale
 
     def step(self) -> None:
-        self.estimates.collect()
-        self.loop.step(place=not self.draining)
+        """One scheduling step. Each part stands alone: a fault of the world in one (a full disk, no file
+        descriptors) is reported and that part tried again next step, and the others go on."""
+        with self.faults.guard("collecting memory estimates"):
+            self.estimates.collect()
+        with self.faults.guard("the scheduling step"):
+            self.loop.step(place=not self.draining)
+        if self.loop.behind:
+            self.faults.failed("saving task changes", self.journal.fault)
+        else:
+            self.faults.cleared("saving task changes")
+        if self._unrecorded:
+            self._record_spawns()
         since = time.monotonic() - self._observations_saved
         if since >= OBSERVATIONS_SAVE_S or (since >= PEAK_SAVE_S and self._peaks_grew()):
             self._save_observations()
         if self.keep_ended_s is not None and (now := self.clock.now()) >= self._forget_at:
-            self._forget_ended(now)
+            with self.faults.guard("forgetting ended tasks"):
+                self._forget_ended(now)
+        self.backups.step()
 
     def _forget_ended(self, now: float) -> None:
         """Forget the tasks that ended longer ago than the retention (`[server] keep_ended_days`): their
@@ -425,10 +509,12 @@ class Daemon:
     # ----------------------------------------------------------------- requests
 
     def submit(self, job: JobSpec) -> Task:
-        """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run)."""
+        """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run, and
+        StoreUnavailable when it cannot be recorded now)."""
         self.check(job)
         now = self.clock.now()  # one time for the store and the queue: a restart read a later one back
-        task_id = self.store.add(job, now)
+        with self._writing():
+            task_id = self.store.add(job, now)
         self.jobs[task_id] = job
         task = self.loop.submit(job.task_spec(), task_id, now)  # queued before anything else can fail
         self.estimates.request(task_id, job)
@@ -458,7 +544,8 @@ class Daemon:
         return f"no task with id {task_id}: it ended{kept} and was forgotten ([server] keep_ended_days)"
 
     def cancel(self, task_id: TaskId) -> Task:
-        self.loop.cancel(task_id)
+        with self._writing():
+            self.loop.cancel(task_id)
         task = self.scheduler.task(task_id)
         if task.state is TaskState.CANCELLED:  # it left the queue: its estimate, if under way, is not needed
             self.estimates.drop(task_id)

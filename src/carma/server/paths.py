@@ -34,6 +34,16 @@ class Paths:
         return self.home / "carma.db"
 
     @property
+    def ids(self) -> Path:
+        """The next task id, kept beside the database: a database replaced never hands an id out again."""
+        return self.home / "next-task-id"
+
+    @property
+    def tasks(self) -> Path:
+        """The tasks' run dirs, `tasks/<id>/<attempt>/`."""
+        return self.home / "tasks"
+
+    @property
     def tokens(self) -> Path:
         return self.home / "tokens"
 

@@ -3,12 +3,21 @@
 Every accepted task is inserted before it is acknowledged, and every state change and placement is
 written (`save`, the core's Journal port) before the daemon acts on it. Commits are synchronous (FULL),
 so an acknowledged task survives the daemon being killed and the machine losing power.
+
+A file that is not a sound database stops the open with a `StoreError`, one line naming the file, SQLite's
+complaint and how to recover. Task ids are also kept in a small file beside the database (`ids`), so that
+a database replaced (restored from a backup, say) never hands out an id again. What is only a cache or an
+archive (estimates, GPU samples, what telemetry saw) is written on a best-effort basis: while the disk is
+full those writes are reported and dropped, never raised into the scheduling loop.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
+import stat
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -17,7 +26,10 @@ from pathlib import Path
 
 from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, Task, TaskId, TaskState
 from carma.estimate.base import Breakdown, Estimate
+from carma.server.faults import FaultLog, no_space, one_line
 from carma.server.spec import JobSpec
+
+log = logging.getLogger("carma.server")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -134,23 +146,142 @@ class StoredTask:
     observed: dict[int, Observation]  # attempt number -> what telemetry saw of it (so far, for a live one)
 
 
+class StoreError(Exception):
+    """The database cannot be used: one line naming the file, what is wrong, and what to do."""
+
+
+def backup_path(path: Path) -> Path:
+    """Where the periodic backup of the database at `path` is kept."""
+    return path.with_name(path.name + ".backup")
+
+
+def recovery(path: Path) -> str:
+    """What to do about a database that cannot be used: restore the backup if there is one (its -wal and -shm
+    files go first: SQLite would replay them onto the restored file), else start over in a new state dir."""
+    home, backup = path.parent, backup_path(path)
+    again = f"or move {home} aside (mv {home} {home}.old) to start with no tasks"
+    if not backup.is_file():
+        return f"restore it from a backup of yours, {again}"
+    return f"restore the backup (rm -f {path}-wal {path}-shm && cp {backup} {path}), {again}"
+
+
+def damaged(path: Path, problem: str) -> StoreError:
+    problem = " ".join(problem.split())  # SQLite's checks answer on several lines
+    return StoreError(f"{path}: {problem}: {recovery(path)}; `carma server --check` verifies it")
+
+
+def opening_failed(path: Path, exc: BaseException) -> StoreError:
+    """The one line for a database that fails to open: full disk, no access, or damage."""
+    if (full := no_space_left(path.parent, exc)) is not None:
+        return full
+    if isinstance(exc, PermissionError) or getattr(exc, "sqlite_errorname", "") == "SQLITE_CANTOPEN":
+        return StoreError(
+            f"{path}: cannot open it ({one_line(exc)}): the daemon's user must be able to read and write it"
+        )
+    if isinstance(exc, OSError | sqlite3.OperationalError):  # locked, an I/O error: not the file's content
+        return StoreError(f"{path}: {one_line(exc)}")
+    return damaged(path, f"the database is damaged ({one_line(exc)})")
+
+
+def no_space_left(home: Path, exc: BaseException) -> StoreError | None:
+    """The one line for a start that failed for lack of space under `home` (None if it was not that): the
+    daemon does not start, as it could not record what it does."""
+    if not (no_space(exc) or _no_room(home)):
+        return None
+    return StoreError(f"no space left under {home} ({one_line(exc)}): free some, then start again")
+
+
+def _no_room(directory: Path) -> bool:
+    """Whether `directory`'s file system has (almost) no space left: SQLite reports some writes that failed
+    for lack of space as a "disk I/O error"."""
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < 1 << 20
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text`, whole or not at all, and durably (a crash leaves the old or the new)."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk keeps no half-written file
+        raise
+
+
 class Store:
-    def __init__(self, path: Path) -> None:
+    """The database at `path`. `ids` is the file that keeps the next task id beside it, and `first_id` the
+    least id it may hand out (above the run dirs already on disk); `readonly` opens it to look only, for a
+    check while a daemon may run."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        ids: Path | None = None,
+        first_id: TaskId = 1,
+        readonly: bool = False,
+        faults: FaultLog | None = None,
+    ) -> None:
+        self.path = path
+        self._ids = ids
+        self._faults = faults or FaultLog(log)
+        try:
+            self._db = self._connect(path, readonly)
+            problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                self._db.close()
+                raise damaged(path, f"the database is damaged (quick_check: {problem})")
+            if not readonly:
+                self._db.executescript(SCHEMA)
+                self._migrate()
+            self._states: dict[TaskId, str] = dict(self._db.execute("SELECT id, state FROM tasks"))
+            newest = self._db.execute("SELECT max(id) FROM tasks").fetchone()[0] or 0
+            kept = int(self.meta("next_id", 1))  # type: ignore[call-overload]
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise opening_failed(path, e) from None
+        # ids are never handed out twice: not those of forgotten tasks (`next_id` in the database), nor those
+        # of tasks whose database was replaced (the ids file, the run dirs)
+        self._next_id = max(newest + 1, kept, self._kept_id(), first_id)
+
+    @staticmethod
+    def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the open for good
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            raise StoreError(f"{path} is {kind}, not a database: move it aside, then {recovery(path)}")
+        if readonly:
+            return sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
         # the daemon's alone: tasks' environments live here. SQLite gives its -wal and -shm files the
-        # database's mode; the chmods are for files made before this rule
+        # database's mode; the chmods take access away from others in files made before this rule (and
+        # never give any: a file made unreadable stays so, and is reported)
         path.touch(mode=0o600)
         for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-            if file.exists():
-                file.chmod(0o600)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        self._migrate()
-        self._states: dict[TaskId, str] = dict(self._db.execute("SELECT id, state FROM tasks"))
-        newest = self._db.execute("SELECT max(id) FROM tasks").fetchone()[0] or 0
-        self._next_id = max(newest + 1, int(self.meta("next_id", 1)))  # forgotten tasks' ids are not reused
+            if file.exists() and (mode := stat.S_IMODE(file.stat().st_mode)) & 0o077:
+                file.chmod(mode & 0o700)
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        return db
+
+    def _kept_id(self) -> TaskId:
+        if self._ids is None or not self._ids.exists():
+            return 1
+        text = self._ids.read_text().strip()
+        if not text.isdigit():
+            raise StoreError(f"{self._ids}: not a task id ({text[:20]!r}): write the next task id into it")
+        return int(text)
+
+    def check(self) -> str:
+        """SQLite's full integrity check ("ok" when sound), for `carma server --check`."""
+        return "; ".join(row[0] for row in self._db.execute("PRAGMA integrity_check(5)"))
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -161,6 +292,13 @@ class Store:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    @contextmanager
+    def _best_effort(self, what: str) -> Iterator[None]:
+        """For writes the daemon can go without (caches, archives): a failure to write is reported, not
+        raised, so that a full disk never stops the scheduling loop over them."""
+        with self._faults.guard(f"saving {what}"):
+            yield
 
     def _migrate(self) -> None:
         for table, columns in ADDED_COLUMNS.items():
@@ -177,6 +315,8 @@ class Store:
     def add(self, job: JobSpec, submit_s: float) -> TaskId:
         """Record a newly accepted job as queued; returns its id."""
         task_id = self._next_id
+        if self._ids is not None:  # before the task: an id the file does not cover is never handed out
+            write_atomically(self._ids, f"{task_id + 1}\n")
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO tasks (id, job, uid, user, submit_s, state) VALUES (?, ?, ?, ?, ?, ?)",
@@ -187,8 +327,10 @@ class Store:
         self._states[task_id] = TaskState.QUEUED.value
         return task_id
 
-    def save(self, tasks: Sequence[Task]) -> None:
-        """Persist the tasks' states and attempts (the core's Journal port); one transaction."""
+    def save(self, tasks: Sequence[Task], observed: Mapping[tuple[TaskId, int], Observation] | None = None) -> None:
+        """Persist the tasks' states and attempts (the core's Journal port), and what telemetry saw of
+        attempts (by task and attempt number); one transaction."""
+        states: dict[TaskId, str] = {}
         with self._transaction() as db:
             for task in tasks:
                 db.execute(
@@ -219,12 +361,15 @@ class Store:
                         ),
                     )
                 if self._states.get(task.id) != task.state.value:
-                    self._states[task.id] = task.state.value
+                    states[task.id] = task.state.value
                     t = _last_time(task)
                     db.execute(
                         "INSERT INTO events (t, task_id, state, detail) VALUES (?, ?, ?, ?)",
                         (t, task.id, task.state.value, _event_detail(task)),
                     )
+            for (task_id, attempt), seen in (observed or {}).items():
+                self._observe(db, task_id, attempt, seen)
+        self._states.update(states)  # once written: a save that failed writes its events when it is retried
 
     def record_spawn(self, task_id: TaskId, attempt: int, spawn: Spawn) -> None:
         with self._transaction() as db:
@@ -234,18 +379,23 @@ class Store:
             )
 
     def record_observation(self, task_id: TaskId, attempt: int, seen: Observation) -> None:
-        with self._transaction() as db:
-            db.execute(
-                """UPDATE attempts SET peak_mib = ?, smact_mean = ?, smocc_mean = ?, drama_mean = ?,
-                   observed_samples = ? WHERE task_id = ? AND number = ?""",
-                (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, seen.samples, task_id, attempt),
-            )
+        """Keep what telemetry saw of a live attempt so far (best effort: it is saved again later)."""
+        with self._best_effort("what telemetry saw of running tasks"), self._transaction() as db:
+            self._observe(db, task_id, attempt, seen)
+
+    @staticmethod
+    def _observe(db: sqlite3.Connection, task_id: TaskId, attempt: int, seen: Observation) -> None:
+        db.execute(
+            """UPDATE attempts SET peak_mib = ?, smact_mean = ?, smocc_mean = ?, drama_mean = ?,
+               observed_samples = ? WHERE task_id = ? AND number = ?""",
+            (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, seen.samples, task_id, attempt),
+        )
 
     def add_gpu_samples(self, rows: Sequence[tuple[int, float, dict[str, float | None]]], keep_after_s: float) -> None:
         """Archive (gpu, t, values) rows, and forget those from before `keep_after_s`."""
         columns = ", ".join(SERIES_FIELDS)
         marks = ", ".join("?" for _ in SERIES_FIELDS)
-        with self._transaction() as db:
+        with self._best_effort("the GPU sample archive"), self._transaction() as db:
             db.executemany(
                 f"INSERT OR REPLACE INTO gpu_samples (gpu, t, {columns}) VALUES (?, ?, {marks})",
                 [(gpu, t, *(values[f] for f in SERIES_FIELDS)) for gpu, t, values in rows],
@@ -253,8 +403,9 @@ class Store:
             db.execute("DELETE FROM gpu_samples WHERE t < ?", (keep_after_s,))
 
     def add_estimate(self, fingerprint: str, estimate: Estimate, t: float) -> None:
-        """Keep a job's memory estimate, so the same job is not estimated again (after a restart too)."""
-        with self._transaction() as db:
+        """Keep a job's memory estimate, so the same job is not estimated again (after a restart too; best
+        effort: one not kept is made again)."""
+        with self._best_effort("memory estimates"), self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO estimates (fingerprint, method, device, peak_bytes, breakdown, seconds, t, "
                 "notes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -277,7 +428,7 @@ class Store:
         only when it changed (a restart asks again for every queued task)."""
         if self._linked(task_id) == fingerprint:
             return
-        with self._transaction() as db:
+        with self._best_effort("memory estimates"), self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO task_estimates VALUES (?, ?)", (task_id, fingerprint))
 
     def task_estimate(self, task_id: TaskId) -> Estimate | None:
@@ -389,7 +540,14 @@ class Store:
         return out
 
     def load(self) -> list[StoredTask]:
-        """Every task with its job and attempts, in submission order (to restore the scheduler)."""
+        """Every task with its job and attempts, in submission order (to restore the scheduler); a row that
+        cannot be read raises StoreError."""
+        try:
+            return self._load()
+        except (sqlite3.DatabaseError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+            raise damaged(self.path, f"a task cannot be read ({type(e).__name__}: {one_line(e)})") from None
+
+    def _load(self) -> list[StoredTask]:
         attempts: dict[TaskId, list[tuple[Attempt, Spawn | None, Observation | None]]] = {}
         for row in self._db.execute("SELECT * FROM attempts ORDER BY task_id, number"):
             attempts.setdefault(row[0], []).append(_attempt(row))
