@@ -4,10 +4,12 @@ disk and no file descriptors left; the daemon says what is wrong in one line, or
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import resource
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -367,14 +369,17 @@ def fill(directory: Path) -> Path:
 
 def test_a_full_disk_refuses_submissions_and_the_daemon_recovers_by_itself(small_disk, start_server):
     server = start_server(*GPUS, home=small_disk / "h")
-    running = server.submit("sleep", "3")  # no output: its log is on the full disk too
-    server.wait_state(running, "dispatched")
+    started = Path(tempfile.mkdtemp()) / "started"  # off the small disk
+    script = f"touch {started}; sleep 3"  # no output: its log is on the full disk too
+    running = server.client.submit({"command": ["/bin/sh", "-c", script], "workdir": "/"})["id"]
+    wait_until(started.exists, 30, "the task to start")
     filler = fill(small_disk)
     refused = server.cli("submit", "--", "true")
     assert refused.returncode != 0 and "no space left under" in refused.stderr, refused.stderr
-    # the accepted task ended meanwhile, and the daemon took its end in (the shim, whose exit record the full
-    # disk refuses, reports a task that exited 0 as "exit code 120": the shim's to fix)
-    server.wait_state(running, "completed", "failed", timeout=30)
+    # the accepted task ended meanwhile, and the daemon took its end in from the shim's exit status (its exit
+    # record could not be written)
+    assert (t := server.wait_state(running, "completed", "failed", timeout=30))["state"] == "completed", t["reason"]
+    started.unlink()
     filler.unlink()
     wait_until(lambda: server.cli("submit", "--", "true").returncode == 0, 30, "a submission after space returned")
     acknowledged = [t["id"] for t in server.json("queue", "--all")]
@@ -430,3 +435,60 @@ def test_a_scheduling_step_out_of_descriptors_is_reported_and_retried(home, capl
     wait_steps(d, lambda: task.terminal, timeout=60)
     assert task.state is TaskState.COMPLETED
     d.close()
+
+
+# ----------------------------------------------------------------------------- the executor under faults of the machine
+
+
+def _executor(home: Path, argv: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from carma.server.executor import ProcessExecutor
+
+    jobs = {1: JobSpec("job", argv, workdir=str(home))}
+    return ProcessExecutor(home, jobs.__getitem__)
+
+
+def _launch(executor) -> None:  # type: ignore[no-untyped-def]
+    from carma.core.types import Launch, Task
+
+    executor.launch(Task(1, TaskSpec("job", 1), 0.0), Launch(1, 1, (0,), exclusive=False))
+
+
+def test_a_launch_the_machine_refuses_for_a_while_starts_once_it_can(tmp_path, monkeypatch):
+    executor = _executor(tmp_path, ("/bin/sh", "-c", "echo ran"))
+    spawn, refusals = executor._spawn, [OSError(errno.EMFILE, "Too many open files")] * 2
+
+    def refusing(*args):  # type: ignore[no-untyped-def]
+        if refusals:
+            raise refusals.pop()
+        return spawn(*args)
+
+    monkeypatch.setattr(executor, "_spawn", refusing)
+    _launch(executor)
+    assert executor.poll_exits() == [] and not refusals  # tried again at this poll, refused once more
+    (ended,) = wait_until(executor.poll_exits, 20, "the exit")
+    assert ended.exit.exit_code == 0 and (tmp_path / "tasks/1/1/stdout.log").read_text() == "ran\n"
+
+
+def test_a_launch_waiting_for_the_machine_is_cancelled_without_ever_starting(tmp_path, monkeypatch):
+    executor = _executor(tmp_path, ("/bin/sh", "-c", "echo ran"))
+    monkeypatch.setattr(executor, "_spawn", lambda *args: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    _launch(executor)
+    executor.kill(1)
+    monkeypatch.undo()
+    (ended,) = executor.poll_exits()
+    assert ended.exit.signal == signal.SIGTERM and executor.poll_exits() == []
+    assert (tmp_path / "tasks/1/1/stdout.log").read_text() == ""
+
+
+def test_an_exit_record_unreadable_for_want_of_descriptors_is_read_at_a_later_poll(tmp_path, monkeypatch):
+    import carma.server.shim as shim
+
+    executor = _executor(tmp_path, ("/bin/sh", "-c", "exit 7"))
+    _launch(executor)
+    wait_until(lambda: (tmp_path / "tasks/1/1/exit.json").exists(), 20, "the exit record")
+    opened = shim.open_for_reading
+    monkeypatch.setattr(shim, "open_for_reading", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EMFILE, "")))
+    assert executor.poll_exits() == []  # not misread as an exit without a record
+    monkeypatch.setattr(shim, "open_for_reading", opened)
+    (ended,) = wait_until(executor.poll_exits, 20, "the exit")
+    assert ended.exit.exit_code == 7

@@ -14,6 +14,7 @@ to users or appended to, no other hard link), and only then reopened for reading
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Collection
@@ -28,6 +29,10 @@ _KINDS = {
     stat.S_IFCHR: "a character device",
     stat.S_IFBLK: "a block device",
 }
+
+
+MACHINE_FAULTS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT})
+"""Errors of the machine (descriptors, memory, space), not of a file or a task: a caller tries again later."""
 
 
 class UnsafeFile(OSError):

@@ -52,11 +52,12 @@ from carma.server.shim import (
 )
 from carma.server.spec import JobSpec
 from carma.units import inflect, pluralize
-from carma.userfiles import UnsafeFile, open_for_append, open_for_reading, owners_of
+from carma.userfiles import MACHINE_FAULTS, UnsafeFile, open_for_append, open_for_reading, owners_of
 
 log = logging.getLogger("carma.server")
 
 LOG_TAIL_BYTES = 8192
+LAUNCH_RETRY_S = 60.0  # how long a launch the machine refuses (MACHINE_FAULTS) is tried again
 Stream = Literal["stdout", "stderr"]
 
 
@@ -117,31 +118,50 @@ class ProcessExecutor:
         self.task_env = task_env  # per-attempt additions, e.g. an MPS memory limit from the task's need
         self._runs: dict[TaskId, _Run] = {}
         self._failed: list[TaskExit] = []  # launches that never got a process, reported at the next poll
+        self._pending: dict[TaskId, tuple[Task, Launch, float]] = {}  # launches the machine refused, till when
 
     # --- the Executor protocol -------------------------------------------------------------------------
 
     def launch(self, task: Task, launch: Launch) -> None:
-        """Start the attempt; a failure to start is reported as its exit at the next poll, never raised."""
+        """Start the attempt; a failure to start is reported as its exit at the next poll, never raised. A
+        fault of the machine (no descriptor, no space, no memory) is not the task's: the launch is tried
+        again at each poll for `LAUNCH_RETRY_S`, its GPUs held meanwhile."""
+        _, _, deadline = self._pending.pop(task.id, (task, launch, time.monotonic() + LAUNCH_RETRY_S))
         job = self.jobs(task.id)
         run_dir = self.run_dir(task.id, launch.attempt)
         token = secrets.token_hex(8)  # lets this launch, and no late shim of an abandoned one, use the run dir
         try:
             self._prepare_run_dir(run_dir, job, token)
             child = self._spawn(run_dir, job, self._environment(job, task, launch), token)
-        except Exception as exc:  # OSError mostly, or a ValueError from a bad uid/gid: one task, never the loop
-            message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
-            if isinstance(exc, PermissionError) and exc.filename == sys.executable and self.run_as_owner:
-                message += f" (the daemon's Python, which {job.user} cannot run: see `carma server`'s warning)"
-            if not isinstance(exc, StaleRunDir):  # its stderr.log is an earlier task's: leave it as it was
-                self._note(run_dir, message)
-            self._failed.append(TaskExit(task.id, ProcessExit(None, message), self.to_clock(time.time())))
+        except OSError as exc:
+            if exc.errno in MACHINE_FAULTS and time.monotonic() < deadline:
+                self._pending[task.id] = (task, launch, deadline)
+            else:
+                self._refused(task, job, run_dir, exc)
+            return
+        except Exception as exc:  # a ValueError from a bad uid/gid, say: one task, never the loop
+            self._refused(task, job, run_dir, exc)
             return
         record = SpawnRecord(task.id, launch.attempt, child.pid, proctree.start_ticks(child.pid), str(run_dir))
         self._runs[task.id] = _Run(record, child)
         self.on_spawn(record)
 
+    def _refused(self, task: Task, job: JobSpec, run_dir: Path, exc: Exception) -> None:
+        """Report a launch that got no process as the attempt's exit, at the next poll."""
+        message = f"carma: could not start task {task.id} in {job.workdir!r}: {exc}"
+        if isinstance(exc, PermissionError) and exc.filename == sys.executable and self.run_as_owner:
+            message += f" (the daemon's Python, which {job.user} cannot run: see `carma server`'s warning)"
+        if not isinstance(exc, StaleRunDir):  # its stderr.log is an earlier task's: leave it as it was
+            self._note(run_dir, message)
+        self._failed.append(TaskExit(task.id, ProcessExit(None, message), self.to_clock(time.time())))
+
     def kill(self, task_id: TaskId) -> None:
-        """SIGTERM the task's process group now, SIGKILL it at a poll after `grace_s`; idempotent."""
+        """SIGTERM the task's process group now, SIGKILL it at a poll after `grace_s`; idempotent. A launch
+        still waiting for the machine is dropped, its exit that of a task killed before it started."""
+        if self._pending.pop(task_id, None) is not None:
+            cancelled = ProcessExit(None, "carma: cancelled before its process could start", signal.SIGTERM)
+            self._failed.append(TaskExit(task_id, cancelled, self.to_clock(time.time())))
+            return
         run = self._runs.get(task_id)
         if run is None or run.sigkill_at is not None or run.sigkilled:
             return
@@ -150,11 +170,18 @@ class ProcessExecutor:
 
     def poll_exits(self) -> Sequence[TaskExit]:
         """The exits since the last poll, each once; also escalates cancels whose grace period is over."""
+        for task, launch, _ in list(self._pending.values()):
+            self.launch(task, launch)
         exits, self._failed = self._failed, []
         for task_id, run in list(self._runs.items()):
             if self._ended(run):
+                try:
+                    exits.append(self._exit(run))
+                except OSError as e:  # a fault of the machine reading its records: read them at the next poll
+                    if e.errno not in MACHINE_FAULTS:
+                        raise
+                    continue
                 del self._runs[task_id]
-                exits.append(self._exit(run))
             elif run.sigkill_at is not None and time.monotonic() >= run.sigkill_at:
                 self._signal(run, signal.SIGKILL)
                 run.sigkill_at, run.sigkilled = None, True
@@ -299,8 +326,9 @@ class ProcessExecutor:
         return (run.run_dir / EXIT_FILE).exists() or not _shim_lives(run.record)
 
     def _exit(self, run: _Run) -> TaskExit:
-        """How the attempt ended: exit.json if the shim wrote one, else what the kernel or we know."""
-        ended = read_json(run.run_dir / EXIT_FILE)
+        """How the attempt ended: exit.json if the shim wrote one, else what the kernel or we know. Raises
+        the OSError of a fault of the machine (MACHINE_FAULTS) rather than misreport the exit."""
+        ended = read_json(run.run_dir / EXIT_FILE, raising=MACHINE_FAULTS)
         if ended is not None:
             code, sig, ended_at = _int(ended.get("exit_code")), _int(ended.get("signal")), ended.get("ended_at")
         else:
@@ -369,7 +397,8 @@ def _open_log(path: Path) -> BinaryIO:
 
 def _read_tail(path: Path, size: int) -> str:
     """The end of a log, "" when it is missing or not a plain file of the task's (the exit is still reported:
-    its classification then has no output to read, never the daemon blocked on a FIFO)."""
+    its classification then has no output to read, never the daemon blocked on a FIFO). A fault of the
+    machine is raised: the tail decides whether the task ran out of GPU memory."""
     try:
         with open_for_reading(path, owners_of(path.parent)) as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - size))
@@ -377,7 +406,9 @@ def _read_tail(path: Path, size: int) -> str:
     except UnsafeFile as e:
         log.warning("%s", e)
         return ""
-    except OSError:
+    except OSError as e:
+        if e.errno in MACHINE_FAULTS:
+            raise
         return ""
 
 

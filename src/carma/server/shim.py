@@ -13,6 +13,7 @@ shim must survive it to record the exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from carma.server import proctree
@@ -37,8 +38,12 @@ ADMITS = "admits"  # the marker's key naming the one launch that may take the ru
 def _write_temp(path: Path, data: dict[str, object]) -> Path:
     """Write `data` to a fresh, uniquely named file beside `path` (never through a planted symlink)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+    except BaseException:  # a full disk: no half-written temporary file left behind
+        os.unlink(tmp)
+        raise
     return Path(tmp)
 
 
@@ -69,14 +74,19 @@ def claim(path: Path, data: dict[str, object], launch: str | None = None) -> boo
         tmp.unlink(missing_ok=True)
 
 
-def read_json(path: Path) -> dict[str, object] | None:
+def read_json(path: Path, raising: Collection[int] = ()) -> dict[str, object] | None:
     """A record file, or None when it is missing, unreadable or not a plain file of the run dir's owner (the
-    daemon may read it as root: see `carma.userfiles`; never half-written: written atomically). Linked
-    twice is allowed: `claim` links its record in place before removing the temporary name."""
+    daemon may read it as root: see `carma.userfiles`; never half-written: written atomically), except for
+    an OSError whose errno is in `raising`. Linked twice is allowed: `claim` links its record in place
+    before removing the temporary name."""
     try:
         with open_for_reading(path, owners_of(path.parent), single_link=False) as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except OSError as e:
+        if e.errno in raising:
+            raise
+        return None
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 
@@ -103,7 +113,13 @@ def command(argv: list[str], shell: bool) -> list[str]:
 
 
 def record_exit(run_dir: Path, exit_code: int | None, sig: int | None) -> None:
-    write_json_atomically(run_dir / EXIT_FILE, {"exit_code": exit_code, "signal": sig, "ended_at": time.time()})
+    """Write exit.json; on a full disk say so and go on: the shim's own exit status still tells the daemon
+    (its parent) how the task ended, where an exception made a task that succeeded read as failed."""
+    try:
+        write_json_atomically(run_dir / EXIT_FILE, {"exit_code": exit_code, "signal": sig, "ended_at": time.time()})
+    except OSError as e:  # unbuffered: a line left in sys.stderr's buffer would fail again at exit (status 120)
+        with contextlib.suppress(OSError):
+            os.write(2, f"carma: could not record how the task ended: {e.strerror}\n".encode())
 
 
 def run(run_dir: Path, argv: list[str], launch: str | None = None, unset: Sequence[str] = ()) -> int:
