@@ -1,0 +1,184 @@
+"""The memory estimators on real models: CARMA's own workload tasks against the peaks CARMA measured.
+
+Each task of shared/datasets/carma/workloads.csv that `validation/models/tasks.py` covers (the single-GPU
+CNNs and BERTs; `mem_mib`: nvidia-smi's peak on an A100-40GB, context included) is trained by its script in
+validation/models (random data of the task's shapes), captured once on the CPU as `carma estimate --
+python SCRIPT ...` captures it (in a process of its own), and estimated by every method for the device.
+
+Printed: each task's measured MiB and each method's error; per method and family (CNN, transformer, all)
+the median absolute error and the underestimates (counted, and those by more than 3%); then the issue's
+checks. `--results FILE` keeps each task's outcome as a JSON line and skips the tasks already there, so
+a long run can be resumed and its figures printed again (`--tasks` none left to run).
+
+    python benchmarks/estimators_models.py [--tasks NAME,...] [--max-mib N] [--results FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from carma.calibration.sources import DataNotFound, find_datasets
+from carma.estimate.base import EstimateError
+from carma.estimate.devices import get_device
+from carma.estimate.registry import CPU_METHODS
+from carma.estimate.runner import capture_environment
+from carma.estimate.script import capture_script
+from carma.estimate.session import DEFAULT_STEPS
+from estimators import every_method
+from options import machine_line, positive_int
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "validation" / "models"))
+import tasks as carma_tasks  # validation/models, a folder of scripts
+
+WORKLOADS = "carma/workloads.csv"
+MIB = 2**20
+UNDER_LIMIT = 0.03  # the issue's: no underestimate larger than 3% (an MPS memory limit that low is a crash)
+FAMILIES = ("CNN", "transformer", "all")
+
+
+def estimate_task(task: carma_tasks.Task, device: str, steps: int, data: Path) -> dict:
+    """Capture and estimate one task in a process of its own: {"task", "family", "measured_mib", "above":
+    {method: MiB above the device's context, or None}, "errors": {method: why}, "seconds"}. The part above
+    the context is kept, so that the outcome holds for another context constant (`--stack`)."""
+    started = time.perf_counter()
+    child = [sys.executable, __file__, "--estimate-task", task.name, "--device", device, "--steps", str(steps)]
+    child += ["--data", str(data)]
+    done = subprocess.run(child, env=capture_environment(), capture_output=True, text=True)
+    outcome = {"task": task.name, "family": task.family, "measured_mib": task.mem_mib, "above": {}, "errors": {}}
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        outcome["errors"] = dict.fromkeys(CPU_METHODS, why)
+        outcome["above"] = dict.fromkeys(CPU_METHODS)
+    else:
+        result = json.loads(done.stdout.splitlines()[-1])
+        for method, e in result["estimates"].items():
+            outcome["above"][method] = None if "error" in e else (e["peak"] - e["context"]) / MIB
+            if "error" in e:
+                outcome["errors"][method] = e["error"]
+    outcome["seconds"] = round(time.perf_counter() - started, 1)
+    return outcome
+
+
+def estimate_mib(outcome: dict, method: str, context_mib: float) -> float | None:
+    above = outcome["above"].get(method)
+    return None if above is None else above + context_mib
+
+
+def error(outcome: dict, method: str, context_mib: float) -> float | None:
+    estimate = estimate_mib(outcome, method, context_mib)
+    return None if estimate is None else (estimate - outcome["measured_mib"]) / outcome["measured_mib"]
+
+
+def per_task(outcomes: list[dict], context_mib: float) -> None:
+    print(f"{'task':30s} {'MiB':>6s} " + " ".join(f"{m:>12s}" for m in CPU_METHODS) + "  seconds")
+    for o in outcomes:
+        cells = []
+        for method in CPU_METHODS:
+            e = error(o, method, context_mib)
+            cells.append(f"{'-':>12s}" if e is None else f"{estimate_mib(o, method, context_mib):6.0f} {e:+5.0%}")
+        print(f"{o['task']:30s} {o['measured_mib']:6d} " + " ".join(cells) + f"  {o['seconds']:.0f}")
+
+
+def figures(outcomes: list[dict], method: str, family: str, context_mib: float) -> dict[str, float | int] | None:
+    chosen = [o for o in outcomes if family in ("all", o["family"])]
+    errors = [e for o in chosen if (e := error(o, method, context_mib)) is not None]
+    if not errors:
+        return None
+    return {
+        "tasks": len(errors),
+        "median": statistics.median(abs(e) for e in errors),
+        "under": sum(e < 0 for e in errors),
+        "under_limit": sum(e < -UNDER_LIMIT for e in errors),
+        "worst_under": min(errors),
+    }
+
+
+def report(outcomes: list[dict], context_mib: float) -> None:
+    per_task(outcomes, context_mib)
+    print(f"\n{'estimator':11s} {'family':12s} {'tasks':>5s} {'median |error|':>15s} {'under':>6s} "
+          f"{'under >3%':>10s} {'worst':>7s}")  # fmt: skip
+    stats = {}
+    for method in CPU_METHODS:
+        for family in FAMILIES:
+            s = figures(outcomes, method, family, context_mib)
+            stats[method, family] = s
+            if s:
+                print(
+                    f"{method:11s} {family:12s} {s['tasks']:5d} {s['median']:>15.1%} {s['under']:6d} "
+                    f"{s['under_limit']:10d} {s['worst_under']:>+7.1%}"
+                )
+    x = stats["xmem", "all"]
+    if not x:
+        return
+    others = [s for (m, f), s in stats.items() if m != "xmem" and f == "all" and s]
+    checks = [
+        ("xMem median absolute error <= 5%", x["median"] <= 0.05),
+        ("xMem no underestimate larger than 3%", x["under_limit"] == 0),
+        ("xMem better than every baseline on median error and underestimates", all(
+            x["median"] < o["median"] and x["under"] <= o["under"] for o in others
+        )),
+    ]  # fmt: skip
+    for claim, holds in checks:
+        print(f"{'yes' if holds else 'NO '}  {claim}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="a100-40gb", help="The GPU the tasks were measured on.")
+    parser.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS)
+    parser.add_argument("--tasks", help="Comma-separated task names (default: every covered task).")
+    parser.add_argument("--max-mib", type=positive_int, help="Only tasks measured at most this many MiB.")
+    parser.add_argument("--results", type=Path, help="JSON lines of outcomes: read, skipped, appended to.")
+    parser.add_argument("--data", type=Path, help="The public datasets' folder (default: $CARMA_DATASETS, shared/).")
+    parser.add_argument("--estimate-task", help=argparse.SUPPRESS)  # one task's capture, in its own process
+    args = parser.parse_args()
+    try:
+        device = get_device(args.device)
+        data = find_datasets(args.data, WORKLOADS)
+        tasks = carma_tasks.load(data / WORKLOADS)
+    except (EstimateError, DataNotFound, OSError) as e:
+        sys.exit(f"error: {e}")
+    if args.estimate_task:
+        task = next(t for t in tasks if t.name == args.estimate_task)
+        capture = capture_script(task.argv(), steps=args.steps)
+        results = {
+            method: {"error": str(e)}
+            if isinstance(e, EstimateError)
+            else {"peak": e.peak_bytes, "context": e.breakdown.context}
+            for method, e in every_method(capture, device.name).items()
+        }
+        print(json.dumps({"capture_seconds": capture.seconds, "estimates": results}))
+        return
+    if args.tasks:
+        wanted = args.tasks.split(",")
+        if unknown := set(wanted) - {t.name for t in tasks}:
+            sys.exit(f"error: no covered task {', '.join(sorted(unknown))}")
+        tasks = [t for t in tasks if t.name in wanted]
+    if args.max_mib:
+        tasks = [t for t in tasks if t.mem_mib <= args.max_mib]
+    print(machine_line())
+    print(f"CARMA workload tasks: {len(tasks)}; device {device.name}, context {device.context_bytes / MIB:.0f} MiB")
+    done = []
+    if args.results and args.results.exists():
+        done = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    known = {o["task"] for o in done}
+    for i, task in enumerate(t for t in tasks if t.name not in known):
+        print(f"\r{i + 1} estimating {task.name}", end="", file=sys.stderr, flush=True)
+        outcome = estimate_task(task, device.name, args.steps, data)
+        done.append(outcome)
+        if args.results:
+            with args.results.open("a") as f:
+                f.write(json.dumps(outcome) + "\n")
+    print(file=sys.stderr)
+    order = {t.name: i for i, t in enumerate(tasks)}
+    report(sorted((o for o in done if o["task"] in order), key=lambda o: order[o["task"]]), device.context_bytes / MIB)
+
+
+if __name__ == "__main__":
+    main()
