@@ -35,7 +35,7 @@ def data_root() -> Path:
 
 @pytest.fixture(scope="module")
 def calibration(data_root):
-    pytest.importorskip("scipy", reason="calibration needs SciPy (pip install 'carma[calibrate]')")
+    pytest.importorskip("scipy", reason="calibration needs SciPy (pip install 'carma-gpu[calibrate]')")
     from carma.calibration.calibrate import calibrate
 
     return calibrate(data_root)
@@ -87,7 +87,7 @@ def markdown_table(report: str, header: str) -> list[list[str]]:
 
 
 def test_validate_writes_the_fidelity_report(data_root, tmp_path):
-    pytest.importorskip("scipy", reason="calibration needs SciPy (pip install 'carma[calibrate]')")
+    pytest.importorskip("scipy", reason="calibration needs SciPy (pip install 'carma-gpu[calibrate]')")
     report = tmp_path / "reports" / "fidelity.md"
     result = run_carma("twin", "validate", "--data", data_root, "--report", report, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

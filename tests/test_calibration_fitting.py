@@ -32,7 +32,7 @@ from carma.calibration.utilization import UtilizationRelation, fit_relation
 from carma.sim.gpus import GPU_TYPES
 from carma.sim.models import InterferenceModel, Load, PowerModel
 
-pytest.importorskip("scipy", reason="calibration fits need SciPy (pip install 'carma[calibrate]')")
+pytest.importorskip("scipy", reason="calibration fits need SciPy (pip install 'carma-gpu[calibrate]')")
 
 
 def line(theta: np.ndarray, X: np.ndarray) -> np.ndarray:

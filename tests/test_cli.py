@@ -335,7 +335,7 @@ def test_without_matplotlib_plots_are_refused_before_the_simulation(tmp_path):
     env = cli_env(PYTHONPATH=str(tmp_path))
     result = run_carma("simulate", "--sweep", "--csv", "sweep.csv", "--plot", "plots", cwd=tmp_path, env=env)
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == "error: plots need matplotlib: pip install 'carma[plot]'\n"
+    assert result.stderr == "error: plots need matplotlib: pip install 'carma-gpu[plot]'\n"
     assert not (tmp_path / "sweep.csv").exists()  # nothing simulated, nothing half-written
 
 

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma[estimate]')")
+torch = pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma-gpu[estimate]')")
 
 from torch import nn  # noqa: E402
 

@@ -18,7 +18,7 @@ from support import CARMA, cli_env, run_carma, wait_until
 
 MIB = 2**20
 
-pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma[estimate]')")
+pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma-gpu[estimate]')")
 
 BREAKDOWN = {"parameters", "gradients", "optimizer_state", "activations", "allocator", "context"}
 METHODS = ("xmem", "faketensor", "horus", "gpumemnet")
@@ -186,7 +186,7 @@ def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_p
     (tmp_path / "matplotlib" / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
     env = cli_env(CARMA_HOME=str(work / "home"), PYTHONPATH=str(tmp_path))
     result = run_carma("estimate", "--timeline", tmp_path / "t.png", "--", "python", "slow.py", cwd=work, env=env)
-    assert one_error_line(result) == "error: --timeline: plots need matplotlib: pip install 'carma[plot]'"
+    assert one_error_line(result) == "error: --timeline: plots need matplotlib: pip install 'carma-gpu[plot]'"
 
 
 @pytest.mark.parametrize(
@@ -257,7 +257,7 @@ def test_without_pytorch_the_command_says_how_to_install_it(work, tmp_path):
     (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('No module named torch')\n")
     env = cli_env(PYTHONPATH=str(tmp_path))
     result = run_carma("estimate", "--job", "tinyjob:job", cwd=work, env=env)
-    assert one_error_line(result) == "error: estimating needs PyTorch: pip install 'carma[estimate]'"
+    assert one_error_line(result) == "error: estimating needs PyTorch: pip install 'carma-gpu[estimate]'"
 
 
 def test_the_script_is_captured_under_the_python_its_command_names(work, tmp_path):

@@ -176,7 +176,7 @@ def main() -> None:
     try:
         import torch
     except ImportError:
-        sys.exit("error: validating the estimators needs PyTorch: pip install 'carma[estimate]'")
+        sys.exit("error: validating the estimators needs PyTorch: pip install 'carma-gpu[estimate]'")
     if not torch.cuda.is_available():
         sys.exit("error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine")
 

@@ -1,4 +1,4 @@
-"""A stand-in training job for fake GPUs: `python -m carma.fakejob --mem 8GiB --seconds 600`.
+"""A stand-in training job for fake GPUs: `carma fakejob --mem 8GiB --seconds 600` (or `python -m carma.fakejob`).
 
 It lives like a PyTorch job on the GPUs in CUDA_VISIBLE_DEVICES (fake UUIDs; the device directory and
 time scale come from CARMA_FAKE_GPUS and CARMA_TIME_SCALE): after its time to first kernel it shows with
@@ -35,9 +35,9 @@ class OutOfMemory(Exception):
     """An allocation did not fit: the message is PyTorch's."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m carma.fakejob") -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
-    args = _parser().parse_args(argv)
+    args = _parser(prog).parse_args(argv)
     try:
         device, uuids, scale = _environment()
     except UsageError as e:
@@ -56,13 +56,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return args.exit_code
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m carma.fakejob", description=__doc__.splitlines()[0])
-    parser.add_argument("--mem", type=parse_mib, required=True, help="GPU memory per GPU (e.g. 8GiB)")
+def _size(text: str) -> int:
+    """A memory size with its unit, in MiB: `--mem 8` is refused, not read as 8 MiB."""
+    try:
+        return parse_mib(text, bare_mib=False)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--mem", type=_size, required=True, help="GPU memory per GPU (e.g. 8GiB)")
     parser.add_argument("--seconds", type=float, required=True, help="solo duration, start-up included")
     parser.add_argument("--ttfk", type=float, default=2.0, help="seconds to the first kernel (default 2)")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds from first kernel to full memory")
-    parser.add_argument("--mem-first", type=parse_mib, help="memory at the first kernel (default min(512MiB, mem))")
+    parser.add_argument("--mem-first", type=_size, help="memory at the first kernel (default min(512MiB, mem))")
     parser.add_argument("--gract", type=_fraction, default=0.5, help="solo GPU utilization (default 0.5)")
     parser.add_argument("--smact", type=_fraction, default=0.4, help="solo SM activity (default 0.4)")
     parser.add_argument("--smocc", type=_fraction, default=0.15, help="solo SM occupancy (default 0.15)")

@@ -18,23 +18,31 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 MAX_MIB = 2**30  # 1 PiB
+UNITS = (
+    "Units: KiB, MiB, GiB, TiB or K, M, G, T (powers of 1024: 8G is 8GiB); KB, MB, GB, TB (powers of 1000: 8GB is"
+    " 7.45 GiB); B"
+)
+"""Every unit a memory size takes, for the errors that refuse one: `8G` is GiB, `8GB` is 10^9 bytes."""
 
 
-def parse_mib(text: str | int | float) -> int:
-    """Parse a memory size into whole MiB (rounded up); a bare number is already MiB.
+def parse_mib(text: str | int | float, *, bare_mib: bool = True) -> int:
+    """Parse a memory size into whole MiB (rounded up).
 
     Binary units (KiB, MiB, GiB, TiB and the short K, M, G, T) are powers of 1024; KB, MB, GB, TB are
-    decimal, as on datasheets.
+    decimal, as on datasheets. A number is MiB; so is a bare number in text where `bare_mib` (a `*_mib`
+    column, the API's documented field), and refused where not: `--mem 8` read as 8 MiB without a word.
     """
     if isinstance(text, int | float):
         value, unit = float(text), "m"
     else:
         match = _SIZE_RE.match(text)
         if not match:
-            raise ValueError(f"cannot read {text!r} as a memory size (examples: 8GiB, 512MiB, 6000)")
+            raise ValueError(f"cannot read {text!r} as a memory size, e.g. 8GiB or 512MiB. {UNITS}")
+        if not match.group(2) and not bare_mib:
+            raise ValueError(f"{text!r} has no unit: write e.g. {text.strip()}GiB. {UNITS}")
         value, unit = float(match.group(1)), (match.group(2).lower() or "m")
     if unit not in _UNITS_BYTES:
-        raise ValueError(f"unknown memory unit {unit!r} in {text!r} (use B, KiB, MiB, GiB, TiB, KB, MB, GB)")
+        raise ValueError(f"unknown memory unit {unit!r} in {text!r}. {UNITS}")
     if not 0 < value < math.inf:
         raise ValueError(f"memory size must be positive and finite, got {text!r}")
     if (mib := math.ceil(value * _UNITS_BYTES[unit] / 2**20)) > MAX_MIB:  # past float precision, said in noise

@@ -13,7 +13,7 @@ def _minimize():
     try:
         from scipy.optimize import minimize
     except ImportError:
-        raise ImportError("calibration needs SciPy: pip install 'carma[calibrate]'") from None
+        raise ImportError("calibration needs SciPy: pip install 'carma-gpu[calibrate]'") from None
     return minimize
 
 

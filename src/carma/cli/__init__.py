@@ -5,8 +5,18 @@ from typing import Any
 
 import typer
 
-from carma.cli import estimate, replay, report, server, service, simulate, tasks, twin  # noqa: F401  (they register their commands)
-from carma.cli.common import app, error_line
+from carma.cli import (  # noqa: F401  (they register their commands)
+    estimate,
+    fakejob,
+    replay,
+    report,
+    server,
+    service,
+    simulate,
+    tasks,
+    twin,
+)
+from carma.cli.common import app, error_line, unwrap_help
 
 
 def main() -> None:
@@ -15,6 +25,7 @@ def main() -> None:
     from typer import _click  # Typer 0.28 carries its own Click (pyproject keeps Typer below 0.29)
 
     command = typer.main.get_command(app)
+    unwrap_help(command)
     try:
         sys.exit(command.main(prog_name="carma", standalone_mode=False))
     except _click.exceptions.NoArgsIsHelpError as e:  # `carma`, `carma twin`: the help, as before

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,7 +21,7 @@ from carma import __version__
 app = typer.Typer(
     help="carma: a collocation-aware GPU resource manager for deep-learning training.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
@@ -159,6 +159,16 @@ def absolute(path: Path | None = None) -> Path:
         return (path or Path()).resolve()
     except FileNotFoundError:
         raise fail("the current directory no longer exists: cd into one, or give an absolute path") from None
+
+
+def unwrap_help(command: Any) -> None:
+    """Each paragraph of every command's help as one line, for the terminal to wrap at its width: Typer keeps a
+    docstring's line breaks after its first paragraph, which cut `--help` lines mid-phrase."""
+    if command.help:
+        paragraphs = command.help.split("\n\n")
+        command.help = "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
+    for sub in getattr(command, "commands", {}).values():
+        unwrap_help(sub)
 
 
 def _print_version(value: bool) -> None:

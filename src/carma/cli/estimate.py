@@ -16,13 +16,14 @@ from typer.core import TyperGroup
 
 from carma.cli.common import PATH_VALUE, UsageError, absolute, app, choice, err, fail, out
 from carma.estimate.base import CAPTURE_TIMEOUT_S, TIMELINE_NOT_WRITTEN, Estimate, EstimateError
+from carma.estimate.devices import BUILTIN
 from carma.estimate.registry import CPU_METHODS
 from carma.units import size_text
 
 if TYPE_CHECKING:
     import click
 
-NEEDS_TORCH = "estimating needs PyTorch: pip install 'carma[estimate]'"
+NEEDS_TORCH = "estimating needs PyTorch: pip install 'carma-gpu[estimate]'"
 _SCRIPT = "carma.estimate.script"  # where the group keeps the command given after `--`
 
 
@@ -62,7 +63,13 @@ def estimate_cmd(
         str | None, typer.Option(help="A job function, module:function, returning a carma TrainingJob.")
     ] = None,
     method: Annotated[str, typer.Option(help=f"{', '.join(CPU_METHODS)}.")] = "xmem",
-    device: Annotated[str, typer.Option(help="The GPU to estimate for (its context constant).")] = "a100-40gb",
+    device: Annotated[
+        str,
+        typer.Option(
+            help=f"The GPU to estimate for (its context constant): {', '.join(BUILTIN)}, or a name that"
+            " `carma estimate calibrate` stored."
+        ),
+    ] = "a100-40gb",
     steps: Annotated[int, typer.Option(help="Training iterations (optimizer steps) to run on the CPU.", min=1)] = 3,
     timeout: Annotated[
         float, typer.Option(help="Seconds the capture may take to reach its steps (a large model's may need more).")

@@ -5,15 +5,22 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
 from carma.cli.common import UsageError, absolute, app, choice, err, fail, out, positive
 from carma.traces.catalog import Workload
 from carma.traces.loaders import BUILTIN_TRACES
-from carma.units import pluralize
+from carma.units import in_unit, pluralize, time_unit
+
+if TYPE_CHECKING:
+    from carma.sim.experiment import RunResult
+    from carma.traces.loaders import Trace
+
+PROGRESS_LINES = 10  # off a terminal, a line each time another tenth of the tasks has ended
 
 
 def fakejob_command(w: Workload) -> list[str]:
@@ -41,14 +48,17 @@ def replay_cmd(
     skip_unknown: Annotated[bool, typer.Option("--skip-unknown", help="Leave out unknown tasks.")] = False,
     wait: Annotated[
         bool,
-        typer.Option(help="Wait for every task to end, print the run's figures; exit 1 unless all completed."),
+        typer.Option(
+            help="Wait for every task to end (progress on stderr), print the run's figures beside the twin's for"
+            " the same tasks; exit 1 unless all completed."
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the submitted ids (and figures) as JSON.")] = False,
 ) -> None:
     """Replay a trace against a running server (fake GPUs): each task is a carma.fakejob with its profile."""
     from carma.server.client import Client, ClientError, run_figures
     from carma.traces.catalog import load_catalog
-    from carma.traces.loaders import TraceError, load_trace
+    from carma.traces.loaders import Trace, TraceError, load_trace
 
     try:
         memory = choice(memory, ("none", "oracle"), "--memory")
@@ -63,27 +73,84 @@ def replay_cmd(
     entries = loaded.entries[:limit]
     ids: list[int] = []
     try:
-        server_scale = client.status()["time_scale"]
+        status = client.status()
+        server_scale = status["time_scale"]
         if time_scale is not None and time_scale != server_scale:
             err.print(
                 f"note: submitting at {time_scale:g}x while the server's GPUs run tasks at {server_scale:g}x: "
                 "the trace's arrivals and run times are not kept on one clock"
             )
-        ended = _Ended(client, ids)  # read whole as they end: a server's retention may forget the first ones
-        on_wait = ended.look if wait else None
         _check_all(client, entries, memory == "oracle")
-        _submit_all(client, entries, time_scale or server_scale, memory == "oracle", as_json, ids, on_wait)
-        figures = run_figures(ended.all()) if wait else None
+        with _Progress(len(entries), quiet=as_json) if wait else nullcontext() as progress:
+            ended = _Ended(client, ids, progress)  # read whole as they end: a server's retention may forget them
+            on_wait = ended.look if wait else None
+            _submit_all(client, entries, time_scale or server_scale, memory == "oracle", as_json, ids, on_wait)
+            figures = run_figures(ended.all()) if wait else None
+        gpus = [g["name"] for g in client.gpus()] if wait else []
     except ClientError as e:
         raise fail(f"{e} ({_submitted(ids, len(entries))})") from None
     except KeyboardInterrupt:
         raise fail(f"interrupted ({_submitted(ids, len(entries))})", code=130) from None
+    twin = _twin_run(Trace(loaded.name, entries), status, gpus, memory) if figures else None
     if as_json:
-        print(json.dumps({"trace": loaded.name, "ids": ids, **({"figures": figures} if figures else {})}))
+        extra = {"figures": figures, **({"twin": _twin_figures(twin)} if twin else {})} if figures else {}
+        print(json.dumps({"trace": loaded.name, "ids": ids, **extra}))
     elif figures:
-        out.print(", ".join(f"{k} {v}" for k, v in figures.items()), highlight=False)
+        out.print(_summary(figures, twin), highlight=False)
     if figures and figures["completed"] < len(ids):  # as `carma wait`: a script sees that some did not complete
         raise typer.Exit(1)
+
+
+class _Twin(NamedTuple):
+    """The twin's run of the replayed tasks, and its configuration in words."""
+
+    result: RunResult
+    label: str
+
+
+def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], memory: str) -> _Twin | None:
+    """The twin's run of the replayed tasks on the server's GPUs with its policy and risk filter, and its name;
+    None (said on stderr) where the twin does not model the server's GPUs or policy."""
+    from carma.cli.simulate import server_name
+    from carma.core.config import Policy
+    from carma.sim.experiment import RunConfig, TwinConfig, simulate
+    from carma.sim.gpus import GPU_TYPES
+
+    kinds = [GPU_TYPES.get(name.lower()) for name in gpus]
+    policies = {p.value: p for p in Policy}
+    if not gpus or None in kinds or status["policy"] not in policies:
+        what = f"policy {status['policy']}" if all(kinds) else f"GPUs ({', '.join(sorted(set(gpus)))})"
+        err.print(f"note: no twin figure to compare with: the twin does not model the server's {what}")
+        return None
+    run = RunConfig(policies[status["policy"]], memory, status["risk"]["enabled"])
+    config = TwinConfig(gpus=tuple(k for k in kinds if k))
+    result = simulate(trace, run, config)
+    return _Twin(result, f"{run.label} on {server_name(result, config)}")
+
+
+def _twin_figures(twin: _Twin) -> dict[str, Any]:
+    m = twin.result.metrics
+    return {"config": twin.label, "makespan_s": round(m.makespan_s, 1), "oom_crashes": m.oom_crashes}
+
+
+def _summary(figures: dict[str, Any], twin: _Twin | None) -> str:
+    """The run in words, makespan in hours (minutes for a short one), beside the twin's for the same tasks."""
+    unit = time_unit(max(figures["makespan_s"], twin.result.metrics.makespan_s if twin else 0.0))
+    tasks = sum(figures[k] for k in ("completed", "failed", "cancelled"))
+    lines = [
+        f"{pluralize(tasks, 'task')}: {figures['completed']} completed, {figures['failed']} failed, "
+        f"{figures['cancelled']} cancelled; {pluralize(figures['collocated_attempts'], 'attempt')} collocated",
+        f"makespan {in_unit(figures['makespan_s'], unit)} {unit[1]}, "
+        f"{pluralize(figures['oom_crashes'], 'out-of-memory crash', 'out-of-memory crashes')}",
+    ]
+    if twin:
+        m = twin.result.metrics
+        change = (figures["makespan_s"] / m.makespan_s - 1) * 100 if m.makespan_s else 0.0
+        lines[-1] += (
+            f"; the twin, same tasks ({twin.label}): {in_unit(m.makespan_s, unit)} {unit[1]} "
+            f"({change:+.1f}% here), {pluralize(m.oom_crashes, 'out-of-memory crash', 'out-of-memory crashes')}"
+        )
+    return "\n".join(lines)
 
 
 def _submitted(ids: list[int], total: int) -> str:
@@ -91,12 +158,41 @@ def _submitted(ids: list[int], total: int) -> str:
     return f"submitted {len(ids)} of {pluralize(total, 'task')}" + (f": {' '.join(map(str, ids))}" if ids else "")
 
 
+class _Progress(AbstractContextManager["_Progress"]):
+    """Tasks ended out of the replay's total, on stderr: a bar on a terminal, else a line at each tenth (a
+    replay was silent for minutes after its last submission)."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._total, self._quiet, self._shown = total, quiet, 0
+        columns = (TextColumn("tasks ended"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self._bar = Progress(*columns, console=err, transient=True) if err.is_terminal else None
+        self._task = self._bar.add_task("ended", total=total) if self._bar else None
+
+    def __enter__(self) -> _Progress:
+        if self._bar:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar:
+            self._bar.stop()
+
+    def ended(self, n: int) -> None:
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, completed=n)
+        elif not self._quiet and (tenth := n * PROGRESS_LINES // self._total) > self._shown:
+            self._shown = tenth
+            err.print(f"{n} of {pluralize(self._total, 'task')} ended", highlight=False)
+
+
 class _Ended:
     """The replay's tasks that ended, each read whole (with its attempts) once it is seen to end: a server
     whose retention is shorter than the replay forgets the first ones before the last end."""
 
-    def __init__(self, client, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
-        self._client, self._ids = client, ids
+    def __init__(self, client, ids: list[int], progress: _Progress | None = None) -> None:  # type: ignore[no-untyped-def]
+        self._client, self._ids, self._progress = client, ids, progress
         self._ended: dict[int, dict[str, Any]] = {}
 
     def look(self) -> None:
@@ -107,10 +203,22 @@ class _Ended:
         except ServerDown:  # restarting, say: the submissions and the last wait deal with it
             return
         self._ended.update((t["id"], t) for t in seen if t["state"] in ENDED)
+        self._show(len(self._ended))
 
     def all(self) -> list[dict[str, Any]]:
         """Every task, whole, once all have ended."""
-        return [*self._ended.values(), *self._client.wait(self._pending(), whole=True)]
+        from carma.server.client import ENDED
+
+        def polled(tasks: list[dict[str, Any]]) -> None:
+            self._show(len(self._ended) + sum(t["state"] in ENDED for t in tasks))
+
+        rest = self._client.wait(self._pending(), whole=True, on_poll=polled)
+        self._show(len(self._ended) + len(rest))
+        return [*self._ended.values(), *rest]
+
+    def _show(self, n: int) -> None:
+        if self._progress is not None:
+            self._progress.ended(n)
 
     def _pending(self) -> list[int]:
         return [i for i in self._ids if i not in self._ended]

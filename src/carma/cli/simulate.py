@@ -69,6 +69,9 @@ def simulate_cmd(
     skip_unknown: Annotated[
         bool, typer.Option("--skip-unknown", help="Leave out trace entries of unknown tasks.")
     ] = False,
+    limit: Annotated[
+        int | None, typer.Option(help="Only the trace's first N tasks (those `carma replay --limit N` submits).", min=1)
+    ] = None,
     jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
     config: Annotated[Path | None, typer.Option(help="TOML configuration file.", **PATH_VALUE)] = None,
 ) -> None:
@@ -103,6 +106,7 @@ def simulate_cmd(
             check_writable(option, path)
         twin = _twin_config(config, gpus, sharing)
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
+        loaded = replace(loaded, entries=loaded.entries[:limit])
         if loaded.skipped:
             err.print(loaded.skipped_note())
         if sweep_all:
@@ -124,7 +128,7 @@ def simulate_cmd(
                 write_csv(rows, f)
         charts = plot_sweep(results, plot) if plot else []
         if save:
-            source = f"carma simulate, trace {loaded.name} on {_server_name(results[0], twin)}"
+            source = f"carma simulate, trace {loaded.name} on {server_name(results[0], twin)}"
             with naming("--save", save):
                 write_records([from_run_result(r, source) for r in results], save)
     except (UsageError, ConfigError, TraceError, PlotsUnavailable, SimulationStalled, ValueError, OSError) as e:
@@ -139,7 +143,7 @@ def simulate_cmd(
                 err.print(f"wrote {path}")
         _note_failures(results)
         return
-    title = f"trace {loaded.name}: {pluralize(len(loaded.entries), 'task')} on {_server_name(results[0], twin)}"
+    title = f"trace {loaded.name}: {pluralize(len(loaded.entries), 'task')} on {server_name(results[0], twin)}"
     if sweep_all:
         out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
     else:
@@ -182,7 +186,7 @@ def _note_failures(results: Sequence[RunResult], limit: int = 5) -> None:
         err.print(f"note: task {task.id} ({task.spec.name}) failed{where}: {task.reason}")
 
 
-def _server_name(result: RunResult, twin: TwinConfig) -> str:
+def server_name(result: RunResult, twin: TwinConfig) -> str:
     """The simulated server as titles and report sources name it, e.g. "3xA100-40GB (MPS)"."""
     counts: dict[str, int] = {}
     for name in result.gpus:

@@ -28,7 +28,7 @@ from carma.cli.common import (
     positive,
 )
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
-from carma.units import pluralize, size_text
+from carma.units import parse_mib, pluralize, size_text
 
 if TYPE_CHECKING:
     from carma.server.client import Client
@@ -118,7 +118,11 @@ def submit_cmd(
     ] = None,
     gpus: Annotated[int | None, typer.Option(help="GPUs the task needs (default 1).")] = None,
     mem: Annotated[
-        str | None, typer.Option(help="GPU memory it needs on each of its GPUs, e.g. 8GiB (unknown: recovery only).")
+        str | None,
+        typer.Option(
+            help="GPU memory it needs on each of its GPUs, with a unit: 8GiB or 8G (8 x 1024^3 bytes), 8GB (8 x 10^9)."
+            " Unknown: recovery only."
+        ),
     ] = None,
     estimate: Annotated[
         str | None, typer.Option(help="Or estimate it first: xmem, faketensor, horus, gpumemnet or history.")
@@ -146,6 +150,11 @@ def submit_cmd(
     options override, as sbatch's options do its #SBATCH lines)."""
     if file and command:
         raise fail("give either a command (after --) or a task file (-f), not both")
+    if mem is not None:
+        try:  # here, not by the server, which reads a number as MiB, as task files and the API document
+            parse_mib(mem, bare_mib=False)
+        except ValueError as e:
+            raise fail(f"--mem {e}") from None
     variables = {}
     for item in env or []:
         key, sep, value = item.partition("=")
@@ -203,9 +212,17 @@ def submit_cmd(
     if as_json:
         _print_json({"id": task["id"]})
     else:
-        out.print(f"submitted task {task['id']} ({task['name']})")
+        out.print(f"submitted task {task['id']} ({task['name']})" + _need_said(task))
         if task["waiting_reason"] == DRAINING:  # easily missed: the task would wait without a word
             err.print(f"note: {DRAINING}")
+
+
+def _need_said(task: dict[str, Any]) -> str:
+    """The memory need as the server read it, so that 8GB (7.45 GiB) is not taken for 8 GiB unseen."""
+    if not task.get("mem_mib"):
+        return ""
+    each = " on each of its GPUs" if task["gpus_requested"] > 1 else ""
+    return f": needs {size_text(task['mem_mib'] * 2**20)} of GPU memory{each}"
 
 
 def _age(seconds: float | None, now: float) -> str:
@@ -227,11 +244,11 @@ def queue_cmd(
     if as_json:
         _print_json(tasks)
         return
-    now = _call(client.status)["clock_s"]
+    status = _call(client.status)
+    now = status["clock_s"]
     rows = []
     for t in tasks:
         running = t["state"] in ("dispatched", "running")
-        gpus = ",".join(map(str, t["gpus"])) if running else f"({t['gpus_requested']})"
         started = t["start_s"] if running else t["submit_s"]
         rows.append(
             [
@@ -239,13 +256,21 @@ def queue_cmd(
                 clipped(t["name"]),
                 t["user"],
                 t["state"],
-                gpus,
+                str(t["gpus_requested"]),  # a count: indices here read as a count ("2" for GPU 2)
                 _need_text(t),
+                ",".join(map(str, t["gpus"])) if running else "-",
                 _age(started, t["ended_s"] or now),
                 t["waiting_reason"] or t["activity"] or t["reason"] or "",
             ]
         )
-    print(columns(("ID", "NAME", "USER", "STATE", "GPUS", "MEMORY", "TIME", "REASON"), rows))
+    print(columns(("ID", "NAME", "USER", "STATE", "GPUS", "MEMORY", "ON", "TIME", "REASON"), rows))
+    if status["time_scale"] != 1:
+        err.print(f"note: TIME is simulated: {_scaled(status['time_scale'])}", highlight=False)
+
+
+def _scaled(scale: float) -> str:
+    """What --time-scale does to the times the server shows."""
+    return f"the server runs {scale:g}x faster than the wall clock (--time-scale {scale:g})"
 
 
 def _need_text(task: dict[str, Any]) -> str:
@@ -496,6 +521,8 @@ def status_cmd(as_json: JsonOption = False) -> None:
         f"carma {status['version']}: {gpus}{mps}, policy {status['policy']}{risk}{drain}{tcp}; {counts}",
         highlight=False,
     )
+    if status["time_scale"] != 1:
+        out.print(f"simulated time: {_scaled(status['time_scale'])}", highlight=False)
     for gpu, names in status["missing_metrics"].items():
         out.print(f"GPU {gpu}: no {', '.join(names)} (see `[scheduler.risk] missing`)", highlight=False)
 

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from carma import __version__
-from carma.metrics.plots import plot_cdfs, plot_makespan_energy, plot_timelines
+from carma.metrics.plots import label_list, plot_cdfs, plot_makespan_energy, plot_timelines
 from carma.metrics.record import RunRecord
 from carma.metrics.run import NOT_MEASURED
 from carma.units import in_unit, time_unit
@@ -29,6 +29,15 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0 1.5em; }
 .note { color: #555; font-size: 0.9em; }
 """
+
+
+# The figures as the CARMA paper defines them (carma's docs/metrics.md), here in full: the page is read away
+# from the checkout, where a link to the docs led nowhere
+DEFINITIONS = """<p class="note">Makespan: from the first submission to the last task's end. Energy: each GPU's
+energy counter over the makespan, summed over the GPUs, idle ones included (a daemon: over its window). OOM crashes:
+attempts that ended out of memory. Completed / failed: the tasks' final states. JCT (job completion time): from
+submission to completion. Wait: from submission to the first dispatch, plus any time in the recovery queue. Means
+and p95 (by linear interpolation) are over completed tasks; – where none completed (not measured, never 0).</p>"""
 
 
 def _e(value: object) -> str:
@@ -109,7 +118,7 @@ def write_report(records: Sequence[RunRecord], out_dir: Path, sources: Sequence[
     bars = plot_makespan_energy(records, out_dir / "makespan_energy.png")
     cdfs = plot_cdfs(records, out_dir / "jct_wait_cdf.png")
     timelines = [
-        (plot_timelines(group, out_dir / f"timelines-{n}.png"), ", ".join(r.label for r in group))
+        (plot_timelines(group, out_dir / f"timelines-{n}.png"), label_list([r.label for r in group]))
         for n, group in enumerate(_groups(records), 1)
     ]
     generated = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -123,9 +132,7 @@ def write_report(records: Sequence[RunRecord], out_dir: Path, sources: Sequence[
         "<h2>Sources</h2><ul>" + "".join(f"<li>{_e(s)}</li>" for s in sources) + "</ul>",
         "<h2>Figures per configuration</h2>",
         _figures_table(records),
-        "<p class=\"note\">Makespan: first submission to the last task's end. Energy: the GPUs' energy counters "
-        "(a daemon: over its window). JCT: submission to completion; wait: time queued, recovery queue "
-        "included; both over completed tasks. Definitions: docs/metrics.md.</p>",
+        DEFINITIONS,
         "<h2>Makespan and energy</h2>",
         _image(bars, "makespan and energy per configuration"),
         "<h2>Completion and waiting time</h2>",

@@ -1,6 +1,6 @@
 """PNG charts of runs (`RunRecord`s), for `carma simulate --plot` and `carma report` alike.
 
-matplotlib is an optional extra (`pip install 'carma[plot]'`); it draws with the Agg backend, so charts
+matplotlib is an optional extra (`pip install 'carma-gpu[plot]'`); it draws with the Agg backend, so charts
 render on machines without a display. The first run of a chart is the baseline: dashed in every chart.
 """
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from carma.sim.experiment import RunResult
 
 DPI = 110
+CDF_TIMES = ("jct_s", "wait_s")  # the task times the CDF chart draws
 OOM_MARK = {"marker": "v", "markersize": 7, "linestyle": "none", "markeredgecolor": "black", "markeredgewidth": 0.5}
 
 
@@ -34,7 +35,7 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotsUnavailable("plots need matplotlib: pip install 'carma[plot]'") from None
+        raise PlotsUnavailable("plots need matplotlib: pip install 'carma-gpu[plot]'") from None
     return plt
 
 
@@ -46,6 +47,12 @@ def _styles(n: int) -> list[dict[str, Any]]:
     if n > 1:
         styles = [{"color": "black", "linestyle": "--"}, *styles[:-1]]
     return styles
+
+
+def label_list(labels: Sequence[str]) -> str:
+    """Run labels in one caption or legend entry, each quoted: a label may hold a comma ("MAGM oracle, no risk
+    filter"), which made a plain comma-separated list ambiguous."""
+    return ", ".join(f"“{label}”" for label in labels) if len(labels) > 1 else "".join(labels)
 
 
 def _legend(fig: Any, handles: Sequence[Any], labels: Sequence[str]) -> None:
@@ -99,17 +106,29 @@ def _cdf(values: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
     return xs, np.arange(1, len(xs) + 1) / max(len(xs), 1)
 
 
+def _same_cdfs(records: Sequence[RunRecord]) -> list[list[RunRecord]]:
+    """The runs grouped by the lines the CDF chart draws of them, in order of first appearance: a sweep's runs
+    that placed alike draw the same line, and 15 lines, many identical, hid one another and the legend."""
+    groups: dict[tuple[tuple[float, ...], ...], list[RunRecord]] = {}
+    for record in records:
+        key = tuple(tuple(sorted(v for t in record.tasks if (v := getattr(t, a)) is not None)) for a in CDF_TIMES)
+        groups.setdefault(key, []).append(record)
+    return list(groups.values())
+
+
 def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
-    """Distributions of job completion time and waiting time over completed tasks, one line per run; a run
-    without a completed task has no line, and its legend entry says so."""
+    """Distributions of job completion time and waiting time over completed tasks, one line per group of runs
+    with the same times (the legend names them all); a run without a completed task has no line, and its
+    legend entry says so."""
     plt = pyplot()
-    metrics = (("jct_s", "job completion time"), ("wait_s", "waiting time"))
+    metrics = zip(CDF_TIMES, ("job completion time", "waiting time"), strict=True)
     scale, unit = time_unit(max((t.jct_s or 0.0 for r in records for t in r.tasks), default=0.0))
-    styles = _styles(len(records))
+    groups = _same_cdfs(records)
+    styles = _styles(len(groups))
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True, layout="constrained")
     for ax, (attribute, name) in zip(axes, metrics, strict=True):
-        for record, style in zip(records, styles, strict=True):
-            xs, ys = _cdf([getattr(t, attribute) for t in record.tasks])
+        for group, style in zip(groups, styles, strict=True):
+            xs, ys = _cdf([getattr(t, attribute) for t in group[0].tasks])
             if not len(xs):
                 continue
             ax.step(np.concatenate(([0.0], xs / scale)), np.concatenate(([0.0], ys)), where="post", **style)
@@ -120,7 +139,11 @@ def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of completed tasks")
     axes[0].set_ylim(0, 1.02)
-    labels = [r.label + ("" if any(t.jct_s is not None for t in r.tasks) else " (no completed task)") for r in records]
+    labels = [
+        label_list([r.label for r in group])
+        + ("" if any(t.jct_s is not None for t in group[0].tasks) else " (no completed task)")
+        for group in groups
+    ]
     _legend(fig, [plt.Line2D([], [], **s) for s in styles], labels)
     fig.suptitle("CDF of job completion time and waiting time (queued, recovery queue included), completed tasks")
     return _save(fig, path)

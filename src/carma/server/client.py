@@ -170,9 +170,11 @@ class Client:
         poll_s: float = 0.5,
         reconnect_s: float | None = None,
         whole: bool = False,
+        on_poll: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> list[dict[str, Any]]:
         """The tasks once every one has ended (completed, failed or cancelled); with `whole`, each as `task`
         gives it (with its attempts), read as soon as it is seen to end: the server may forget it later.
+        `on_poll` is shown the tasks at each poll (a progress bar).
 
         A server that stops answering after the first poll is polled on for `reconnect_s` (RECONNECT_S by
         default): a daemon restart (an upgrade, a service manager's restart) re-adopts running tasks, so a
@@ -187,6 +189,8 @@ class Client:
             pending = [t["id"] for t in tasks if t["state"] not in ENDED]
             if not pending:
                 return tasks
+            if on_poll is not None:
+                on_poll(tasks)
             if deadline is not None and time.monotonic() > deadline:
                 raise WaitTimeout(f"timed out waiting for {_ids(pending)}", tasks)
             time.sleep(poll_s)
