@@ -17,12 +17,12 @@ from support import cli_env, run_carma
 
 RUN_FIELDS = {
     "config", "policy", "memory", "risk_filter",
-    "makespan_s", "energy_mj", "oom_crashes", "wait_mean_s", "wait_p95_s", "exec_mean_s", "exec_p95_s", "jct_p95_s",
-    "jct_mean_s", "power_mean_w", "smact_mean", "smocc_mean", "drama_mean", "mem_used_mean_mib", "tasks_completed",
-    "tasks_failed",
+    "makespan_s", "energy_mj", "energy_per_task_kj", "oom_crashes", "wait_mean_s", "wait_p95_s", "exec_mean_s",
+    "exec_p95_s", "jct_p95_s", "jct_mean_s", "power_mean_w", "smact_mean", "smocc_mean", "drama_mean",
+    "mem_used_mean_mib", "tasks_completed", "tasks_failed",
 }  # fmt: skip
-COMPARED = ("makespan_s", "energy_mj", "jct_p95_s", "wait_p95_s", "exec_p95_s", "smact_mean", "smocc_mean",
-            "mem_used_mean_mib")  # fmt: skip
+COMPARED = ("makespan_s", "energy_mj", "energy_per_task_kj", "jct_p95_s", "wait_p95_s", "exec_p95_s", "smact_mean",
+            "smocc_mean", "mem_used_mean_mib")  # fmt: skip
 CHANGE_FIELDS = {f"{key}_change_pct" for key in COMPARED}
 SWEEP_LABELS = [c.label for c in PAPER_SWEEP]  # the literal list is checked in test_experiments
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -84,6 +84,21 @@ def test_simulate_json_holds_one_run_with_the_documented_fields(default_run):
     assert run["tasks_completed"] + run["tasks_failed"] == 60
     assert run["makespan_s"] > 0 and run["energy_mj"] > 0
     assert 0 < run["smact_mean"] <= 1
+
+
+def test_bounds_give_each_run_its_share_of_the_gain_against_exclusive(default_run):
+    """--bounds adds the makespan bounds (docs/bounds.md) and each run's share of the gain, Exclusive simulated for
+    a single run; the figures without it stay as they were."""
+    bounded = run_json("--bounds")
+    [run] = bounded["runs"]
+    assert run == default_run["runs"][0] | {"gain_share_pct": run["gain_share_pct"]}
+    b = bounded["bounds"]
+    assert set(b) == {"critical_path_s", "critical_task", "work_s", "combined_s", "unplaceable", "exclusive_s"}
+    assert b["combined_s"] == max(b["critical_path_s"], b["work_s"], b["combined_s"]) < run["makespan_s"]
+    gain = (b["exclusive_s"] - run["makespan_s"]) / (b["exclusive_s"] - b["combined_s"])
+    assert run["gain_share_pct"] == pytest.approx(100 * gain, abs=0.1)
+    table = unwrapped(run_carma("simulate", "--bounds").stdout)
+    assert f"critical path ({b['critical_task']})" in table and f"MAGM recovery only │ {round(100 * gain)}%" in table
 
 
 def test_simulate_defaults_are_trace_1_and_magm(default_run):

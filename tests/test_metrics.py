@@ -49,6 +49,7 @@ def test_waiting_execution_and_completion_times():
     assert m.oom_crashes == 1
     assert (m.tasks_completed, m.tasks_failed, m.tasks_cancelled) == (2, 1, 0)
     assert m.energy_mj == pytest.approx(100.0 * 180 / 1e6)
+    assert m.energy_per_task_kj == pytest.approx(100.0 * 180 / 1e3 / 2)  # the failed task's share is the others'
 
 
 def test_no_tasks_is_an_error():
@@ -59,6 +60,7 @@ def test_no_tasks_is_an_error():
 def test_a_run_where_no_task_completed_measures_no_completion_time():
     m = compute_metrics([task(1, 0, [(0, 10, ExitKind.OOM)], TaskState.FAILED)], [[seg(0)]])
     assert (m.wait_mean_s, m.wait_p95_s, m.exec_mean_s, m.exec_p95_s, m.jct_mean_s, m.jct_p95_s) == (None,) * 6
+    assert m.energy_per_task_kj is None  # energy spent, but no task to divide it by
     assert (m.makespan_s, m.oom_crashes, m.tasks_failed) == (10, 1, 1)
 
 

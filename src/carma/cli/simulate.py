@@ -18,6 +18,8 @@ from carma.traces.loaders import BUILTIN_TRACES
 from carma.units import pluralize
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from carma.core.types import Task
     from carma.sim.experiment import RunResult, TwinConfig
     from carma.traces.loaders import Trace
@@ -72,6 +74,10 @@ def simulate_cmd(
     limit: Annotated[
         int | None, typer.Option(help="Only the trace's first N tasks (those `carma replay --limit N` submits).", min=1)
     ] = None,
+    show_bounds: Annotated[
+        bool,
+        typer.Option("--bounds", help="Also print what no policy can beat, and each run's share of that gain."),
+    ] = False,
     jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
     config: Annotated[Path | None, typer.Option(help="TOML configuration file.", **PATH_VALUE)] = None,
 ) -> None:
@@ -121,6 +127,7 @@ def simulate_cmd(
             results = [simulate(loaded, run, twin)]
             _note_missing_estimates(loaded, [run.memory])
         rows = sweep_rows(results) if sweep_all else [r.row() for r in results]
+        bounds, bounds_shown = _bounds(loaded, twin, results, rows) if show_bounds else (None, None)
         if csv_out:
             write_csv(rows, sys.stdout)
         elif csv_path:
@@ -135,9 +142,8 @@ def simulate_cmd(
         raise fail(e) from None
     if as_json or csv_out:
         if as_json:
-            print(
-                json.dumps({"trace": loaded.name, "gpus": list(results[0].gpus), "sharing": twin.sharing, "runs": rows})
-            )
+            document = {"trace": loaded.name, "gpus": list(results[0].gpus), "sharing": twin.sharing, "runs": rows}
+            print(json.dumps(document | ({"bounds": bounds} if bounds else {})))
         for path in [*charts, save]:
             if path:
                 err.print(f"wrote {path}")
@@ -148,10 +154,30 @@ def simulate_cmd(
         out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
     else:
         out.print(run_table(results[0], f"{title}, {results[0].config.label}"))
+    if bounds_shown:
+        out.print(bounds_shown)
     for path in [csv_path, *charts, save]:
         if path:
             out.print(f"wrote {path}")
     _note_failures(results)
+
+
+def _bounds(
+    trace: Trace, twin: TwinConfig, results: Sequence[RunResult], rows: list[dict[str, object]]
+) -> tuple[dict[str, object], Table]:
+    """The makespan bounds as JSON's `bounds` and as a table, each row given its share of the gain (against the
+    run's Exclusive, simulated for it when not among the runs)."""
+    from carma.core.config import Policy
+    from carma.metrics.report import add_gain_shares, baseline_of, bounds_table
+    from carma.sim.bounds import makespan_bounds
+    from carma.sim.experiment import RunConfig, simulate
+
+    limits = makespan_bounds(trace, twin.gpus, twin.interference, twin.sharing)
+    exclusive = baseline_of(results) or simulate(trace, RunConfig(Policy.EXCLUSIVE), twin)
+    exclusive_s = exclusive.metrics.makespan_s
+    add_gain_shares(rows, limits, exclusive_s)
+    title = "makespan bounds under the twin's models (docs/bounds.md)"
+    return limits.as_dict() | {"exclusive_s": round(exclusive_s, 1)}, bounds_table(limits, exclusive_s, rows, title)
 
 
 def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:

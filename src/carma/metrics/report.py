@@ -9,6 +9,7 @@ from typing import TextIO
 from rich.table import Table
 
 from carma.metrics.run import NOT_MEASURED
+from carma.sim.bounds import Bounds
 from carma.sim.experiment import RunResult
 from carma.units import in_unit, time_format, time_unit
 
@@ -16,6 +17,7 @@ from carma.units import in_unit, time_format, time_unit
 # the makespan, whose unit is the runs' own (`_compared`)
 COMPARED = (
     ("energy_mj", "energy MJ", 1.0, "{:.2f}"),
+    ("energy_per_task_kj", "kJ/task", 1.0, "{:.0f}"),
     ("jct_p95_s", "p95 JCT min", 1 / 60, "{:.0f}"),
     ("wait_p95_s", "p95 wait min", 1 / 60, "{:.0f}"),
     ("exec_p95_s", "p95 exec min", 1 / 60, "{:.0f}"),
@@ -96,6 +98,10 @@ def run_table(result: RunResult, title: str) -> Table:
     for label, value in (
         ("makespan", f"{in_unit(m.makespan_s, unit)} {unit[1]}"),
         ("energy", f"{m.energy_mj:.2f} MJ"),
+        (
+            "energy per completed task",
+            NOT_MEASURED if m.energy_per_task_kj is None else f"{m.energy_per_task_kj:.0f} kJ",
+        ),
         ("OOM crashes", str(m.oom_crashes)),
         ("tasks completed / failed", f"{m.tasks_completed} / {m.tasks_failed}"),
         ("waiting mean / p95", _minutes(m.wait_mean_s, m.wait_p95_s)),
@@ -106,6 +112,36 @@ def run_table(result: RunResult, title: str) -> Table:
         ("power, mean per GPU", f"{m.power_mean_w:.0f} W"),
     ):
         table.add_row(label, value)
+    return table
+
+
+def add_gain_shares(rows: Sequence[dict[str, object]], bounds: Bounds, exclusive_s: float) -> None:
+    """Give each row `gain_share_pct`: the share of the gain Exclusive leaves open that its run took."""
+    for row in rows:
+        share = bounds.gain_share(exclusive_s, float(row["makespan_s"]))
+        row["gain_share_pct"] = None if share is None else round(100 * share, 1)
+
+
+def bounds_table(bounds: Bounds, exclusive_s: float, rows: Sequence[dict[str, object]], title: str) -> Table:
+    """The bounds, then each run's share of the gain between Exclusive and the combined bound."""
+    unit = time_unit(exclusive_s)
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for label, seconds in (
+        (f"critical path ({bounds.critical_task})", bounds.critical_path_s),
+        ("work with perfect packing", bounds.work_s),
+        ("combined: no policy beats it", bounds.combined_s),
+        ("Exclusive", exclusive_s),
+    ):
+        table.add_row(label, f"{in_unit(seconds, unit)} {unit[1]}")
+    if bounds.unplaceable:
+        table.add_row("tasks no GPU can hold (left out)", str(bounds.unplaceable))
+    table.add_section()
+    table.add_row("share of the gain (Exclusive - run) / (Exclusive - bound)", "")
+    for row in rows:
+        share = row["gain_share_pct"]
+        table.add_row(f"  {row['config']}", NOT_MEASURED if share is None else f"{share:.0f}%")
     return table
 
 

@@ -5,7 +5,8 @@
   dispatch to exit, summed over attempts; JCT: submission to completion (= waiting + execution).
   Means and p95 are over completed tasks, and None (not measured, not zero) when no task completed;
 - energy: integral of board power over the makespan, summed over GPUs (the difference of the on-device
-  energy counters at start and end, as the paper reads it), in MJ;
+  energy counters at start and end, as the paper reads it), in MJ; per completed task: that energy over the
+  completed tasks, in kJ (None when none completed: a failed task's energy buys nothing);
 - SMACT, SMOCC, DRAMA, memory used, power: time-weighted means over the makespan, averaged over GPUs;
 - OOM crashes: attempts that ended out of memory.
 """
@@ -25,6 +26,7 @@ from carma.metrics.timeline import Segment, integrate, time_mean
 class RunMetrics:
     makespan_s: float
     energy_mj: float
+    energy_per_task_kj: float | None
     oom_crashes: int
     wait_mean_s: float | None
     wait_p95_s: float | None
@@ -70,6 +72,7 @@ def compute_metrics(tasks: Sequence[Task], timelines: Sequence[Sequence[Segment]
     return RunMetrics(
         makespan_s=end - start,
         energy_mj=energy_j / 1e6,
+        energy_per_task_kj=energy_j / 1e3 / len(done) if done else None,
         oom_crashes=sum(1 for t in tasks for a in t.attempts if a.outcome is ExitKind.OOM),
         wait_mean_s=wait_mean,
         wait_p95_s=wait_p95,

@@ -109,6 +109,7 @@ class RunResult:
             "risk_filter": self.config.risk_filter,
             "makespan_s": round(m.makespan_s, 1),
             "energy_mj": round(m.energy_mj, 4),
+            "energy_per_task_kj": _round(m.energy_per_task_kj, 1),
             "oom_crashes": m.oom_crashes,
             "wait_mean_s": _round(m.wait_mean_s, 1),
             "wait_p95_s": _round(m.wait_p95_s, 1),
