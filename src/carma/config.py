@@ -24,6 +24,9 @@ captures = 1
 
 [server]
 keep_ended_days = 0
+max_connections = 256
+max_user_connections = 32
+idle_timeout_s = 10
 ```
 
 Every key is optional; unknown keys are an error, so a typo never passes silently.
@@ -70,13 +73,22 @@ class EstimateConfig:
 @dataclass(frozen=True)
 class ServerConfig:
     """The daemon's housekeeping: how many days (of its clock) an ended task is kept, with its logs and
-    history, before it is forgotten; 0 keeps every task."""
+    history, before it is forgotten (0 keeps every task); and its connections: how many each listener holds
+    at once, how many of them one user holds on the unix socket, and how long one may take to send a request."""
 
     keep_ended_days: float = 0.0
+    max_connections: int = 256
+    max_user_connections: int = 32
+    idle_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.keep_ended_days < 0:
             raise ValueError(f"keep_ended_days must be 0 (keep every task) or more, not {self.keep_ended_days}")
+        for key in ("max_connections", "max_user_connections"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
+        if self.idle_timeout_s <= 0:
+            raise ValueError(f"idle_timeout_s must be positive, not {self.idle_timeout_s}")
 
     @property
     def keep_ended_s(self) -> float | None:

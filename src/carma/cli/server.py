@@ -157,7 +157,7 @@ def server_cmd(
         + (f"; clients reach it with CARMA_HOME={paths.home}" if home else "")
     )
     try:
-        asyncio.run(serve(daemon, sockets, tokens))
+        asyncio.run(serve(daemon, sockets, tokens, settings.server))
     finally:
         close_listeners(sockets, paths.socket)
         lock.close()

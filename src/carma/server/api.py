@@ -1,26 +1,32 @@
 """The daemon's HTTP API (FastAPI; OpenAPI schema at /openapi.json).
 Every handler and dependency is a coroutine, so it runs on the daemon's one event-loop thread beside the
 scheduling loop (FastAPI would run plain functions in worker threads) and reads and changes the core
-without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing.
+without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing; the schema declares each
+status a route answers, and the `{"detail": ...}` they come with.
 """
 
 import codecs
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carma import __version__
 from carma.core.scheduler import SpecError
 from carma.core.types import TERMINAL_STATES, Task, TaskId, TaskState
 from carma.estimate.registry import METHODS
-from carma.server.auth import Caller, Tokens, caller_from_peer
+from carma.server.auth import UNAUTHORIZED, AuthFirst, Caller, Tokens
 from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
@@ -30,7 +36,37 @@ from carma.units import parse_mib
 
 LOG_CHUNK = 1 << 20
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
-MAX_BODY_BYTES = 16 << 20  # a task a process could start is a few MiB of JSON; read before auth, so capped
+MAX_BODY_BYTES = 16 << 20  # a task a process could start is a few MiB of JSON: more is refused before it is read
+# what a browser loads before it has a token: the dashboard's page and assets, the API's schema and docs
+PUBLIC_PATHS = frozenset({"/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith("/static/")
+
+
+class Problem(BaseModel):
+    """Every error's answer: one line saying what was wrong."""
+
+    detail: str
+
+
+ERRORS = {
+    400: "a body that is not JSON text (not UTF-8)",
+    401: "no known bearer token (TCP)",
+    403: "not the caller's task, or not an admin's request",
+    404: "no such task, or no such attempt of it",
+    409: "the task already ended, or its log cannot be read",
+    413: f"a request over {MAX_BODY_BYTES >> 20} MiB",
+    422: "an invalid request",
+    503: "too many connections open to the server",
+    507: "no space left under the server's state directory",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The schema's error answers of a route, beside the 401 and 503 every route may give."""
+    return {code: {"model": Problem, "description": ERRORS[code]} for code in (401, *codes, 503)}
 
 
 class SubmitRequest(BaseModel):
@@ -66,10 +102,13 @@ def _one_line(exc: RequestValidationError) -> str:
     for one of the types a field takes) and the value given, when it is a short one (a YAML number in a list)."""
     first = exc.errors()[0]
     loc = [p for p in first.get("loc", ()) if p != "body"]
+    value = first.get("input")
+    if first.get("type") == "enum":  # a query's choice (`state`), the choices as a user types them
+        choices = ", ".join(re.findall(r"'([^']*)'", first.get("ctx", {}).get("expected", "")))
+        return f"invalid request: {loc[-1]} must be one of {choices}; got {value!r}"
     if len(loc) > 1 and loc[-1] in _UNION_MEMBERS:
         loc.pop()
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-    value = first.get("input")
     if where and isinstance(value, str | int | float) and len(repr(value)) <= 40:
         where += f" = {value!r}"
     message = first.get("msg", "invalid")
@@ -132,20 +171,29 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         max_body_size=MAX_BODY_BYTES,
     )
 
+    app.add_middleware(AuthFirst, tokens=tokens, public=is_public)
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _one_line(exc)}, status_code=422)
 
-    async def caller(request: Request) -> Caller:
-        peer = request.scope.get("carma.peer")
-        if peer is not None:
-            _, uid, gid = peer
-            return caller_from_peer(uid, gid)
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        found = tokens.caller(token.strip()) if scheme.lower() == "bearer" else None
-        if found is None:
-            raise HTTPException(401, "missing or unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:  # Starlette's Allow named the methods of one route of the path, not all
+            allow = ", ".join(sorted(methods(request.scope)))
+            exc = StarletteHTTPException(405, f"{request.method} is not allowed here; use {allow}", {"Allow": allow})
+        return await http_exception_handler(request, exc)
+
+    def methods(scope: Scope) -> set[str]:
+        return {m for r in app.routes if r.matches(scope)[0] is not Match.NONE for m in getattr(r, "methods", ())}
+
+    bearer = HTTPBearer(auto_error=False, description="on TCP, a token of the tokens file; none on the unix socket")
+
+    async def caller(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> Caller:
+        """Who is calling, as `AuthFirst` found it before anything read the body."""
+        found = request.scope.get("carma.caller")
+        if found is None:  # a route taking a caller at a path left public: refused all the same
+            raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
         return found
 
     Who = Annotated[Caller, Depends(caller)]
@@ -170,15 +218,19 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         if not is_theirs(task, who):
             raise HTTPException(403, f"task {task.id} belongs to {daemon.jobs[task.id].user}, not to {who.user}")
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", responses=errors())
     async def status(who: Who) -> dict[str, Any]:
         return {**status_view(daemon), "you": {"user": who.user, "uid": who.uid, "admin": who.admin}}
 
-    @app.get("/v1/gpus")
+    @app.get("/v1/gpus", responses=errors())
     async def gpus(_: Who) -> list[dict[str, Any]]:
         return [gpu_view(status) for status in daemon.scheduler.gpu_status(daemon.clock.now())]
 
-    @app.post("/v1/tasks", status_code=201)
+    @app.post(
+        "/v1/tasks",
+        status_code=201,
+        responses={200: {"description": "dry_run: the server would take the task"}, **errors(400, 413, 422, 507)},
+    )
     async def submit(request: SubmitRequest, who: Who, response: Response, dry_run: bool = False) -> dict[str, Any]:
         bad_env = [k for k in request.env if not ENV_NAME.match(k)]
         if bad_env:
@@ -240,17 +292,14 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(422, str(e)) from None
         return task_view(daemon, task)
 
-    @app.get("/v1/tasks")
-    async def tasks(_: Who, state: str | None = None, all: bool = False) -> list[dict[str, Any]]:
-        states = [s.value for s in TaskState]
-        if state is not None and state not in states:
-            raise HTTPException(422, f"invalid request: state must be one of {', '.join(states)}; got {state!r}")
+    @app.get("/v1/tasks", responses=errors(422))
+    async def tasks(_: Who, state: TaskState | None = None, all: bool = False) -> list[dict[str, Any]]:
         selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
         if state:
-            selected = [t for t in selected if t.state.value == state]
+            selected = [t for t in selected if t.state is state]
         return [task_summary(daemon, t) for t in selected]
 
-    @app.get("/v1/tasks/{task_id}")
+    @app.get("/v1/tasks/{task_id}", responses=errors(404, 422))
     async def show(task_id: TaskId, who: Who) -> dict[str, Any]:
         task = task_or_404(task_id)
         view = task_view(daemon, task)
@@ -265,11 +314,11 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(409, f"task {task_id} already ended ({task.state.value})")
         return daemon.cancel(task_id)
 
-    @app.post("/v1/tasks/{task_id}/cancel")
+    @app.post("/v1/tasks/{task_id}/cancel", responses=errors(403, 404, 409, 422))
     async def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
         return task_view(daemon, cancel_one(task_id, who))
 
-    @app.post("/v1/cancel")
+    @app.post("/v1/cancel", responses=errors(400, 413, 422))
     async def cancel_many(body: CancelRequest, who: Who) -> dict[str, Any]:
         """Cancel several tasks at once, each on its own (one refused stops none of the others). No
         placement comes between them: one at a time, a waiting task was started on the GPU a running one
@@ -283,7 +332,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
                 results.append({"id": task_id, "error": e.detail})
         return {"results": results}
 
-    @app.get("/v1/tasks/{task_id}/logs")
+    @app.get("/v1/tasks/{task_id}/logs", responses=errors(403, 404, 409, 422))
     async def logs(
         task_id: TaskId,
         who: Who,
@@ -318,7 +367,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         end = offset + len(data) - len(decoder.getstate()[0])  # a character cut at the chunk's end comes next
         return {"attempt": number, "attempts": attempts, "text": text, "offset": end, "done": finished and at_end}
 
-    @app.get("/v1/history")
+    @app.get("/v1/history", responses=errors(422))
     async def history(
         _: Who, hours: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None
     ) -> list[dict[str, Any]]:
@@ -333,18 +382,18 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         """Prometheus exposition (bearer token on TCP, like every request)."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.include_router(dashboard_routes(daemon, Who))
+    app.include_router(dashboard_routes(daemon, Who), responses=errors(422))
 
     def set_draining(on: bool) -> dict[str, Any]:
         """`changed`: whether it was not so already (a second drain is said to be one)."""
         changed, daemon.draining = daemon.draining != on, on
         return {"draining": on, "changed": changed}
 
-    @app.post("/v1/drain")
+    @app.post("/v1/drain", responses=errors(403))
     async def drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
         return set_draining(True)
 
-    @app.post("/v1/resume")
+    @app.post("/v1/resume", responses=errors(403))
     async def resume(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
         return set_draining(False)
 

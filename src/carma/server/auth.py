@@ -4,24 +4,34 @@ On the unix socket the kernel tells the daemon the caller's uid (SO_PEERCRED), s
 On TCP a request carries `Authorization: Bearer <token>`; the tokens file (mode 0600, one
 `<token> <user> <uid> [admin]` per line) maps it to a user. Root and the daemon's own user are admins:
 they may cancel and read the logs of every task; others only of their own.
+
+Who is calling is settled from the request's head alone, before anything reads its body (`AuthFirst`), and
+each listener takes a bounded number of connections, none of them idle for long (`PeerCredProtocol`): a
+peer without a token, or a local user, cannot fill the daemon's memory or its descriptors.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import pwd
 import secrets
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from carma.textfiles import read_text
 
 MIN_TOKEN_CHARS = 16  # the tokens carma makes have 43 (32 random bytes)
 MAX_UID = 2**32 - 2  # uid_t is 32 bits, and (uid_t)-1 means "no change" to chown and setreuid
+UNAUTHORIZED = "missing or unknown bearer token"
 
 
 @dataclass(frozen=True)
@@ -51,16 +61,52 @@ def caller_from_peer(uid: int, gid: int) -> Caller:
     return Caller(uid, user_name(uid), admin=uid in (0, os.geteuid()), gid=gid)
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How many connections a listener holds at once, and for how long one may wait for its next request:
+    each holds a descriptor, and a daemon out of descriptors can open no file (1,500 idle connections
+    stopped it under the usual limit of 1,024)."""
+
+    per_listener: int = 256
+    per_user: int = 32  # on the unix socket, per peer uid: one user cannot take all of it from the others
+    idle_s: float = 10.0  # to send a whole request head, from connecting or from the last answer
+
+
+def _refusal(detail: str) -> bytes:
+    """A whole HTTP answer, 503 with `{"detail": ...}`, written before the request is read (it need not be)."""
+    body = json.dumps({"detail": detail}).encode()
+    head = f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+    return f"{head}\r\nconnection: close\r\n\r\n".encode() + body
+
+
 class PeerCredProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, adding the unix-socket peer's (pid, uid, gid) to each request scope."""
+    """uvicorn's HTTP/1.1 protocol, adding the unix-socket peer's (pid, uid, gid) to each request scope,
+    refusing a connection over its listener's cap (or its user's, on the unix socket; root and the daemon's
+    user, who may need to get in during a flood, have none) and closing one that sends no whole request
+    head within `idle_s` (uvicorn closes a keep-alive connection after a silence only, which a byte now
+    and then defeats, and one that never sent a request never)."""
+
+    def __init__(self, *args, limits: ConnectionLimits, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self.listener = ""
+        self.peer_uid: int | None = None
+        self._idle: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         peer = None
+        self.listener = "tcp"
         if sock is not None and sock.family == socket.AF_UNIX:
             size = struct.calcsize("3i")
             peer = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, size))
+            self.listener, self.peer_uid = "unix", peer[1]
+        if over := self._over_cap():
+            transport.write(_refusal(over))
+            transport.close()  # after the answer is written; nothing more is read
+            return
+        self._arm_idle()
         app = self.app
 
         async def with_peer(scope, receive, send):  # type: ignore[no-untyped-def]
@@ -68,6 +114,67 @@ class PeerCredProtocol(H11Protocol):
             await app(scope, receive, send)
 
         self.app = with_peer
+
+    def _over_cap(self) -> str | None:
+        """Why this new connection is refused, if it is (the count includes it)."""
+        if self.peer_uid in (0, os.geteuid()):
+            return None
+        mine = [c for c in self.connections if getattr(c, "listener", None) == self.listener]
+        if len(mine) > self.limits.per_listener:
+            return f"the carma server has {self.limits.per_listener} connections open on this listener: retry later"
+        if self.peer_uid is not None and sum(c.peer_uid == self.peer_uid for c in mine) > self.limits.per_user:
+            return f"you have {self.limits.per_user} connections open to the carma server: close some, then retry"
+        return None
+
+    def _arm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = self.loop.call_later(self.limits.idle_s, self._idle_over)
+
+    def _idle_over(self) -> None:
+        """Close the connection unless a request is being answered (the timer restarts when it is)."""
+        if self.cycle is None or self.cycle.response_complete:
+            self.timeout_keep_alive_handler()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._arm_idle()  # before uvicorn starts a pipelined request: that one's answer re-arms it
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        super().connection_lost(exc)
+
+
+class AuthFirst:
+    """ASGI middleware: who is calling, settled from the request's head before anything reads its body (the
+    body of a request without a token was read, and parsed, first: 20 such POSTs of 15 MiB took the daemon
+    from 59 to 915 MiB). A request on the unix socket is its peer's; one on TCP needs a known bearer token,
+    except for `public` paths, and is answered 401 without its body being read, and the connection closed.
+    The caller goes into the scope as `carma.caller` (None on a public path without a token)."""
+
+    def __init__(self, app: ASGIApp, tokens: Tokens, public: Callable[[str], bool]) -> None:
+        self.app, self.tokens, self.public = app, tokens, public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            caller = self.caller(scope)
+            if caller is None and not self.public(scope["path"]):
+                headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
+                await JSONResponse({"detail": UNAUTHORIZED}, status_code=401, headers=headers)(scope, receive, send)
+                return
+            scope["carma.caller"] = caller
+        await self.app(scope, receive, send)
+
+    def caller(self, scope: Scope) -> Caller | None:
+        peer = scope.get("carma.peer")
+        if peer is not None:
+            _, uid, gid = peer
+            return caller_from_peer(uid, gid)
+        header = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        return self.tokens.caller(token.strip()) if scheme.lower() == "bearer" else None
 
 
 def _uncommented(fields: list[str]) -> list[str]:

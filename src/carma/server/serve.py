@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import grp
 import logging
 import os
+import resource
 import signal
 import socket
 from collections.abc import Iterator
@@ -22,12 +24,18 @@ from typing import IO
 
 import uvicorn
 
+from carma.config import ServerConfig
 from carma.server.api import create_app, too_large_as_json
-from carma.server.auth import PeerCredProtocol, Tokens
+from carma.server.auth import ConnectionLimits, PeerCredProtocol, Tokens
 from carma.server.daemon import Daemon
 from carma.server.paths import Paths
 
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the last one a NUL
+# asyncio accepts up to its `backlog` connections at each wake-up, each holding a descriptor until its cap
+# refuses it (uvicorn's 2,048 took a limit of 256 at once): few at a time, while the kernel queues the
+# rest (LISTEN_BACKLOG; asyncio's listen(backlog) left 16, and a burst of clients waited a second each)
+ACCEPT_BURST = 16
+LISTEN_BACKLOG = 1024
 
 
 class AlreadyRunning(RuntimeError):
@@ -96,7 +104,7 @@ def bind_unix(path: Path) -> socket.socket:
             os.chmod(path, 0o660)
         except KeyError:
             os.chmod(path, 0o666)
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
@@ -113,19 +121,24 @@ def bind_tcp(address: str) -> socket.socket:
     except OSError as e:  # the port taken, or a host that is not this machine's: say which address
         sock.close()
         raise ValueError(f"cannot listen on {address}: {e.strerror}") from None
-    sock.listen(128)
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
 class _Server(uvicorn.Server):
     """uvicorn's server, ending the daemon's live streams (dashboard viewers) when asked to exit, since it
     waits for open responses before it stops; SIGHUP asks it to exit too (it killed the daemon at once,
-    with no observations saved)."""
+    with no observations saved); accepting few connections at a time."""
 
     def __init__(self, config: uvicorn.Config, daemon: Daemon) -> None:
         super().__init__(config)
         self._daemon = daemon
         self._loop = asyncio.get_running_loop()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for sock in sockets or ():
+            sock.listen(LISTEN_BACKLOG)  # after asyncio's listen(ACCEPT_BURST), which leaves its accept burst
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._loop.call_soon_threadsafe(self._daemon.end_streams)
@@ -170,10 +183,41 @@ def close_listeners(sockets: list[socket.socket], path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens) -> None:
+def raise_descriptor_limit() -> tuple[int, int]:
+    """Raise the soft limit on open descriptors to the hard one (systemd's default soft limit is 1,024, its
+    hard one 524,288); the limit before and after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        with contextlib.suppress(ValueError, OSError):  # a hard limit of "unlimited", over the kernel's cap
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def connection_limits(settings: ServerConfig, listeners: int, descriptors: int) -> ConnectionLimits:
+    """The [server] settings' caps, lowered so that connections take at most half the descriptors: the rest
+    are the daemon's (its database, the tasks' logs and processes, /proc)."""
+    per_listener = max(1, min(settings.max_connections, descriptors // 2 // listeners))
+    return ConnectionLimits(per_listener, settings.max_user_connections, settings.idle_timeout_s)
+
+
+async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens, settings: ServerConfig) -> None:
+    before, descriptors = raise_descriptor_limit()
+    limits = connection_limits(settings, len(sockets), descriptors)
+    lowered = limits.per_listener < settings.max_connections
+    logging.getLogger("carma").info(
+        "open descriptors: at most %d%s; connections: at most %d per listener%s, %d per user on the unix socket, "
+        "each closed after %gs without a request",
+        descriptors,
+        f" (raised from {before})" if descriptors > before else "",
+        limits.per_listener,
+        " (half the descriptors; [server] max_connections is more)" if lowered else "",
+        limits.per_user,
+        limits.idle_s,
+    )
     config = uvicorn.Config(
         too_large_as_json(create_app(daemon, tokens)),
-        http=PeerCredProtocol,
+        http=functools.partial(PeerCredProtocol, limits=limits),
+        backlog=ACCEPT_BURST,
         lifespan="off",
         log_level="warning",
         access_log=False,

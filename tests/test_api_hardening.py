@@ -1,0 +1,298 @@
+"""The daemon's API under attack: who is calling is settled before a body is read, connections are capped
+per listener and per user and cut when idle, the descriptor limit is raised, and every refusal is a 4xx
+(or 503) with one `{"detail": ...}` line, as the schema says."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import pwd
+import resource
+import select
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from carma.config import ConfigError, parse_config
+from carma.server.client import Client, Refused
+from servers import Server, free_port, server_starter
+from support import wait_until
+
+ADMIN_TOKEN = "admin-token-0123456789"
+SOFT, HARD = 64, 256  # the daemon's descriptor limits: it raises the soft one to the hard one
+IDLE_S = 1.0
+PER_USER = 4
+# a daemon started under the low limits above (as systemd starts one, with 1,024 and 524,288)
+LAUNCHER = (
+    sys.executable,
+    "-c",
+    f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({SOFT}, {HARD})); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[Server, int]]:
+    """A daemon on fake GPUs on TCP and on a unix socket other users may reach, under a low descriptor
+    limit, with connections cut after a second without a request; and its TCP port."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < HARD:
+        pytest.skip(f"the hard limit on open files here is below {HARD}")
+    home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
+    home.chmod(0o711)  # its socket is reached by another user's connections (as root)
+    (home / "tokens").write_text(f"{ADMIN_TOKEN} ops 0 admin\n")
+    (home / "tokens").chmod(0o600)
+    (home / "carma.toml").write_text(f"[server]\nmax_user_connections = {PER_USER}\nidle_timeout_s = {IDLE_S}\n")
+    port = free_port()
+    starter = server_starter()
+    start = next(starter)
+    options = ("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", "--config", str(home / "carma.toml"))
+    yield start(*options, home=home, launcher=LAUNCHER), port
+    with contextlib.suppress(StopIteration):
+        next(starter)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _exchange(port: int, request: bytes, timeout: float = 10) -> bytes:
+    """Send `request` raw and read the answer until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def _request(port: int, method: str, path: str, token: str | None = ADMIN_TOKEN) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(method, path, headers={"Authorization": f"Bearer {token}"} if token else {})
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response
+
+
+# ----------------------------------------------------------------------------- auth first
+
+
+def test_a_post_without_a_token_is_refused_before_its_body_is_sent(served):  # type: ignore[no-untyped-def]
+    """The body was read, and parsed, before the token was checked: 20 such POSTs of 15 MiB took the daemon
+    from 59 to 915 MiB. Now the answer comes from the head alone, and the connection is closed."""
+    _, port = served
+    head = (
+        b"POST /v1/tasks HTTP/1.1\r\nHost: carma\r\nContent-Type: application/json\r\nContent-Length: 15728640\r\n\r\n"
+    )
+    answer = _exchange(port, head)  # no body follows: a server waiting for it would never answer
+    status, _, rest = answer.partition(b"\r\n")
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert status == b"HTTP/1.1 401 Unauthorized"
+    assert {b"www-authenticate: bearer", b"connection: close"} <= set(headers.lower().split(b"\r\n"))
+    assert json.loads(body) == {"detail": "missing or unknown bearer token"}
+
+
+def test_a_bad_body_without_a_token_is_401_not_422(served):  # type: ignore[no-untyped-def]
+    _, port = served
+    body = b'{"command": '  # not JSON: it was parsed, and refused, before the token was looked at
+    head = b"POST /v1/tasks HTTP/1.1\r\nHost: carma\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    answer = _exchange(port, head % len(body) + body)
+    assert answer.startswith(b"HTTP/1.1 401 ")  # was 422: the body judged before the caller
+
+
+def test_the_page_and_schema_stay_public(served):  # type: ignore[no-untyped-def]
+    _, port = served
+    assert [_request(port, "GET", path, token=None).status for path in ("/", "/openapi.json", "/v1/status")] == [
+        200,
+        200,
+        401,
+    ]
+
+
+# ----------------------------------------------------------------------------- answers as the schema says
+
+
+def test_a_working_directory_with_a_name_too_long_is_a_422_one_liner(served, tmp_path):  # type: ignore[no-untyped-def]
+    server, _ = served
+    workdir = f"{tmp_path}/{'x' * 300}"  # one component over 255 bytes: was HTTP 500, File name too long
+    with pytest.raises(Refused) as refused:
+        server.client.submit({"command": ["true"], "workdir": workdir})
+    assert refused.value.status == 422
+    assert str(refused.value) == f"working directory {workdir!r} cannot be checked (File name too long)"
+
+
+def _unsearchable(tmp_path: Path) -> Path:
+    """A path this user (the daemon's) may not stat: below a directory closed to it, or another process's
+    working directory (closed to root too where ptrace rights are not held)."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0)
+    for path in (closed / "x", Path("/proc/1/cwd/x")):
+        try:
+            path.is_dir()
+        except PermissionError:
+            return path
+    pytest.skip("this user may stat every path tried (root, with the rights to read /proc/1/cwd)")
+
+
+def test_a_working_directory_the_daemon_may_not_stat_is_a_422_one_liner(served, tmp_path):  # type: ignore[no-untyped-def]
+    server, _ = served
+    workdir = str(_unsearchable(tmp_path))  # was HTTP 500, Permission denied
+    with pytest.raises(Refused) as refused:
+        server.client.submit({"command": ["true"], "workdir": workdir})
+    assert refused.value.status == 422
+    assert str(refused.value) == f"working directory {workdir!r} cannot be checked (Permission denied)"
+
+
+def test_a_method_a_path_does_not_take_gets_405_naming_every_method_it_does(served):  # type: ignore[no-untyped-def]
+    """OPTIONS /v1/tasks answered `Allow: POST`, the methods of the path's first route only."""
+    _, port = served
+    for method, path, allow in (("OPTIONS", "/v1/tasks", "GET, POST"), ("DELETE", "/v1/tasks/1", "GET"),
+                                ("PUT", "/v1/drain", "POST")):  # fmt: skip
+        response = _request(port, method, path)
+        assert (response.status, response.getheader("Allow")) == (405, allow), (method, path)
+
+
+def test_the_schema_declares_every_error_as_answered(served):  # type: ignore[no-untyped-def]
+    """Errors are `{"detail": "<one line>"}`; the schema said a list (FastAPI's validation errors), declared
+    no 404, and took any `state`."""
+    _, port = served
+    schema = Client(url=f"http://127.0.0.1:{port}", token=ADMIN_TOKEN).request("GET", "/openapi.json")
+    problem = schema["components"]["schemas"]["Problem"]
+    assert problem["properties"] == {"detail": {"type": "string", "title": "Detail"}}
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            for code, response in operation["responses"].items():
+                if not code.startswith("2"):
+                    ref = response["content"]["application/json"]["schema"]["$ref"]
+                    assert ref == "#/components/schemas/Problem", (method, path, code)
+    assert {"400", "401", "413", "422", "503", "507"} <= set(schema["paths"]["/v1/tasks"]["post"]["responses"])
+    assert "404" in schema["paths"]["/v1/tasks/{task_id}"]["get"]["responses"]
+    (state,) = [p for p in schema["paths"]["/v1/tasks"]["get"]["parameters"] if p["name"] == "state"]
+    assert {"$ref": "#/components/schemas/TaskState"} in state["schema"]["anyOf"]
+    assert "oom_crashed" in schema["components"]["schemas"]["TaskState"]["enum"]
+    missing = _request(port, "GET", "/v1/tasks/999")
+    assert missing.status == 404
+
+
+# ----------------------------------------------------------------------------- descriptors
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_the_daemon_raises_its_descriptor_limit_and_caps_connections_to_half_of_it(served):  # type: ignore[no-untyped-def]
+    server, _ = served
+    log = (server.home / "test-server.log").read_text()
+    assert (
+        f"open descriptors: at most {HARD} (raised from {SOFT}); connections: at most {HARD // 4} per listener "
+        f"(half the descriptors; [server] max_connections is more), {PER_USER} per user on the unix socket, each "
+        f"closed after {IDLE_S:g}s without a request"
+    ) in log
+
+
+def test_an_idle_connection_flood_leaves_the_daemon_answering(served):  # type: ignore[no-untyped-def]
+    """1,500 idle connections without a token exhausted the daemon's 1,024 descriptors, and the scheduling
+    loop stopped the server (`Too many open files: '/proc'`). Here 400 against a limit of 256."""
+    server, port = served
+    flood = []
+    for _ in range(400):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        flood.append(sock)
+    try:
+        assert _descriptors(server.proc.pid) < HARD
+        assert server.client.status()["draining"] is False  # the unix socket answers an admin at once
+        refusals = 0
+        for sock in flood:  # each over the cap is answered and closed at once; the others after a second idle
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            if answer.startswith(b"HTTP/1.1 503 "):
+                refusals += 1
+                assert json.loads(answer.partition(b"\r\n\r\n")[2])["detail"].startswith(
+                    f"the carma server has {HARD // 4} "
+                )
+        assert refusals >= 250  # all but the cap's 64, unless the first were cut idle before the last came
+    finally:
+        for sock in flood:
+            sock.close()
+    wait_until(lambda: _request(port, "GET", "/v1/status").status == 200, 10, "TCP to answer again")
+    task = server.submit("true")
+    assert server.wait_state(task, "completed", timeout=60)["state"] == "completed"  # the loop runs on
+
+
+def test_a_connection_sending_its_request_a_byte_at_a_time_is_cut(served):  # type: ignore[no-untyped-def]
+    """uvicorn closed a silent keep-alive connection only, and one that never sent a whole request never."""
+    _, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /v1/status HTTP/1.1\r\nHost: carma\r\nX-Slow: ")
+        while not select.select([sock], [], [], 0.1)[0]:  # a byte every 0.1 s, until the server closes
+            assert time.monotonic() < started + IDLE_S + 5, "the server kept a connection that sent no request"
+            sock.send(b"x")
+        with contextlib.suppress(ConnectionResetError):  # the close met a byte sent after it
+            assert sock.recv(4096) == b""
+    assert time.monotonic() - started < IDLE_S + 2
+
+
+def _answer(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(4096)
+    except TimeoutError:
+        return b""
+
+
+def test_one_user_cannot_take_the_unix_socket_from_the_others(served):  # type: ignore[no-untyped-def]
+    """1,100 idle unix-socket connections of one unprivileged user exhausted the daemon's descriptors."""
+    server, _ = served
+    if os.geteuid() != 0:
+        pytest.skip("connecting as another user needs root")
+    nobody = pwd.getpwnam("nobody")
+    report_r, report_w = os.pipe()
+    release_r, release_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the other user: 10 connections, held until released
+        try:
+            os.close(report_r)
+            os.close(release_w)
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            held = [socket.socket(socket.AF_UNIX) for _ in range(10)]
+            for sock in held:
+                sock.settimeout(IDLE_S + 5)
+                sock.connect(str(server.home / "carma.sock"))
+            # answered at once when refused; the others are cut after a second idle, without an answer
+            refused = sum(_answer(sock).startswith(b"HTTP/1.1 503 ") for sock in held)
+            os.write(report_w, str(refused).encode())
+            os.read(release_r, 1)
+        finally:
+            os._exit(0)
+    os.close(report_w)
+    os.close(release_r)
+    try:
+        assert os.read(report_r, 16) == str(10 - PER_USER).encode()
+        assert server.client.status()["you"]["user"] == "root"
+    finally:
+        os.close(release_w)
+        os.waitpid(pid, 0)
+        os.close(report_r)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_connections": 0}, "max_connections must be at least 1, not 0"),
+        ({"max_user_connections": -1}, "max_user_connections must be at least 1, not -1"),
+        ({"idle_timeout_s": 0}, "idle_timeout_s must be positive, not 0"),
+        ({"idle_timeout_s": "10"}, "idle_timeout_s must be a number, not '10'"),
+    ],
+)
+def test_connection_settings_out_of_range_are_refused_in_one_line(settings, message):  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"server": settings}, "carma.toml")
+    assert str(refused.value) == f"carma.toml [server]: {message}"
