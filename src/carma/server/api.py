@@ -59,8 +59,8 @@ ERRORS = {
     409: "the task already ended, or its log cannot be read",
     413: f"a request over {MAX_BODY_BYTES >> 20} MiB",
     422: "an invalid request",
-    503: "too many connections open to the server",
-    507: "no space left under the server's state directory",
+    503: "too many connections open to the server, or its state cannot be written now",
+    507: "no space left under the server's state directory: nothing was changed",
 }
 
 
@@ -314,7 +314,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             raise HTTPException(409, f"task {task_id} already ended ({task.state.value})")
         return daemon.cancel(task_id)
 
-    @app.post("/v1/tasks/{task_id}/cancel", responses=errors(403, 404, 409, 422))
+    @app.post("/v1/tasks/{task_id}/cancel", responses=errors(403, 404, 409, 422, 507))
     async def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
         return task_view(daemon, cancel_one(task_id, who))
 
@@ -389,11 +389,11 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         changed, daemon.draining = daemon.draining != on, on
         return {"draining": on, "changed": changed}
 
-    @app.post("/v1/drain", responses=errors(403))
+    @app.post("/v1/drain", responses=errors(403, 507))
     async def drain(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
         return set_draining(True)
 
-    @app.post("/v1/resume", responses=errors(403))
+    @app.post("/v1/resume", responses=errors(403, 507))
     async def resume(_: Annotated[Caller, Depends(admin)]) -> dict[str, Any]:
         return set_draining(False)
 
