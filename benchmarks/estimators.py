@@ -299,7 +299,11 @@ def main() -> None:
         "--all", action="store_true", help="Every run (2,000: 85 minutes with --jobs 2 on a 2-core machine)."
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="a100-40gb", help="The GPU the runs were measured on.")
+    parser.add_argument(
+        "--device",
+        default="a100-40gb@cuda11-torch2-eager",
+        help="The GPU the runs were measured on, and their software stack (see carma.estimate.devices).",
+    )
     parser.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS)
     parser.add_argument("--skip-bert", action="store_true", help="Leave out the BERT-base timing.")
     parser.add_argument("--per-run", action="store_true", help="Also print each run's measured peak and estimates.")

@@ -30,6 +30,7 @@ from carma.estimate.registry import CPU_METHODS
 from carma.estimate.runner import capture_environment
 from carma.estimate.script import capture_script
 from carma.estimate.session import DEFAULT_STEPS
+from carma.estimate.xmem import estimate_xmem
 from estimators import every_method
 from options import machine_line, positive_int
 
@@ -38,8 +39,10 @@ import tasks as carma_tasks  # validation/models, a folder of scripts
 
 WORKLOADS = "carma/workloads.csv"
 MIB = 2**20
+WORKSPACE_RATIOS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)  # cuDNN workspace ratios replayed, for fitting a stack's
 UNDER_LIMIT = 0.03  # the issue's: no underestimate larger than 3% (an MPS memory limit that low is a crash)
 FAMILIES = ("CNN", "transformer", "all")
+WHOLE = ("gpumemnet",)  # estimates of the whole peak, which do not move with the context constant
 
 
 def estimate_task(task: carma_tasks.Task, device: str, steps: int, data: Path) -> dict:
@@ -57,8 +60,10 @@ def estimate_task(task: carma_tasks.Task, device: str, steps: int, data: Path) -
         outcome["above"] = dict.fromkeys(CPU_METHODS)
     else:
         result = json.loads(done.stdout.splitlines()[-1])
+        outcome["xmem_by_ratio"] = {r: peak / MIB for r, peak in result["xmem_by_ratio"].items()}
         for method, e in result["estimates"].items():
             outcome["above"][method] = None if "error" in e else (e["peak"] - e["context"]) / MIB
+            outcome.setdefault("peak", {})[method] = None if "error" in e else e["peak"] / MIB
             if "error" in e:
                 outcome["errors"][method] = e["error"]
     outcome["seconds"] = round(time.perf_counter() - started, 1)
@@ -66,6 +71,9 @@ def estimate_task(task: carma_tasks.Task, device: str, steps: int, data: Path) -
 
 
 def estimate_mib(outcome: dict, method: str, context_mib: float) -> float | None:
+    """The method's estimate with the device's context; GPUMemNet's is a bin of the whole, context inside."""
+    if method in WHOLE:
+        return outcome.get("peak", {}).get(method)
     above = outcome["above"].get(method)
     return None if above is None else above + context_mib
 
@@ -153,7 +161,8 @@ def main() -> None:
             else {"peak": e.peak_bytes, "context": e.breakdown.context}
             for method, e in every_method(capture, device.name).items()
         }
-        print(json.dumps({"capture_seconds": capture.seconds, "estimates": results}))
+        ratios = {r: estimate_xmem(capture, 0, device.name, workspace_ratio=r).peak_bytes for r in WORKSPACE_RATIOS}
+        print(json.dumps({"capture_seconds": capture.seconds, "estimates": results, "xmem_by_ratio": ratios}))
         return
     if args.tasks:
         wanted = args.tasks.split(",")

@@ -289,7 +289,7 @@ def test_gpumemnet_says_when_its_bin_cannot_hold_the_models_own_state():
         model, (torch.randn(32, 4096), torch.randint(0, 10, (32,))), cross_entropy, torch.optim.Adam(model.parameters())
     )
     estimate = estimate_captured("gpumemnet", captured(job), "a100-40gb")
-    floor = 1449 * MIB + 4 * sum(p.numel() for p in model.parameters()) * 4
+    floor = devices.get_device("a100-40gb").context_bytes + 4 * sum(p.numel() for p in model.parameters()) * 4
     (note,) = estimate.notes
     assert estimate.peak_bytes < floor and note == (
         f"GPUMemNet's bin, {estimate.peak_bytes / MIB:,.0f} MiB, is below what this job's parameters, gradients "
@@ -349,7 +349,8 @@ def config_home(tmp_path, monkeypatch):
 
 def test_builtin_devices_say_where_their_constant_comes_from(config_home):
     assert {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "v100-32gb"} <= set(devices.devices())
-    assert "GPUMemNet" in devices.BUILTIN["a100-40gb"].source
+    assert "fitted on CARMA's A100-40GB measurements" in devices.BUILTIN["a100-40gb"].source
+    assert "GPUMemNet" in devices.get_device("a100-40gb@cuda11-torch2-eager").source
     for device in devices.BUILTIN.values():
         assert device.context_bytes > 0 and device.total_bytes > device.context_bytes
         assert device.name in ("a100-40gb", "h100-80gb") or device.source.startswith("first estimate")

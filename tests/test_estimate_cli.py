@@ -20,7 +20,7 @@ MIB = 2**20
 
 pytest.importorskip("torch", reason="estimating needs PyTorch (pip install 'carma-gpu[estimate]')")
 
-BREAKDOWN = {"parameters", "gradients", "optimizer_state", "activations", "allocator", "context"}
+BREAKDOWN = {"parameters", "gradients", "optimizer_state", "activations", "allocator", "workspaces", "context"}
 METHODS = ("xmem", "faketensor", "horus", "gpumemnet")
 
 JOB = """

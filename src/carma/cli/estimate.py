@@ -70,6 +70,13 @@ def estimate_cmd(
             " `carma estimate calibrate` stored."
         ),
     ] = "a100-40gb",
+    stack: Annotated[
+        str | None,
+        typer.Option(
+            help="The software stack the job runs on, which sets the context: cuda12-torch2, cuda13-torch2, "
+            "cuda11-torch2-eager (default: the device's own, or devices.toml's `stack`)."
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option(help="Training iterations (optimizer steps) to run on the CPU.", min=1)] = 3,
     timeout: Annotated[
         float, typer.Option(help="Seconds the capture may take to reach its steps (a large model's may need more).")
@@ -113,9 +120,11 @@ def estimate_cmd(
             import torch  # noqa: F401
         except ImportError:
             raise fail(NEEDS_TORCH) from None
-    from carma.estimate.devices import get_device
+    from carma.estimate.devices import STACK_SEPARATOR, get_device
 
     try:
+        if stack:
+            device = f"{device}{STACK_SEPARATOR}{stack}"
         get_device(device)
         from carma.estimate.runner import estimate_job, estimate_script
 

@@ -35,6 +35,7 @@ class Breakdown:
     optimizer_state: int = 0
     activations: int = 0  # activations and temporaries, the batch included
     allocator: int = 0  # caching allocator rounding, caching and fragmentation
+    workspaces: int = 0  # modelled, not captured: cuDNN's convolution workspaces alive at the peak
     context: int = 0  # CUDA context and library workspaces
 
     @property

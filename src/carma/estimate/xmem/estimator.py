@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from carma.estimate.base import TIMELINE_NOT_WRITTEN, Breakdown, Capture, Estimate, capture_storages
 from carma.estimate.session import module_window
 from carma.estimate.xmem.allocator import fragmentation_allowance
 from carma.estimate.xmem.analyzer import JobTensors, analyze
-from carma.estimate.xmem.orchestrator import Category, orchestrate
+from carma.estimate.xmem.orchestrator import Category, conv_workspaces, orchestrate
 from carma.estimate.xmem.timeline import Simulation, draw_png, replay
+from carma.units import size_text
 
 
 @dataclass
@@ -23,6 +24,7 @@ class XMemResult:
     dropped: int  # script-level blocks left out
     dropped_bytes: int
     seconds: float  # analysis and simulation
+    workspaces: list[int] = field(default_factory=list)  # sizes of the cuDNN workspaces modelled (`conv_workspaces`)
 
 
 def job_tensors(capture: Capture) -> JobTensors:
@@ -31,14 +33,16 @@ def job_tensors(capture: Capture) -> JobTensors:
     return JobTensors(module_window(capture.job.model), held.parameters, held.batch, held.state, held.data)
 
 
-def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:
-    """The simulated GPU memory of the captured job; with a `capacity` (device memory less the CUDA
-    context) the replay may release cached segments to fit, and `simulation.oom` tells when even that
-    fails (the peak is then the unconstrained one, what the job would need)."""
+def run_xmem(capture: Capture, capacity: int | None = None, workspace_ratio: float = 0.0) -> XMemResult:
+    """The simulated GPU memory of the captured job, with cuDNN's convolution workspaces at
+    `workspace_ratio` (`conv_workspaces`); with a `capacity` (device memory less the CUDA context) the
+    replay may release cached segments to fit, and `simulation.oom` tells when even that fails (the peak is
+    then the unconstrained one, what the job would need)."""
     started = time.perf_counter()
     job = job_tensors(capture)
     analysis = analyze(capture.trace, job)
-    blocks = orchestrate(analysis, job)
+    workspaces = conv_workspaces(analysis, workspace_ratio)
+    blocks = orchestrate(analysis, job) + workspaces
     starts = [it.start for it in analysis.iterations]
     sim = replay(blocks, starts[0], capacity, starts)
     if sim.oom:
@@ -46,7 +50,8 @@ def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:
         sim.oom = True
     peak_iteration = bisect_right(sim.iteration_starts, sim.peak_time) - 1
     seconds = time.perf_counter() - started
-    return XMemResult(sim, peak_iteration, len(blocks), analysis.dropped, analysis.dropped_bytes, seconds)
+    sizes = [block.size for block in workspaces]
+    return XMemResult(sim, peak_iteration, len(blocks), analysis.dropped, analysis.dropped_bytes, seconds, sizes)
 
 
 def plot_timeline(result: XMemResult, path: str | Path, device: str = "") -> None:
@@ -64,28 +69,38 @@ def estimate_xmem(
     *,
     device_memory_bytes: int | None = None,
     timeline: str | Path | None = None,
+    workspace_ratio: float = 0.0,
 ) -> Estimate:
     """xMem's peak for `device`: the simulated peak of reserved segments, the fragmentation allowance
     (`fragmentation_allowance`) and the device's CUDA context.
 
     With `device_memory_bytes` the simulation runs against that capacity (see `run_xmem`); a predicted
     OOM shows as a peak above the device memory. `timeline` writes the PNG of the simulated memory.
+    `workspace_ratio`: cuDNN's convolution workspaces, modelled (`conv_workspaces`); a note says what the
+    estimate models rather than captures.
     """
     capacity = None if device_memory_bytes is None else max(device_memory_bytes - device_context_bytes, 0)
-    result = run_xmem(capture, capacity)
+    result = run_xmem(capture, capacity, workspace_ratio)
     sim = result.simulation
     allowance = fragmentation_allowance(sim.requests)
     notes: tuple[str, ...] = ()
+    if result.workspaces:
+        notes = (
+            f"modelled, not captured: cuDNN's workspaces beside the {len(result.workspaces)} blocks convolutions "
+            f"allocate in the captured steps, up to {size_text(max(result.workspaces))} each ({workspace_ratio:g} x "
+            "the block, the stack's ratio); the context's cuBLAS workspaces are the device's constant",
+        )
     if timeline:
         try:
             plot_timeline(result, timeline, device)
         except OSError as e:  # the folder changed since it was checked: the estimate is still worth its capture
-            notes = (f"{TIMELINE_NOT_WRITTEN}: {e}",)
+            notes = (*notes, f"{TIMELINE_NOT_WRITTEN}: {e}")
     breakdown = Breakdown(
         parameters=sim.at_peak[Category.PARAMETERS],
         gradients=sim.at_peak[Category.GRADIENTS],
         optimizer_state=sim.at_peak[Category.OPTIMIZER_STATE],
         activations=sim.at_peak[Category.ACTIVATIONS],
+        workspaces=sim.at_peak[Category.WORKSPACES],
         allocator=sim.peak_reserved - sim.allocated_at_peak + allowance,
         context=device_context_bytes,
     )
