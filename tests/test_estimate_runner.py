@@ -628,6 +628,32 @@ def test_shapes_set_by_uncomputed_values_are_captured_computing_them(workdir: Pa
     assert result.breakdown.activations > 30 * MIB  # head's output alone, 64 x ~131,000 floats: 32 MiB
 
 
+DATA_MASK_SCRIPT = """
+import torch
+model = torch.nn.Linear(64, 8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+torch.manual_seed(0)
+batch, labels = torch.randn(256, 64), torch.randint(0, 8, (256,))
+for step in range(10):
+    keep = torch.bernoulli(torch.full((256,), 0.25)).bool()  # a masked-LM collator's masks, as drawn
+    labels[~keep] = -100  # index_put_ with a boolean mask: nonzero
+    x = batch[keep]  # masked indexing: nonzero
+    loss = torch.nn.functional.cross_entropy(model(x), labels[keep], ignore_index=-100)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_boolean_masks_of_the_data_are_computed_without_redoing_the_capture(workdir: Path) -> None:
+    """A masked-LM collator's boolean masks (drawn outside the model, from computed values) sent the whole
+    capture down the path computing every value: BERT-base's masked LM took 493 s instead of 20."""
+    train = script(workdir, "collated.py", DATA_MASK_SCRIPT)
+    result = estimate_script(["python", train], "xmem", "test-gpu", estimator="batch_probe:estimate")
+    assert not [note for note in result.notes if "computing" in note]  # VALUES_NOTE, COMPUTED_NOTE
+    assert 32 < result.peak_bytes < 96  # the batch the mask kept: about a quarter of 256 rows, not by chance
+
+
 def test_the_skipped_products_refuse_shapes_as_cuda_does() -> None:
     from carma.estimate.kernels import value_free_arithmetic
 
@@ -1793,3 +1819,36 @@ def test_xmem_estimate_of_an_mlp_is_close_to_a_hand_computation(workdir: Path) -
     allowance = 2 * MIB + 20 * MIB
     assert 3 * 20 * MIB + allowance <= estimate.peak_bytes <= 4 * 20 * MIB + allowance
     assert b.allocator == estimate.peak_bytes - tensors
+
+
+def test_a_download_the_capture_cannot_make_is_named_in_one_line(workdir: Path) -> None:
+    """torchvision's weights, a dataset's mirror: the script's crash said `URLError: <urlopen error [Errno -2]
+    Name or service not known>`, which names nothing it wanted."""
+    url = "http://weights.invalid/resnet50-0676ba61.pth"  # .invalid never resolves
+    train = tiny_script(workdir, "pretrained.py", 5)
+    (workdir / train).write_text(
+        f"import urllib.request\nurllib.request.urlopen({url!r})\n" + (workdir / train).read_text()
+    )
+    with pytest.raises(EstimateError) as failed:
+        estimate(["python", train])
+    message = str(failed.value)
+    assert (
+        message.startswith("the script crashed after 0 optimizer steps: urllib.error.URLError: ")
+        and "\n" not in message
+    )
+    assert f"(it could not download {url}: a capture loads the job's data and weights from this machine" in message
+
+
+def test_a_model_too_large_for_the_hosts_memory_is_refused_before_the_capture(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPT-2 XL's capture was killed by the kernel's OOM killer after 84 s (taking other work's memory first)."""
+    from carma.estimate import session
+
+    monkeypatch.setattr(session, "_available_memory", lambda: 20 * MIB)
+    weights = (1024 * 2048 + 2048 + 2048 * 10 + 10) * 4  # jobs:mlp's, 8.1 MiB
+    with pytest.raises(EstimateError, match=r"^the model's 8.1 MiB of weights need about 32.3 MiB of host memory"):
+        capture_job("jobs:mlp", steps=2)
+    assert 3 * weights > 20 * MIB  # what is refused: more than the host has beside the weights
+    monkeypatch.setattr(session, "_available_memory", lambda: 3 * weights)
+    assert capture_job("jobs:mlp", steps=2).steps == 2

@@ -15,7 +15,16 @@ from typing import Any
 
 from carma.estimate import cuda_on_cpu
 from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob
-from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, StepLimitReached, capturing, hide_cuda, last_line
+from carma.estimate.session import (
+    DEFAULT_STEPS,
+    REASON_CHARS,
+    HostMemoryShort,
+    StepLimitReached,
+    capturing,
+    check_host_memory,
+    hide_cuda,
+    last_line,
+)
 from carma.units import cut
 
 
@@ -41,6 +50,10 @@ def capture_job(target: str, steps: int = DEFAULT_STEPS, *, exact: bool = False)
         except Exception as exc:
             raise EstimateError(cuda_on_cpu.explained(f"the job function {target} failed: {last_line(exc)}")) from None
         with_closure = _needs_closure(job.optimizer)  # L-BFGS: the step evaluates the loss itself, maybe often
+        try:
+            check_host_memory(job.model)
+        except HostMemoryShort as e:
+            raise EstimateError(str(e)) from None
         with capturing(steps, exact) as session:
             session.start()
             try:

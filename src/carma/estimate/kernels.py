@@ -27,7 +27,9 @@ from typing import Any
 META_MARK = "carma: meta kernel"  # the trace window of a skipped operator's shape computation
 
 # Operators whose output's shape is set by their input's values (a boolean mask's `x[x > 0]` calls
-# nonzero): on uncomputed values they would size their outputs by chance, so the capture stops there.
+# nonzero): on uncomputed values they would size their outputs by chance, so the capture stops there,
+# unless every value is computed there (`value_free_arithmetic`'s `values_computed`); then those in
+# `_COMPUTED` run (the others have no kernel of their own here and still stop it).
 VALUE_SHAPED = (
     "nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
     "repeat_interleave.Tensor", "bincount",
@@ -162,8 +164,13 @@ def _float32(tensor: Any) -> Any:
 
 
 @contextmanager
-def value_free_arithmetic() -> Iterator[None]:
+def value_free_arithmetic(values_computed: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """Replace the CPU kernels of the costly operators by ones that allocate their outputs, uncomputed.
+
+    A value-shaped operator (`VALUE_SHAPED`) called where `values_computed()` says every value is computed
+    (outside the model's calls, its backward and the optimizer's step: a masked-LM collator's boolean
+    masks, drawn from `torch.bernoulli`) runs on the real values; elsewhere it ends the capture, which is
+    redone computing everything (for BERT-base's masked LM, 25 times slower).
 
     Outputs are left uninitialised (zeroing them took a BERT-base capture from 10 s to 15-19 s): nearly nothing
     downstream depends on their values for its memory; what does, an operator whose output's shape its input's
@@ -230,7 +237,7 @@ def value_free_arithmetic() -> Iterator[None]:
             )
         },
         "_amp_foreach_non_finite_check_and_unscale_": lambda grads, found_inf, inv_scale: None,
-        **{name: _value_shaped(name) for name in VALUE_SHAPED},
+        **{name: _value_shaped(name, values_computed) for name in VALUE_SHAPED},
     }
     values_read.clear()
     library = torch.library.Library("aten", "IMPL")
@@ -244,15 +251,42 @@ def value_free_arithmetic() -> Iterator[None]:
         library._destroy()  # restores the original kernels
 
 
-def _value_shaped(name: str) -> Callable[..., Any]:
-    """A kernel that records the call and raises: the capture is redone computing every value
+def _value_shaped(name: str, values_computed: Callable[[], bool]) -> Callable[..., Any]:
+    """A kernel that computes the operator where `values_computed()` and it has a kernel here (`_COMPUTED`),
+    and elsewhere records the call and raises: the capture is redone computing every value
     (`carma.estimate.runner`), also when the job catches the error and goes on."""
+    computed = _COMPUTED.get(name)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        if computed is not None and values_computed():
+            return computed(*args, **kwargs)
         values_read.append(name)
         raise ValuesRead(f"{name}: an output shaped by values the capture left uncomputed")
 
     return kernel
+
+
+def _nonzero(x: Any) -> Any:
+    """`torch.nonzero` by NumPy (the CPU kernel is overridden), into a tensor of PyTorch's allocator, whose
+    allocation the profiler records."""
+    import numpy as np
+    import torch
+
+    found = np.argwhere(x.detach().ne(0).numpy())
+    return torch.empty(found.shape, dtype=torch.long).copy_(torch.from_numpy(found))
+
+
+def _masked_select(x: Any, mask: Any) -> Any:
+    """`torch.masked_select` by NumPy, as `_nonzero`."""
+    import numpy as np
+    import torch
+
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    values = np.broadcast_to(x.detach().numpy(), shape)[np.broadcast_to(mask.detach().numpy(), shape)]
+    return torch.empty(values.shape, dtype=x.dtype).copy_(torch.from_numpy(np.ascontiguousarray(values)))
+
+
+_COMPUTED = {"nonzero": _nonzero, "masked_select": _masked_select}
 
 
 def _matrices(a: Any, b: Any) -> tuple[int, int]:

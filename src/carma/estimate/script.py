@@ -24,12 +24,13 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
-from carma.estimate import cuda_on_cpu, libraries
+from carma.estimate import cuda_on_cpu, libraries, offline
 from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob, optimizer_parameters, tensors_in
 from carma.estimate.session import (
     CPU_AUTOCAST,
     DEFAULT_STEPS,
     REASON_CHARS,
+    HostMemoryShort,
     Session,
     StepLimitReached,
     capturing,
@@ -369,6 +370,7 @@ def capture_script(
         compiled = running.enter_context(_compile_calls())
         mixed_precision = running.enter_context(libraries.mixed_precision_without_gpu())
         cuda = running.enter_context(cuda_on_cpu.cuda_on_cpu(before_training=lambda: session.profiler is None))
+        downloads = running.enter_context(offline.watching_downloads())
         session.on_stop.append(cuda.hold)
         # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
         running.enter_context(warnings.catch_warnings(record=True))
@@ -392,6 +394,8 @@ def capture_script(
                 runpy.run_path(target, run_name="__main__")
         except StepLimitReached:
             pass
+        except HostMemoryShort as exc:
+            raise EstimateError(str(exc)) from None
         except SystemExit as exc:
             if isinstance(exc.code, str):  # sys.exit("usage: ..."): the message is the reason
                 exited = f"the script exited after {_steps_taken(session)}: {cut(exc.code, REASON_CHARS)}"
@@ -409,6 +413,7 @@ def capture_script(
             crash = f"the script crashed after {_steps_taken(session)}: {last_line(exc)}"
             if isinstance(exc, EOFError):  # input(): its prompt went unseen, with the rest of its output
                 crash += " (the capture gives the script no input: let it run without asking)"
+            crash = offline.explained(crash, exc, downloads)
             explained = cuda_on_cpu.explained(crash, last_line(exc, where=False), _stopped_without_cuda(session, cuda))
             raise (ShortBatchEnded if session.short_moved else ScriptFailed)(explained) from None
         if not session.order and session.unprofiled_steps:

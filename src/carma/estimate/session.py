@@ -42,6 +42,44 @@ CUDA_AUTOCAST = "CUDA autocast"  # the job's mixed precision, as `Session.mixed_
 CPU_AUTOCAST = "CPU autocast"
 
 
+class HostMemoryShort(BaseException):
+    """The model's training state cannot fit in the host's memory: raised at its first call, before the
+    capture, rather than left to the kernel's out-of-memory killer. A `BaseException`, which a script's
+    `except Exception:` around a model check lets through."""
+
+
+# The host memory a captured model's training state takes, in parameter-sized copies: its weights, their
+# gradients and Adam's two moments (the most common optimizer's state; SGD without momentum keeps none).
+TRAINING_COPIES = 4
+
+
+def check_host_memory(module: Any) -> None:
+    """Refuse a model whose weights, gradients and optimizer state would not fit in the host's available
+    memory (the weights are already there): a capture holds the job's tensors in host memory, and GPT-2 XL
+    was killed by the kernel after 84 s, taking other work's memory first."""
+    available = _available_memory()
+    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    if available is None or (TRAINING_COPIES - 1) * weights <= available:
+        return
+    raise HostMemoryShort(
+        f"the model's {size_text(weights)} of weights need about {size_text(TRAINING_COPIES * weights)} of host "
+        f"memory to capture its training (weights, gradients and Adam's state, before its activations), and "
+        f"this host has {size_text(available)} available beside its weights: estimate on a host with more memory"
+    )
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 class StepLimitReached(BaseException):
     """Raised by the optimizer hook once the captured steps are done; BaseException so that a script's
     `except Exception` does not swallow it."""
@@ -77,6 +115,7 @@ class Session:
         self.on_caught: Callable[[], NoReturn] | None = None
         self.unprofiled_steps = 0  # steps taken before any call of a module with parameters
         self.backwards = 0  # backward passes (and autograd.grad calls) before the first optimizer step
+        self.backward_depth = 0  # backward passes running (a checkpointed forward's backward nests one)
         self.short_batch: tuple[int, int] | None = None  # an epoch's short last batch: (its size, the full one)
         self.short_moved = False  # that short batch was sampled second
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
@@ -105,7 +144,7 @@ class Session:
         with _native_stderr_muted():
             self._running.enter_context(self.profiler)
         if not self.exact:
-            self._running.enter_context(value_free_arithmetic())
+            self._running.enter_context(value_free_arithmetic(self.values_computed))
 
     def stop(self, export: bool) -> None:
         with _native_stderr_muted():
@@ -149,6 +188,8 @@ class Session:
         if self.stopped:
             self.went_on()
         if not self._calls and next(module.parameters(), None) is not None:
+            if self.profiler is None:
+                check_host_memory(module)
             self.start()
         window = None
         if self.profiler is not None:
@@ -161,6 +202,12 @@ class Session:
         window = self._calls.pop()
         if window is not None:
             window.__exit__(None, None, None)
+
+    def values_computed(self) -> bool:
+        """Whether every value the job's code can read here is computed: outside the model's calls, the
+        backward passes and the optimizer steps (in a data loader's collate function, say), no operator's
+        arithmetic was skipped to make it, as long as the code does not read the model's outputs."""
+        return not self.in_module_call and not self._open and not self.backward_depth
 
     @property
     def in_module_call(self) -> bool:
@@ -345,7 +392,7 @@ def capturing(steps: int, exact: bool, short_second: bool = True) -> Iterator[Se
     ]
     try:
         reordered = short_batch_second(session.short_batch_seen) if short_second else nullcontext()
-        with cuda_like_operators(), cuda_autocast() as regions, reordered, _counting_backwards(session.backward_ran):
+        with cuda_like_operators(), cuda_autocast() as regions, reordered, _counting_backwards(session):
             yield session
             named = {"cuda": CUDA_AUTOCAST, "cpu": CPU_AUTOCAST}
             session.mixed_precision = [named[device] for device in dict.fromkeys(regions) if device in named]
@@ -361,25 +408,25 @@ def capturing(steps: int, exact: bool, short_second: bool = True) -> Iterator[Se
 
 
 @contextmanager
-def _counting_backwards(ran: Callable[[], None]) -> Iterator[None]:
-    """Call `ran` after each `torch.autograd.backward` and `torch.autograd.grad` (`Tensor.backward` calls
-    the first) that the job makes. Only outermost calls count: under a torch function mode (the capture's
-    `cuda_on_cpu`) `grad` calls itself once more, and a checkpointed forward's backward nests one."""
+def _counting_backwards(session: Session) -> Iterator[None]:
+    """Call `session.backward_ran` after each `torch.autograd.backward` and `torch.autograd.grad`
+    (`Tensor.backward` calls the first) that the job makes, and keep `session.backward_depth`. Only
+    outermost calls count: under a torch function mode (the capture's `cuda_on_cpu`) `grad` calls itself
+    once more, and a checkpointed forward's backward nests one."""
     import torch.autograd
 
     originals = torch.autograd.backward, torch.autograd.grad
-    running = [0]
 
     def counted(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def call(*args: Any, **kwargs: Any) -> Any:
-            running[0] += 1
+            session.backward_depth += 1
             try:
                 result = original(*args, **kwargs)
             finally:
-                running[0] -= 1
-            if not running[0]:
-                ran()
+                session.backward_depth -= 1
+            if not session.backward_depth:
+                session.backward_ran()
             return result
 
         return call
