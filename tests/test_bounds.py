@@ -2,7 +2,6 @@
 
 import pytest
 
-from carma.core import Policy
 from carma.sim.bounds import makespan_bounds
 from carma.sim.experiment import RunConfig, TwinConfig, simulate
 from carma.sim.gpus import parse_gpus
@@ -89,6 +88,6 @@ def test_no_simulated_policy_beats_the_bound(trace, gpus, sharing):
     loaded = Trace(loaded.name, loaded.entries[:30])
     twin = TwinConfig(gpus=parse_gpus(gpus), sharing=sharing)
     b = makespan_bounds(loaded, twin.gpus, twin.interference, twin.sharing)
-    runs = (RunConfig(Policy.MAGM), RunConfig(Policy.BF, "oracle"), RunConfig(Policy.MAGM, "oracle", risk_filter=False))
+    runs = (RunConfig("magm"), RunConfig("bf", "oracle"), RunConfig("magm", "oracle", risk_filter=False))
     makespans = [simulate(loaded, run, twin).metrics.makespan_s for run in runs]
     assert b.work_s > 0 and min(makespans) >= b.combined_s

@@ -2,10 +2,21 @@
 
 import pytest
 
-from carma.core import ExitKind, NeedKind, Policy, RiskConfig, SpecError, TaskSpec, TaskState
+from carma.core import (
+    POLICY_NAMES,
+    ExitKind,
+    GpuInfo,
+    Kill,
+    NeedKind,
+    RiskConfig,
+    Scheduler,
+    SpecError,
+    TaskSpec,
+    TaskState,
+)
 from carma.core.memory import estimated
-from carma.core.scheduler import HEAD_OF_LINE, RECOVERY_FIRST, UNDECIDED
 from carma.core.types import MemoryNeed
+from carma.reasons import HEAD_OF_LINE, RECOVERY_FIRST, UNDECIDED, waiting_reason
 from support import OOM_LOG, TOTAL_MIB, Bench
 
 
@@ -24,14 +35,14 @@ def busy(bench, gpus, used_mib=20_000, smact=0.3, smocc=0.2, drama=0.2, wait=30)
 
 
 def test_exclusive_uses_only_idle_gpus():
-    b = Bench(gpus=2, policy=Policy.EXCLUSIVE)
+    b = Bench(gpus=2, policy="exclusive")
     a, c = b.submit("a"), b.submit("c")
     assert b.placed() == {a.id: (0,), c.id: (1,)}
     third = b.submit("third")
     b.first_kernel(a.id)
     b.advance(60)
     assert b.placed() == {}  # plenty of memory, but no idle GPU
-    assert "idle" in b.sched.waiting_reason(third.id)
+    assert "idle" in waiting_reason(b.sched, third.id)
     b.exit(a.id)
     assert b.placed() == {third.id: (0,)}
 
@@ -55,7 +66,7 @@ def test_magm_breaks_ties_by_gpu_index():
 
 
 def test_lug_picks_the_gpu_with_the_lowest_smact_risk():
-    b = Bench(policy=Policy.LUG, prefer_idle=False)
+    b = Bench(policy="lug", prefer_idle=False)
     busy(b, [0, 1, 2])
     for gpu, smact in ((0, 0.5), (1, 0.7), (2, 0.1)):
         b.set(gpu, smact=smact)
@@ -65,7 +76,7 @@ def test_lug_picks_the_gpu_with_the_lowest_smact_risk():
 
 
 def test_best_fit_packs_the_tightest_gpu_that_still_fits_and_first_fit_the_first():
-    for policy, expected in ((Policy.BF, 1), (Policy.FF, 0)):
+    for policy, expected in (("bf", 1), ("ff", 0)):
         b = Bench(policy=policy, prefer_idle=False)
         busy(b, [0, 1, 2])
         for gpu, used in ((0, 10_000), (1, 30_000), (2, 34_000)):
@@ -76,7 +87,7 @@ def test_best_fit_packs_the_tightest_gpu_that_still_fits_and_first_fit_the_first
 
 
 def test_round_robin_cycles_without_preconditions():
-    b = Bench(policy=Policy.RR, prefer_idle=False)
+    b = Bench(policy="rr", prefer_idle=False)
     busy(b, [0, 1, 2], used_mib=TOTAL_MIB, smact=1.0, smocc=1.0, drama=1.0)  # full and risky
     placed = []
     for _ in range(4):
@@ -89,7 +100,7 @@ def test_round_robin_cycles_without_preconditions():
 
 
 def test_idle_gpus_are_preferred_as_in_carmas_reference_code():
-    b = Bench(policy=Policy.BF)
+    b = Bench(policy="bf")
     busy(b, [0], used_mib=10_000)
     task = b.submit(mem_mib=1_000)
     assert b.placed() == {task.id: (1,)}  # BF would pack GPU 0, but an idle GPU comes first
@@ -121,7 +132,7 @@ def test_a_known_need_is_held_before_the_task_has_allocated_it(hold):
     second = b.submit("second", mem_mib=10_000)  # 10000 + 2048 margin: 38448 shown free, 10448 not held
     assert (second.id in b.placed()) is not hold
     if hold:
-        assert b.sched.waiting_reason(second.id) == (
+        assert waiting_reason(b.sched, second.id) == (
             "needs 1 GPU with 12560 MiB free (need 10000 + margin 2048 + reserve 512); 0 have it (1 more shows it "
             "free, but their tasks' known needs hold it)"
         )
@@ -143,7 +154,7 @@ def test_a_need_too_large_for_the_margin_is_held_on_the_whole_gpu_it_was_given()
     b.advance(60)
     small = b.submit("small", mem_mib=100)
     assert b.placed() == {}
-    assert "known needs hold it" in b.sched.waiting_reason(small.id)
+    assert "known needs hold it" in waiting_reason(b.sched, small.id)
 
 
 @pytest.mark.parametrize(("used_mib", "placed"), [(40_960 - 512 - 2048, True), (40_960 - 512 - 2047, False)])
@@ -153,7 +164,7 @@ def test_unknown_need_requires_the_minimum_free_memory(used_mib, placed):
     task = b.submit()
     assert (task.id in b.placed()) is placed
     if not placed:
-        assert "2560 MiB free (min_free_mib 2048 + reserve 512)" in b.sched.waiting_reason(task.id)
+        assert "2560 MiB free (min_free_mib 2048 + reserve 512)" in waiting_reason(b.sched, task.id)
 
 
 def test_risk_filter_excludes_saturated_gpus_and_can_be_switched_off():
@@ -163,7 +174,7 @@ def test_risk_filter_excludes_saturated_gpus_and_can_be_switched_off():
         task = b.submit()
         assert (task.id in b.placed()) is not enabled
         if enabled:  # the GPU and the scores over their thresholds, as `carma gpus` shows them
-            assert b.sched.waiting_reason(task.id) == (
+            assert waiting_reason(b.sched, task.id) == (
                 "needs 1 GPU; only 0 with enough memory pass the risk filter (GPU 0: SMACT 0.90 >= 0.80, "
                 "SMOCC 0.50 >= 0.45)"
             )
@@ -174,14 +185,14 @@ def test_a_task_waiting_for_the_risk_filter_is_told_which_gpus_fail_it():
     busy(b, [0, 1, 2, 3], used_mib=5_000, smact=0.9, smocc=0.2, drama=0.5)
     task = b.submit(gpus=3)
     b.decide()
-    assert b.sched.waiting_reason(task.id) == (
+    assert waiting_reason(b.sched, task.id) == (
         "needs 3 GPUs; only 0 with enough memory pass the risk filter (GPUs 0, 1, 2, 3: `carma gpus` shows their risk)"
     )
     b.set(2, smact=0.3)
     b.set(3, smact=0.3)
     b.advance(60)  # the window forgets the saturated samples
     b.decide()
-    assert b.sched.waiting_reason(task.id).endswith(
+    assert waiting_reason(b.sched, task.id).endswith(
         "only 2 with enough memory pass the risk filter (GPU 0: SMACT 0.90 >= 0.80, DRAMA 0.50 >= 0.40; "
         "GPU 1: SMACT 0.90 >= 0.80, DRAMA 0.50 >= 0.40)"
     )
@@ -199,14 +210,13 @@ def test_risk_reflects_the_whole_window_not_only_the_latest_sample():
 
 
 def test_gpus_without_telemetry_are_never_used():
-    b = Bench(gpus=1)
-    b.sched._windows[0]._samples.clear()  # as before the first reading
-    b.submit()
-    assert b.placed() == {}
+    sched = Scheduler([GpuInfo(0, "GPU-40GB", TOTAL_MIB)])  # no reading yet
+    sched.submit(TaskSpec("task"), 0.0)
+    assert sched.decide(0.0) == []
 
 
 def test_foreign_processes_make_a_gpu_busy():
-    b = Bench(gpus=1, policy=Policy.EXCLUSIVE)
+    b = Bench(gpus=1, policy="exclusive")
     b.sched.record_gpu_processes(0, [], foreign=1, now=b.t)
     b.submit()
     assert b.placed() == {}
@@ -223,7 +233,7 @@ def test_gpu_awaiting_a_first_kernel_takes_no_further_tasks():
     assert b.placed() == {first.id: (0,), second.id: (1,)}  # the other GPU stays schedulable
     b.advance(100)
     assert b.placed() == {}
-    assert "TTFK" in b.sched.waiting_reason(third.id)
+    assert "TTFK" in waiting_reason(b.sched, third.id)
     b.first_kernel(first.id)
     assert b.sched.task(first.id).state is TaskState.RUNNING
     assert b.sched.task(first.id).current.first_kernel_s == b.t
@@ -244,7 +254,7 @@ def test_a_task_waiting_for_memory_is_told_of_a_gpu_with_it_that_awaits_a_first_
     waiting = b.submit(mem_mib=15_360)
     b.advance(100)
     assert b.placed() == {}
-    assert b.sched.waiting_reason(waiting.id) == (
+    assert waiting_reason(b.sched, waiting.id) == (
         "needs 1 GPU with 17920 MiB free (need 15360 + margin 2048 + reserve 512); 0 have it (1 more has it free, "
         "but awaits its task's first kernel (TTFK))"
     )
@@ -266,7 +276,7 @@ def test_the_head_of_the_queue_before_any_decision_is_not_said_to_wait_behind_it
     queue (FIFO)"."""
     b = Bench(gpus=1)
     first, second = b.submit(), b.submit()
-    assert [b.sched.waiting_reason(t.id) for t in (first, second)] == [UNDECIDED, HEAD_OF_LINE]
+    assert [waiting_reason(b.sched, t.id) for t in (first, second)] == [UNDECIDED, HEAD_OF_LINE]
 
 
 def test_fifo_head_of_line_blocks_later_tasks():
@@ -274,7 +284,7 @@ def test_fifo_head_of_line_blocks_later_tasks():
     busy(b, [0], used_mib=20_000)
     big, small = b.submit(mem_mib=30_000), b.submit(mem_mib=1_000)
     assert b.placed() == {}
-    assert b.sched.waiting_reason(small.id) == HEAD_OF_LINE
+    assert waiting_reason(b.sched, small.id) == HEAD_OF_LINE
     assert b.sched.queue == [big.id, small.id]
 
 
@@ -326,7 +336,7 @@ def test_oom_crashed_task_is_recovered_on_a_whole_idle_gpu():
     assert b.placed() == {}  # GPU 0 is busy: recovery waits, and the main queue waits behind it
     assert victim.state is TaskState.RECOVERING
     assert b.sched.recovery_queue == [victim.id]
-    assert b.sched.waiting_reason(waiting.id) == RECOVERY_FIRST
+    assert waiting_reason(b.sched, waiting.id) == RECOVERY_FIRST
     b.exit(running.id)
     launches = b.decide()
     assert [(launch.task_id, launch.recovery, launch.exclusive) for launch in launches] == [(victim.id, True, True)]
@@ -398,7 +408,7 @@ def test_a_process_of_someone_else_arriving_later_makes_the_task_no_longer_alone
 
 def test_a_task_needing_a_whole_gpu_takes_idle_ones_in_the_policys_order():
     """A task of unknown size (no usable estimate) took the lowest index, the 16 GiB GPU, not MAGM's 80."""
-    for policy, expected in ((Policy.MAGM, 1), (Policy.BF, 0), (Policy.EXCLUSIVE, 0)):
+    for policy, expected in (("magm", 1), ("bf", 0), ("exclusive", 0)):
         b = Bench(totals=(16_384, 81_920), policy=policy, estimator=FixedEstimator(None))
         task = b.submit("opaque")
         assert b.placed() == {task.id: (expected,)}, policy
@@ -417,7 +427,7 @@ def test_a_relaunch_goes_only_to_a_gpu_that_holds_the_need_it_was_placed_with():
     assert b.placed() == {big.id: (1,)}
     b.oom(big.id)
     assert b.placed() == {}
-    assert b.sched.waiting_reason(big.id) == (
+    assert waiting_reason(b.sched, big.id) == (
         "recovery: waiting for 1 whole idle GPU that can hold 26048 MiB (its need when first placed, with the margin)"
     )
     b.exit(filler.id)
@@ -482,13 +492,13 @@ def test_cancel_a_queued_task_and_a_running_one():
     b = Bench(gpus=1)
     running, queued = b.submit(), b.submit()
     b.decide()
-    assert b.sched.cancel(queued.id, b.t) is False
+    assert b.sched.cancel(queued.id, b.t) == []
     assert queued.state is TaskState.CANCELLED and b.sched.queue == []
-    assert b.sched.cancel(running.id, b.t) is True  # the world must kill its process
+    assert b.sched.cancel(running.id, b.t) == [Kill(running.id, 1)]  # the world must kill its process
     assert running.state is TaskState.DISPATCHED
     b.exit(running.id, code=-9, log=OOM_LOG)  # whatever the log says, it was cancelled
     assert running.state is TaskState.CANCELLED
-    assert b.sched.cancel(running.id, b.t) is False
+    assert b.sched.cancel(running.id, b.t) == []
 
 
 def test_cancel_a_task_waiting_for_recovery():
@@ -534,7 +544,7 @@ def test_estimator_value_is_used_with_the_margin():
     busy(b, [0], used_mib=20_000)  # 20448 MiB free after the reserve
     task = b.submit()
     assert b.placed() == {}
-    assert "21060 MiB free (need 18500 + margin 2048 + reserve 512)" in b.sched.waiting_reason(task.id)
+    assert "21060 MiB free (need 18500 + margin 2048 + reserve 512)" in waiting_reason(b.sched, task.id)
     b.set(0, used_mib=19_900)
     b.advance(1)
     assert b.placed() == {task.id: (0,)}
@@ -559,7 +569,7 @@ def test_no_usable_estimate_means_a_whole_gpu(estimator):
     assert task.current.exclusive
     other = b.submit()
     assert b.placed() == {}
-    assert "idle" in b.sched.waiting_reason(other.id)
+    assert "idle" in waiting_reason(b.sched, other.id)
 
 
 def test_a_task_whose_estimate_is_not_ready_waits_at_the_head_and_keeps_fifo():
@@ -567,8 +577,8 @@ def test_a_task_whose_estimate_is_not_ready_waits_at_the_head_and_keeps_fifo():
     b = Bench(gpus=2, estimator=estimator)
     first, second = b.submit(), b.submit(mem_mib=1_000)
     assert b.placed() == {}  # the second has a declared need, but the queue stays FIFO
-    assert b.sched.waiting_reason(first.id) == "waiting for its memory estimate"
-    assert b.sched.waiting_reason(second.id) == "behind the head of the queue (FIFO)"
+    assert waiting_reason(b.sched, first.id) == "waiting for its memory estimate"
+    assert waiting_reason(b.sched, second.id) == "behind the head of the queue (FIFO)"
     estimator.answers[first.id] = MemoryNeed(NeedKind.KNOWN, 4_000, "slow")
     b.advance(1)
     assert b.placed() == {first.id: (0,), second.id: (1,)}
@@ -692,11 +702,11 @@ def test_a_gpu_without_profiling_metrics_is_kept_out_of_collocation_unless_confi
         task = b.submit()
         assert (task.id in b.placed()) is placed, missing
         if not placed:
-            assert b.sched.waiting_reason(task.id).endswith("the risk filter (GPU 0: no SMACT/SMOCC/DRAMA reading)")
+            assert waiting_reason(b.sched, task.id).endswith("the risk filter (GPU 0: no SMACT/SMOCC/DRAMA reading)")
 
 
 def test_lug_ranks_gpus_of_unknown_smact_last():
-    b = Bench(gpus=2, policy=Policy.LUG, prefer_idle=False, risk=RiskConfig(missing="skip"))
+    b = Bench(gpus=2, policy="lug", prefer_idle=False, risk=RiskConfig(missing="skip"))
     busy(b, [0, 1])
     b.set(0, smact=None)
     b.set(1, smact=0.7)
@@ -717,7 +727,7 @@ def test_mig_instances_take_one_task_each():
     b.first_kernel(first.id)
     b.advance(60)
     assert b.placed() == {}  # plenty of memory, but an instance is never shared
-    assert "shareable" in b.sched.waiting_reason(second.id)
+    assert "shareable" in waiting_reason(b.sched, second.id)
     b.exit(first.id)
     assert b.placed() == {second.id: (0,)}
 
@@ -746,18 +756,18 @@ def test_a_multi_gpu_task_takes_whole_gpus_never_mig_instances():
     assert Bench(totals=(20_096, 20_096), mig=(0, 1)).submit("one", gpus=1).state is TaskState.QUEUED
 
 
-@pytest.mark.parametrize("policy", list(Policy))
+@pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_a_known_need_goes_whole_only_to_a_gpu_that_can_hold_it(policy):
     """On a server of unequal GPUs, an idle GPU too small for a known need is passed over: the task would
     only run out of memory alone there. While the large one is busy, an exclusive task waits for it."""
     b = Bench(totals=(32_768, 40_960), policy=policy)
     big = b.submit("big", mem_mib=36_000)
     assert b.placed() == {big.id: (1,)}
-    if policy is Policy.EXCLUSIVE:
+    if policy == "exclusive":
         b.first_kernel(big.id)
         again = b.submit("again", mem_mib=36_000)
         assert b.placed() == {}
-        assert b.sched.waiting_reason(again.id) == "waiting for 1 whole idle GPU that can hold 38048 MiB"
+        assert waiting_reason(b.sched, again.id) == "waiting for 1 whole idle GPU that can hold 38048 MiB"
 
 
 def test_a_need_beyond_the_second_largest_gpu_takes_the_two_largest_for_a_two_gpu_task():
@@ -772,7 +782,7 @@ def test_a_task_out_of_memory_alone_is_relaunched_on_a_larger_gpu_until_none_is_
     """A task of unknown need that runs out of memory alone on a small GPU is relaunched on the largest idle
     GPU that is larger (here the middle one, the largest being busy), then on a larger one still; it fails
     only when no GPU is larger than one it outgrew."""
-    b = Bench(totals=(32_768, 40_960, 81_920), policy=Policy.EXCLUSIVE)
+    b = Bench(totals=(32_768, 40_960, 81_920), policy="exclusive")
     task = b.submit("grows")
     assert b.placed() == {task.id: (0,)}
     b.sched.record_gpu_processes(2, (), 1, b.t)  # another user's process holds the largest
@@ -781,7 +791,7 @@ def test_a_task_out_of_memory_alone_is_relaunched_on_a_larger_gpu_until_none_is_
     assert task.current.recovery and task.current.exclusive
     b.oom(task.id)
     assert b.placed() == {}
-    assert b.sched.waiting_reason(task.id) == "recovery: waiting for 1 whole idle GPU larger than 40960 MiB"
+    assert waiting_reason(b.sched, task.id) == "recovery: waiting for 1 whole idle GPU larger than 40960 MiB"
     b.sched.record_gpu_processes(2, (), 0, b.t)
     assert b.placed() == {task.id: (2,)}
     b.oom(task.id)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from carma.core import Policy
-from carma.core.policies import Candidate, RoundRobin, order
+from carma.core.policies import POLICIES
+from carma.core.risk import Risk
 from carma.core.ttfk import TtfkTable
 
 
@@ -44,39 +44,59 @@ def test_sighting_of_an_unknown_task_changes_nothing(table):
     assert table.valid(0, 5.0)
 
 
-def _cands(*specs):
-    return [Candidate(gpu, free, smact) for gpu, free, smact in specs]
+class View:
+    """Free memory (MiB, less the reserve) and SMACT risk per GPU: what the policies order by."""
+
+    def __init__(self, *specs: tuple[int, int, float | None]) -> None:
+        self._free = {gpu: free for gpu, free, _ in specs}
+        self._smact = {gpu: smact for gpu, _, smact in specs}
+
+    def free_mib(self, gpu: int, hold: bool = True) -> int:
+        return self._free[gpu]
+
+    def risk(self, gpu: int) -> Risk:
+        return Risk(self._smact[gpu], 0.0, 0.0)
 
 
-CANDS = _cands((0, 10_000, 0.5), (1, 30_000, 0.7), (2, 30_000, 0.2), (3, 5_000, 0.2))
+VIEW = View((0, 10_000, 0.5), (1, 30_000, 0.7), (2, 30_000, 0.2), (3, 5_000, 0.2))
 
 
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [
-        (Policy.MAGM, [1, 2, 0, 3]),  # most free first; tie 1/2 to the lower index
-        (Policy.LUG, [2, 3, 0, 1]),  # least SMACT first; tie 2/3 to the lower index
-        (Policy.BF, [3, 0, 1, 2]),  # least free (all candidates already fit)
-        (Policy.FF, [0, 1, 2, 3]),
-        (Policy.EXCLUSIVE, [0, 1, 2, 3]),
+        ("magm", [1, 2, 0, 3]),  # most free first; tie 1/2 to the lower index
+        ("lug", [2, 3, 0, 1]),  # least SMACT first; tie 2/3 to the lower index
+        ("bf", [3, 0, 1, 2]),  # least free (all candidates already fit)
+        ("ff", [0, 1, 2, 3]),
+        ("exclusive", [0, 1, 2, 3]),
     ],
 )
 def test_policy_orders(policy, expected):
-    assert [c.gpu for c in order(policy, CANDS, RoundRobin([0, 1, 2, 3]))] == expected
+    assert POLICIES[policy]([0, 1, 2, 3]).order([0, 1, 2, 3], VIEW) == expected
+
+
+def test_lug_ranks_a_gpu_of_unknown_smact_last():
+    view = View((0, 1, None), (1, 1, 0.9))
+    assert POLICIES["lug"]([0, 1]).order([0, 1], view) == [1, 0]
+
+
+def test_only_exclusive_keeps_to_idle_gpus_and_only_rr_skips_the_preconditions():
+    assert [name for name, make in POLICIES.items() if not make([0]).shares] == ["exclusive"]
+    assert [name for name, make in POLICIES.items() if not make([0]).checks_fit] == ["rr"]
 
 
 def test_round_robin_continues_after_the_last_gpu_placed():
-    rr = RoundRobin([0, 1, 2])
-    assert [c.gpu for c in rr.order(_cands((0, 1, 0), (1, 1, 0), (2, 1, 0)))] == [0, 1, 2]
+    rr = POLICIES["rr"]([0, 1, 2])
+    assert rr.order([0, 1, 2], VIEW) == [0, 1, 2]
     rr.placed([0])
-    assert [c.gpu for c in rr.order(_cands((0, 1, 0), (2, 1, 0)))] == [2, 0]  # GPU 1 not a candidate
+    assert rr.order([0, 2], VIEW) == [2, 0]  # GPU 1 not a candidate
     rr.placed([2])
-    assert [c.gpu for c in rr.order(_cands((0, 1, 0), (1, 1, 0), (2, 1, 0)))] == [0, 1, 2]
+    assert rr.order([0, 1, 2], VIEW) == [0, 1, 2]
     rr.placed([0, 1])  # a two-GPU task moves the pointer past its last GPU
-    assert rr.order(_cands((0, 1, 0), (1, 1, 0), (2, 1, 0)))[0].gpu == 2
+    assert rr.order([0, 1, 2], VIEW)[0] == 2
 
 
 def test_round_robin_pointer_moves_only_on_placement():
-    rr = RoundRobin([0, 1, 2])
+    rr = POLICIES["rr"]([0, 1, 2])
     for _ in range(3):
-        assert rr.order(_cands((1, 1, 0), (2, 1, 0)))[0].gpu == 1
+        assert rr.order([1, 2], VIEW)[0] == 1

@@ -2,7 +2,7 @@
 
 import pytest
 
-from carma.core import NeedKind, Policy, TaskSpec
+from carma.core import NeedKind, TaskSpec
 from carma.core.types import MemoryNeed, Task
 from carma.sim.experiment import PAPER_SWEEP, RecordedEstimator, RunConfig, TwinConfig, simulate, sweep
 from carma.sim.gpus import parse_gpus
@@ -92,13 +92,13 @@ def test_each_trace_entry_is_placed_by_its_own_recorded_estimate(tmp_path):
         "6000,job,2000,1000,1000\n"
     )
     one_gpu = TwinConfig(gpus=parse_gpus("1xA100-40GB"))
-    result = simulate(load_trace(str(trace), load_catalog()), RunConfig(Policy.MAGM, "horus"), one_gpu)
+    result = simulate(load_trace(str(trace), load_catalog()), RunConfig("magm", "horus"), one_gpu)
     assert result.metrics.oom_crashes == 0
     assert [t.attempts[0].need.mib for t in result.tasks] == [20000, 30000, 1000]
 
 
 def test_estimators_without_an_estimate_place_tasks_on_whole_gpus(t1):
-    result = simulate(t1, RunConfig(Policy.MAGM, "faketensor"))
+    result = simulate(t1, RunConfig("magm", "faketensor"))
     bert = next(t for t in result.tasks if t.spec.name == "BERT_base")
     assert bert.attempts[0].need.kind.value == "whole_gpu"
     assert bert.attempts[0].exclusive

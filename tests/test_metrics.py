@@ -70,13 +70,12 @@ def test_a_run_where_no_task_completed_measures_no_completion_time():
 @pytest.fixture(scope="module")
 def one_task_runs():
     """Exclusive and RR on a one-task trace: a 35-minute makespan."""
-    from carma.core import Policy
     from carma.sim.experiment import RunConfig, simulate
     from carma.traces.catalog import load_catalog
     from carma.traces.loaders import Trace, TraceEntry
 
     trace = Trace("one", (TraceEntry(0.0, load_catalog()["resnet"]),))
-    return [simulate(trace, RunConfig(policy)) for policy in (Policy.EXCLUSIVE, Policy.RR)]
+    return [simulate(trace, RunConfig(policy)) for policy in ("exclusive", "rr")]
 
 
 def _printed(table) -> str:

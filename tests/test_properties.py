@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from carma.core import ExitKind, Policy, SchedulerConfig, TaskState
+from carma.core import POLICY_NAMES, ExitKind, SchedulerConfig, TaskState
 from carma.sim.experiment import RunConfig, TwinConfig, simulate
 from carma.sim.gpus import GPU_TYPES
 from carma.traces.catalog import Workload
@@ -61,7 +61,7 @@ def traces(draw, max_gpus, max_mem_mib, max_warmup_s=25):
 
 
 @st.composite
-def experiments(draw, policies=tuple(Policy), memory=("none", "oracle"), max_mem_mib=60000, max_warmup_s=25):
+def experiments(draw, policies=POLICY_NAMES, memory=("none", "oracle"), max_mem_mib=60000, max_warmup_s=25):
     twin = draw(servers())
     trace = draw(traces(len(twin.gpus), max_mem_mib, max_warmup_s))
     run = RunConfig(draw(st.sampled_from(policies)), draw(st.sampled_from(memory)), draw(st.booleans()))
@@ -122,7 +122,7 @@ def task_workload(trace, task):
 @SETTINGS
 @given(
     experiments(
-        policies=(Policy.EXCLUSIVE, Policy.MAGM, Policy.LUG, Policy.FF, Policy.BF),
+        policies=("exclusive", "magm", "lug", "ff", "bf"),
         memory=("oracle",),
         max_mem_mib=32768,  # every need fits the smallest GPU
         max_warmup_s=1200,  # memory growing long after the TTFK window: the needs held cover it
@@ -140,7 +140,7 @@ def test_exact_known_needs_without_fragmentation_never_oom(case, reserve_mib, ma
 
 
 @SETTINGS
-@given(experiments(policies=(Policy.EXCLUSIVE,)))
+@given(experiments(policies=("exclusive",)))
 def test_exclusive_never_collocates(case):
     trace, run, twin = case
     result = simulate(trace, run, twin)

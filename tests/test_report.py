@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from carma.core import Policy
 from carma.metrics.htmlreport import write_report
 from carma.metrics.record import (
     AttemptRecord,
@@ -46,7 +45,7 @@ TINY_TRACE = """submit_s,task,gpus,solo_s,mem_mib,gract,smact
 def small_run():
     """The first 20 tasks of CARMA's trace 1 under RR, recovery only: quick, and it crashes out of memory."""
     trace = load_trace("carma-t1", load_catalog())
-    return simulate(Trace("t1-20", trace.entries[:20]), RunConfig(Policy.RR))
+    return simulate(Trace("t1-20", trace.entries[:20]), RunConfig("rr"))
 
 
 def _hand_record() -> RunRecord:
@@ -126,7 +125,7 @@ def test_a_twin_timeline_starts_at_the_first_submission_not_at_zero():
     """A trace of real timestamps began its series at 0: the charts' axis ran over the idle hours before."""
     trace = load_trace("carma-t1", load_catalog())
     late = Trace("late", tuple(replace(e, submit_s=e.submit_s + 36_000) for e in trace.entries[:4]))
-    record = from_run_result(simulate(late, RunConfig(Policy.MAGM)))
+    record = from_run_result(simulate(late, RunConfig("magm")))
     assert record.start_s == 36_000
     for series in record.series.values():
         assert series["t"][0] == 36_000 and series["t"][-1] == pytest.approx(record.end_s, abs=0.05)

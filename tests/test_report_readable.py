@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from carma.core import Policy
 from carma.metrics.htmlreport import write_report
 from carma.metrics.record import from_run_result
 from carma.sim.experiment import RunConfig, simulate
@@ -24,7 +23,7 @@ def records():
     sweep that place tasks alike (its oracle MAGM, BF and LUG on trace 1) have the same times."""
     trace = load_trace("carma-t1", load_catalog())
     short = Trace("t1-20", trace.entries[:20])
-    magm, rr = (from_run_result(simulate(short, RunConfig(p))) for p in (Policy.MAGM, Policy.RR))
+    magm, rr = (from_run_result(simulate(short, RunConfig(p))) for p in ("magm", "rr"))
     return [magm, rr, replace(magm, label="LUG recovery only")]
 
 

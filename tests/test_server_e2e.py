@@ -23,7 +23,6 @@ import typer
 
 import carma.server.client
 from carma.cli import app
-from carma.core.config import Policy
 from carma.server.client import Client, ClientError, WaitTimeout
 from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
@@ -1006,7 +1005,7 @@ def test_a_30_task_replay_matches_the_twin(start_server):  # type: ignore[no-unt
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)["figures"]
     trace = load_trace("carma-t1", load_catalog())
-    twin = simulate(Trace("t1-30", trace.entries[:30]), RunConfig(Policy.MAGM)).metrics
+    twin = simulate(Trace("t1-30", trace.entries[:30]), RunConfig("magm")).metrics
     assert figures["completed"] == 30 and figures["failed"] == 0
     assert figures["collocated_attempts"] > 10  # MAGM collocated
     assert abs(figures["makespan_s"] / twin.makespan_s - 1) < 0.10, (figures, twin.makespan_s)

@@ -10,7 +10,7 @@ import math
 import pytest
 import yaml
 
-from carma.core import ExitKind, Policy, TaskState
+from carma.core import ExitKind, TaskState
 from carma.core.scheduler import Scheduler
 from carma.sim.experiment import RunConfig, TwinConfig, simulate
 from carma.sim.gpus import GPU_TYPES, parse_gpus
@@ -60,7 +60,7 @@ def test_golden_trace_with_magm_by_hand(golden):
     DRAM are not oversubscribed: 0.3 + 0.3 and 0.2 + 0.2 are below 1). a has 45 s of work left at 55, so
     ends at 55 + 45 * 1.125 = 105.625; b has then done 45 s and runs its last 40 s alone: ends 145.625.
     """
-    result = simulate(golden, RunConfig(Policy.MAGM), ONE_GPU)
+    result = simulate(golden, RunConfig("magm"), ONE_GPU)
     a, b = result.tasks
     assert (a.attempts[0].dispatched_s, a.attempts[0].first_kernel_s, a.ended_s) == (0, 10, pytest.approx(105.625))
     assert (b.attempts[0].dispatched_s, b.attempts[0].first_kernel_s, b.ended_s) == (40, 50, pytest.approx(145.625))
@@ -77,7 +77,7 @@ def test_golden_trace_with_magm_by_hand(golden):
 
 
 def test_golden_trace_memory_appears_in_two_steps(golden):
-    timeline = simulate(golden, RunConfig(Policy.MAGM), ONE_GPU).timelines[0]
+    timeline = simulate(golden, RunConfig("magm"), ONE_GPU).timelines[0]
     assert [(s.t, s.used_mib, s.tasks) for s in timeline] == [
         (0, 0, 0),
         (10, 1024, 1),  # a shows on the GPU with its context and weights
@@ -90,7 +90,7 @@ def test_golden_trace_memory_appears_in_two_steps(golden):
 
 
 def test_golden_trace_exclusive_runs_back_to_back(golden):
-    result = simulate(golden, RunConfig(Policy.EXCLUSIVE), ONE_GPU)
+    result = simulate(golden, RunConfig("exclusive"), ONE_GPU)
     a, b = result.tasks
     assert (a.ended_s, b.attempts[0].dispatched_s, b.ended_s) == (100, 100, 200)
     assert result.metrics.makespan_s == 200
@@ -99,7 +99,7 @@ def test_golden_trace_exclusive_runs_back_to_back(golden):
 
 def test_time_slicing_keeps_the_whole_slowdown(golden):
     timeslice = TwinConfig(gpus=ONE_GPU.gpus, interference=MODEL, power=LINEAR, sharing="timeslice")
-    a, b = simulate(golden, RunConfig(Policy.MAGM), timeslice).tasks
+    a, b = simulate(golden, RunConfig("magm"), timeslice).tasks
     assert a.ended_s == pytest.approx(55 + 45 * 1.25)
     assert b.ended_s == pytest.approx(a.ended_s + 40)
 
@@ -115,7 +115,7 @@ def crowded(tmp_path):
 
 
 def test_oom_at_the_full_allocation_is_recovered_exclusively(crowded):
-    result = simulate(crowded, RunConfig(Policy.MAGM), ONE_GPU)
+    result = simulate(crowded, RunConfig("magm"), ONE_GPU)
     big, late = result.tasks
     crash, relaunch = late.attempts
     assert crash.outcome is ExitKind.OOM and crash.shared
@@ -129,14 +129,14 @@ def test_oom_at_the_full_allocation_is_recovered_exclusively(crowded):
 
 
 def test_oracle_memory_avoids_the_oom(crowded):
-    result = simulate(crowded, RunConfig(Policy.MAGM, "oracle"), ONE_GPU)
+    result = simulate(crowded, RunConfig("magm", "oracle"), ONE_GPU)
     assert result.metrics.oom_crashes == 0
     assert result.tasks[1].attempts[0].dispatched_s >= result.tasks[0].ended_s
 
 
 def test_a_task_larger_than_the_gpu_fails_with_its_reason(tmp_path):
     trace = yaml_trace(tmp_path, {"huge": {**JOB, "mem_mib": 50000}}, [{"at": 0, "task": "huge"}])
-    result = simulate(trace, RunConfig(Policy.MAGM), ONE_GPU)
+    result = simulate(trace, RunConfig("magm"), ONE_GPU)
     (task,) = result.tasks
     assert task.state is TaskState.FAILED and "alone on GPU 0" in task.reason
     assert result.metrics.tasks_failed == 1
@@ -147,10 +147,10 @@ def test_a_task_too_large_for_the_first_idle_gpu_completes_on_a_larger_one(tmp_p
     runs out of memory alone, then relaunches it on the larger GPU; knowing the need, it goes there first."""
     trace = yaml_trace(tmp_path, {"big": {**JOB, "mem_mib": 36000}}, [{"at": 0, "task": "big"}])
     mixed = TwinConfig(gpus=parse_gpus("1xV100-32GB,1xA100-40GB"))
-    (task,) = simulate(trace, RunConfig(Policy.EXCLUSIVE), mixed).tasks
+    (task,) = simulate(trace, RunConfig("exclusive"), mixed).tasks
     assert task.state is TaskState.COMPLETED
     assert [(a.gpus, a.outcome) for a in task.attempts] == [((0,), ExitKind.OOM), ((1,), ExitKind.SUCCESS)]
-    (task,) = simulate(trace, RunConfig(Policy.BF, "oracle"), mixed).tasks
+    (task,) = simulate(trace, RunConfig("bf", "oracle"), mixed).tasks
     assert [(a.gpus, a.outcome) for a in task.attempts] == [((1,), ExitKind.SUCCESS)]
 
 
@@ -159,7 +159,7 @@ def test_multi_gpu_task_runs_at_the_pace_of_its_busiest_gpu(tmp_path):
     hog = {**JOB, "solo_s": 5000, "gract": 0.9, "smact": 0.7, "drama": 0.1}
     trace = yaml_trace(tmp_path, {"pair": pair, "hog": hog}, [{"at": 0, "task": "hog"}, {"at": 0, "task": "pair"}])
     twin = TwinConfig(gpus=parse_gpus("2xA100-40GB"), interference=MODEL, power=LINEAR)
-    _, pair_task = simulate(trace, RunConfig(Policy.MAGM, risk_filter=False), twin).tasks
+    _, pair_task = simulate(trace, RunConfig("magm", risk_filter=False), twin).tasks
     attempt = pair_task.attempts[0]
     assert attempt.gpus == (0, 1) and attempt.dispatched_s == 40  # waits for the hog's TTFK window
     # on the hog's GPU: MPS keeps half of 0.6 * 0.9 = 0.54, but SMs are oversubscribed (0.5 + 0.7 = 1.2)
@@ -169,7 +169,7 @@ def test_multi_gpu_task_runs_at_the_pace_of_its_busiest_gpu(tmp_path):
 
 def test_idle_gpus_draw_idle_power_for_the_whole_makespan(golden):
     three = TwinConfig(gpus=parse_gpus("3xA100-40GB"), interference=MODEL, power=LINEAR)
-    result = simulate(golden, RunConfig(Policy.EXCLUSIVE), three)
+    result = simulate(golden, RunConfig("exclusive"), three)
     # a computes on GPU 0 over 15-100, b on GPU 1 over 20-105; GPU 2 stays idle for all 105 s
     assert result.metrics.makespan_s == 105
     idle_s = (15 + 5) + 20 + 105

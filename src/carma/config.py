@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from carma.core.config import Policy, RiskConfig, RiskWeights, SchedulerConfig
+from carma.core.config import RiskConfig, RiskWeights, SchedulerConfig
 from carma.sim.experiment import TwinConfig
 from carma.sim.gpus import parse_gpus
 from carma.sim.models import PowerModel
@@ -113,7 +113,7 @@ def _expected(default: object) -> tuple[tuple[type, ...], str]:
     """The types a key takes, judged from its default, and how to name them."""
     if isinstance(default, bool):
         return (bool,), "true or false"
-    if isinstance(default, str):  # the Policy enum too
+    if isinstance(default, str):
         return (str,), "a string"
     if isinstance(default, float):
         return (int, float), "a number"
@@ -160,11 +160,6 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
     estimate = _section(top.get("estimate", {}), _defaults(EstimateConfig()), f"{source} [estimate]")
     server = _section(top.get("server", {}), _defaults(ServerConfig()), f"{source} [server]")
     weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), weights_where)
-    if "policy" in sched:
-        policies = [p.value for p in Policy]
-        if sched["policy"] not in policies:
-            raise ConfigError(f"{sched_where}: policy must be one of {', '.join(policies)}; got {sched['policy']!r}")
-        sched["policy"] = Policy(sched["policy"])
     left_out = "; a weight left out keeps its default" if 0 < len(weights) < len(fields(RiskWeights)) else ""
     risk_weights = _built(weights_where, lambda: RiskWeights(**weights), left_out)
     risk_config = _built(risk_where, lambda: RiskConfig(**risk, weights=risk_weights))

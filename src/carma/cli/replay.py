@@ -112,17 +112,16 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], memory: str
     """The twin's run of the replayed tasks on the server's GPUs with its policy and risk filter, and its name;
     None (said on stderr) where the twin does not model the server's GPUs or policy."""
     from carma.cli.simulate import server_name
-    from carma.core.config import Policy
+    from carma.core.policies import POLICY_NAMES
     from carma.sim.experiment import RunConfig, TwinConfig, simulate
     from carma.sim.gpus import GPU_TYPES
 
     kinds = [GPU_TYPES.get(name.lower()) for name in gpus]
-    policies = {p.value: p for p in Policy}
-    if not gpus or None in kinds or status["policy"] not in policies:
+    if not gpus or None in kinds or status["policy"] not in POLICY_NAMES:
         what = f"policy {status['policy']}" if all(kinds) else f"GPUs ({', '.join(sorted(set(gpus)))})"
         err.print(f"note: no twin figure to compare with: the twin does not model the server's {what}")
         return None
-    run = RunConfig(policies[status["policy"]], memory, status["risk"]["enabled"])
+    run = RunConfig(status["policy"], memory, status["risk"]["enabled"])
     config = TwinConfig(gpus=tuple(k for k in kinds if k))
     result = simulate(trace, run, config)
     return _Twin(result, f"{run.label} on {server_name(result, config)}")

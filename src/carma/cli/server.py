@@ -56,7 +56,7 @@ def server_cmd(
     from dataclasses import replace
 
     from carma.config import ConfigError, load_config
-    from carma.core.config import Policy
+    from carma.core.policies import POLICY_NAMES
     from carma.server.auth import Tokens
     from carma.server.daemon import Daemon
     from carma.server.executor import closed_to_others
@@ -85,7 +85,7 @@ def server_cmd(
         settings = load_config(config)
         scheduler = settings.scheduler
         if policy:
-            scheduler = replace(scheduler, policy=Policy(choice(policy, [p.value for p in Policy], "--policy")))
+            scheduler = replace(scheduler, policy=choice(policy, POLICY_NAMES, "--policy"))
         for given, option in ((time_scale != 1.0, "--time-scale"), (sharing is not None, "--sharing")):
             if given and not fake_gpus:
                 raise ValueError(f"{option} only applies to fake GPUs (--fake-gpus)")
@@ -150,7 +150,7 @@ def server_cmd(
     gpus = ", ".join(f"{g.index}:{g.name}" for g in daemon.gpus)
     out.print(
         f"carma server listening on {paths.socket}{' and http://' + tcp + ' (dashboard)' if tcp else ''}; "
-        f"policy {daemon.scheduler.config.policy.value}; GPUs {gpus}"
+        f"policy {daemon.scheduler.config.policy}; GPUs {gpus}"
         + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
         + ("; tasks run under MPS" if mps else "")
         + ("; draining, as before the restart: no placements until `carma resume`" if daemon.draining else "")

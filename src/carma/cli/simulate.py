@@ -83,7 +83,7 @@ def simulate_cmd(
 ) -> None:
     """Run a trace through the digital twin of a GPU server."""
     from carma.config import ConfigError
-    from carma.core.config import Policy
+    from carma.core.policies import POLICY_NAMES
     from carma.metrics.plots import PlotsUnavailable, plot_sweep, pyplot
     from carma.metrics.record import from_run_result, write_records
     from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
@@ -121,7 +121,7 @@ def simulate_cmd(
             results = _run_sweep(loaded, twin, jobs, quiet=as_json or csv_out)
             _note_missing_estimates(loaded, ESTIMATOR_COLUMNS)
         else:
-            chosen = Policy(choice(policy, [p.value for p in Policy], "--policy")) if policy is not None else None
+            chosen = choice(policy, POLICY_NAMES, "--policy") if policy is not None else None
             risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
             run = RunConfig(chosen or twin.scheduler.policy, choice(memory, MEMORY_SOURCES, "--memory"), risk_filter)
             results = [simulate(loaded, run, twin)]
@@ -167,13 +167,12 @@ def _bounds(
 ) -> tuple[dict[str, object], Table]:
     """The makespan bounds as JSON's `bounds` and as a table, each row given its share of the gain (against the
     run's Exclusive, simulated for it when not among the runs)."""
-    from carma.core.config import Policy
     from carma.metrics.report import add_gain_shares, baseline_of, bounds_table
     from carma.sim.bounds import makespan_bounds
     from carma.sim.experiment import RunConfig, simulate
 
     limits = makespan_bounds(trace, twin.gpus, twin.interference, twin.sharing)
-    exclusive = baseline_of(results) or simulate(trace, RunConfig(Policy.EXCLUSIVE), twin)
+    exclusive = baseline_of(results) or simulate(trace, RunConfig("exclusive"), twin)
     exclusive_s = exclusive.metrics.makespan_s
     add_gain_shares(rows, limits, exclusive_s)
     title = "makespan bounds under the twin's models (docs/bounds.md)"

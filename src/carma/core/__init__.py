@@ -1,12 +1,17 @@
 """The decision core: pure Python, no I/O, no wall clock. Worlds drive it through `carma.core.ports`."""
 
-from carma.core.config import Policy, RiskConfig, RiskWeights, SchedulerConfig
+from carma.core.blocked import Blocked
+from carma.core.config import RiskConfig, RiskWeights, SchedulerConfig
 from carma.core.loop import SchedulingLoop
+from carma.core.placer import Placement, Placer
+from carma.core.policies import POLICY_NAMES
 from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import (
+    Action,
     ExitKind,
     GpuInfo,
     GpuSample,
+    Kill,
     Launch,
     MemoryNeed,
     NeedKind,
@@ -17,13 +22,18 @@ from carma.core.types import (
 )
 
 __all__ = [
+    "POLICY_NAMES",
+    "Action",
+    "Blocked",
     "ExitKind",
     "GpuInfo",
     "GpuSample",
+    "Kill",
     "Launch",
     "MemoryNeed",
     "NeedKind",
-    "Policy",
+    "Placement",
+    "Placer",
     "ProcessExit",
     "RiskConfig",
     "RiskWeights",

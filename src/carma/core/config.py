@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from carma.core.policies import POLICY_NAMES
 
 MIN_SAMPLE_INTERVAL_S = 0.1  # NVML's utilization counters update every 1/6 s to 1 s
 MAX_SAMPLE_INTERVAL_S = 60.0  # the first sample, which a placement needs, comes after one interval
 MAX_WINDOW_SAMPLES = 3600  # an hour of 1-second samples; every decision and risk score reads the whole window
-
-
-class Policy(StrEnum):
-    EXCLUSIVE = "exclusive"
-    RR = "rr"  # round-robin
-    MAGM = "magm"  # most available GPU memory
-    LUG = "lug"  # least utilized GPU (lowest SMACT risk)
-    FF = "ff"  # first fit
-    BF = "bf"  # best fit (least free memory that still fits)
 
 
 @dataclass(frozen=True)
@@ -64,7 +56,7 @@ class RiskConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    policy: Policy = Policy.MAGM
+    policy: str = "magm"  # a registered policy's name (`carma.core.policies`)
     risk: RiskConfig = field(default_factory=RiskConfig)
     window_samples: int = 30  # monitor window length, in samples
     sample_interval_s: float = 1.0
@@ -85,6 +77,8 @@ class SchedulerConfig:
     hold_known_needs: bool = True
 
     def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}; got {self.policy!r}")
         if not 1 <= self.window_samples <= MAX_WINDOW_SAMPLES:  # each decision reads the whole window
             raise ValueError(f"window_samples must be from 1 to {MAX_WINDOW_SAMPLES}, got {self.window_samples}")
         # faster, the daemon spins a core on stale readings; slower, it waits that long to place the first task

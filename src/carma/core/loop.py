@@ -1,19 +1,20 @@
-"""One scheduling step, identical in both worlds: exits, telemetry, decisions, persistence, launches.
+"""One scheduling step, identical in both worlds: exits, telemetry, decisions, persistence, actions.
 
 Every change is written to the journal before it is acted on. A journal that cannot write for a while (a
 full disk) raises `JournalError`: the in-memory core stays authoritative, the changes wait and are written
-at the next call, and the launches decided meanwhile wait with them (a launch not written could run twice
+at the next call, and the actions decided meanwhile wait with them (a launch not written could run twice
 after a restart); no new placement is decided until the journal has caught up.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import assert_never
 
 from carma.core.ports import Clock, Executor, Journal, Telemetry
 from carma.core.scheduler import Scheduler
-from carma.core.types import Launch, Task, TaskId, TaskSpec
+from carma.core.types import Action, Kill, Launch, Task, TaskId, TaskSpec
 
 
 class JournalError(Exception):
@@ -37,7 +38,7 @@ class SchedulingLoop:
         self.journal = journal
         self.on_decision = on_decision  # told how many seconds each decision took (instrumentation only)
         self._unsaved: dict[TaskId, Task] = {}  # changed tasks the journal failed to write so far
-        self._held: list[Launch] = []  # decided launches waiting for their placement to be written
+        self._held: list[Action] = []  # decided actions waiting for the changes they follow to be written
 
     def submit(self, spec: TaskSpec, task_id: TaskId | None = None, at: float | None = None) -> Task:
         """Queue a task submitted `at` (now by default; a world that recorded it first gives the time it kept)."""
@@ -54,14 +55,13 @@ class SchedulingLoop:
         """Cancel a task; raises JournalError, changing nothing, while earlier changes cannot be written."""
         if self._unsaved:
             self._write()  # raises JournalError
-        kill = self.scheduler.cancel(task_id, self.clock.now())
+        actions = self.scheduler.cancel(task_id, self.clock.now())
         self._persist()  # a failure now leaves the cancel to be written later: the kill asked for goes ahead
-        if kill:
-            self.executor.kill(task_id)
+        self._carry_out(actions)
 
-    def step(self, place: bool = True) -> list[Launch]:
+    def step(self, place: bool = True) -> list[Action]:
         """Take exits and telemetry in; unless `place` is off (draining) or the journal is behind, decide;
-        persist; launch. Returns the launches carried out."""
+        persist; act. Returns the actions carried out."""
         now = self.clock.now()
         sched = self.scheduler
         for ended in self.executor.poll_exits():
@@ -76,29 +76,39 @@ class SchedulingLoop:
             self._held += self._decide(now)
         return (caught_up or []) + (self._persist() or [])
 
-    def _decide(self, now: float) -> list[Launch]:
+    def _decide(self, now: float) -> list[Action]:
         if self.on_decision is None:
             return self.scheduler.decide(now)
         began = time.perf_counter()
-        launches = self.scheduler.decide(now)
+        actions = self.scheduler.decide(now)
         self.on_decision(time.perf_counter() - began)
-        return launches
+        return actions
 
-    def _persist(self) -> list[Launch] | None:
-        """Write the changes, then carry out the launches that waited on them (returned); None when the
+    def _persist(self) -> list[Action] | None:
+        """Write the changes, then carry out the actions that waited on them (returned); None when the
         journal failed."""
         try:
             return self._write()
         except JournalError:
             return None
 
-    def _write(self) -> list[Launch]:
+    def _write(self) -> list[Action]:
         for task in self.scheduler.take_changes():
             self._unsaved[task.id] = task
         if self.journal is not None and self._unsaved:
             self.journal.save(list(self._unsaved.values()))  # every change is written before it is acted on
         self._unsaved.clear()
-        launches, self._held = self._held, []
-        for launch in launches:
-            self.executor.launch(self.scheduler.task(launch.task_id), launch)
-        return launches
+        actions, self._held = self._held, []
+        self._carry_out(actions)
+        return actions
+
+    def _carry_out(self, actions: Sequence[Action]) -> None:
+        """Hand each action to the executor's method for its kind."""
+        for action in actions:
+            match action:
+                case Launch():
+                    self.executor.launch(self.scheduler.task(action.task_id), action)
+                case Kill():
+                    self.executor.kill(action.task_id)
+                case _:
+                    assert_never(action)

@@ -9,21 +9,12 @@ task waits at the head of the queue, which keeps the queue FIFO).
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from carma.core.ports import Estimator
 from carma.core.types import MemoryNeed, NeedKind, Task
 
 NO_ESTIMATE = "no usable estimate"
 RECOVERY_NEED = MemoryNeed(NeedKind.WHOLE_GPU, source="recovery")  # an OOM-crashed task's relaunch: whole idle GPUs
 RECOVERY_ONLY = MemoryNeed(NeedKind.UNKNOWN, source="none")  # nothing known: placed by the minimum-free precondition
-
-
-class Estimator(Protocol):
-    """A memory estimator port: the task's need as the estimator sees it, or None while it is computing."""
-
-    name: str
-
-    def need(self, task: Task) -> MemoryNeed | None: ...
 
 
 def estimated(source: str, mib: int | None) -> MemoryNeed:

@@ -16,17 +16,15 @@ class MonitorWindow:
         self._samples: deque[GpuSample] = deque(maxlen=size)
         self._weights = weights
         self._risk: Risk | None = None
+        self.latest: GpuSample | None = None  # the newest sample (an attribute: every decision reads it per GPU)
 
     def add(self, sample: GpuSample) -> None:
         latest = self.latest
         if latest is not None and sample.t <= latest.t:
             return  # a sample we already hold (worlds may re-send the newest one)
         self._samples.append(sample)
+        self.latest = sample
         self._risk = None
-
-    @property
-    def latest(self) -> GpuSample | None:
-        return self._samples[-1] if self._samples else None
 
     def __len__(self) -> int:
         return len(self._samples)

@@ -1,7 +1,9 @@
-"""The ports through which a world drives the core: a clock, telemetry and an executor.
+"""The ports through which a world drives the core: a clock, telemetry, an executor, a journal and a
+memory estimator.
 
-The real world implements them with the wall clock, NVML/DCGM and subprocesses; the digital twin with a
-virtual clock and a GPU model. `SchedulingLoop` is written against these protocols only.
+The real world implements them with the wall clock, NVML/DCGM, subprocesses, SQLite and background
+estimates; the digital twin with a virtual clock, a GPU model and recorded estimates. `SchedulingLoop` and
+`Scheduler` are written against these protocols only.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from carma.core.types import GpuInfo, GpuSample, Launch, ProcessExit, Task, TaskId
+from carma.core.types import GpuInfo, GpuSample, Launch, MemoryNeed, ProcessExit, Task, TaskId
 
 
 class Clock(Protocol):
@@ -51,8 +53,19 @@ class Journal(Protocol):
 
 
 class Executor(Protocol):
+    """Carries out the core's actions (`SchedulingLoop` hands each to the method for its kind) and reports
+    the exits of the processes it started."""
+
     def launch(self, task: Task, launch: Launch) -> None: ...
 
     def kill(self, task_id: TaskId) -> None: ...
 
     def poll_exits(self) -> Sequence[TaskExit]: ...
+
+
+class Estimator(Protocol):
+    """A memory estimator: the task's need as the estimator sees it, or None while it is computing."""
+
+    name: str  # shown in need sources and waiting reasons
+
+    def need(self, task: Task) -> MemoryNeed | None: ...

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from carma.core.config import RiskConfig, RiskWeights
 
+METRICS = ("smact", "smocc", "drama")  # the metrics the risk rule reads
+
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolation quantile of already sorted values (the pandas/NumPy default)."""
@@ -60,15 +62,23 @@ class Risk:
             return False
         return (self.smocc or 0.0) >= config.smocc or (self.drama or 0.0) >= config.drama
 
-    def why(self, config: RiskConfig) -> str:
-        """Why an excluded GPU is (`excluded` is true): the scores over their thresholds, or the metrics
-        missing, as a task's waiting reason names them."""
-        missing = [name.upper() for name in ("smact", "smocc", "drama") if getattr(self, name) is None]
-        if missing and config.missing == "risky":
-            return f"no {'/'.join(missing)} reading"
-        over = [
-            f"{name.upper()} {value:.2f} >= {getattr(config, name):.2f}"
-            for name in ("smact", "smocc", "drama")
-            if (value := getattr(self, name)) is not None and value >= getattr(config, name)
-        ]
-        return ", ".join(over)
+    def exclusion(self, config: RiskConfig) -> Exclusion:
+        """Why an excluded GPU is (`excluded` is true): the metrics missing, when they count as risky, else
+        the scores at or over their thresholds."""
+        if config.missing == "risky" and (missing := tuple(m for m in METRICS if getattr(self, m) is None)):
+            return Exclusion(missing=missing)
+        over = tuple(
+            (metric, value, getattr(config, metric))
+            for metric in METRICS
+            if (value := getattr(self, metric)) is not None and value >= getattr(config, metric)
+        )
+        return Exclusion(over=over)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """Why the risk rule excludes a GPU: the metrics it has no reading of, or (metric, score, threshold) for
+    each score at or over its threshold."""
+
+    missing: tuple[str, ...] = ()
+    over: tuple[tuple[str, float, float], ...] = ()

@@ -1,42 +1,45 @@
-"""The CARMA scheduler: queues, need resolution, risk filter, placement and recovery, with no I/O.
+"""The CARMA scheduler: queues, need resolution, placement and recovery, with no I/O.
 
 A world feeds it submissions, GPU samples, the tasks seen on each GPU and process exits, each stamped
-with the world's time; `decide(now)` returns the launches to carry out. The same object runs inside the
-digital twin and inside the daemon.
+with the world's time; `decide(now)` returns the actions to carry out. The same object runs inside the
+digital twin and inside the daemon. Where a task goes is the placer's answer (`carma.core.placer`), which
+task is offered to it the queue discipline's (`carma.core.queue`); a task's waiting reason is kept as
+structure (`carma.core.blocked`).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from carma.core.config import Policy, SchedulerConfig
-from carma.core.memory import RECOVERY_NEED, Estimator, resolve_need
+from carma.core.blocked import Blocked, Estimating
+from carma.core.config import SchedulerConfig
+from carma.core.memory import RECOVERY_NEED, resolve_need
 from carma.core.monitor import MonitorWindow
-from carma.core.policies import Candidate, RoundRobin, order
+from carma.core.placer import Placement, Placer, for_tasks_of, outgrown_mib
+from carma.core.policies import POLICIES
+from carma.core.ports import Estimator
+from carma.core.queue import QueueDiscipline, Queues, StrictFifo
 from carma.core.recovery import classify_exit, oom_message
 from carma.core.risk import Risk
 from carma.core.ttfk import TtfkTable
 from carma.core.types import (
     ACTIVE_STATES,
+    Action,
     Attempt,
     ExitKind,
     GpuInfo,
     GpuSample,
+    Kill,
     Launch,
     MemoryNeed,
-    NeedKind,
     ProcessExit,
     Task,
     TaskId,
     TaskSpec,
     TaskState,
 )
-from carma.units import cut, inflect, pluralize
-
-HEAD_OF_LINE = "behind the head of the queue (FIFO)"
-UNDECIDED = "at the head of the queue, for the next placement decision"  # e.g. before the GPUs' first sample
+from carma.units import cut, pluralize
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,7 @@ class GpuStatus:
     held_mib: int = 0  # the needs known in MiB its tasks hold (`hold_known_needs`), allocated or not
 
 
-RECOVERY_FIRST = "recovery queue has priority"
-ESTIMATING = "waiting for its memory estimate"
-REASON_CHARS = 300  # a failed task's reason is one line of `carma queue`: its log holds the rest
+REASON_CHARS = 300  # a failed task's reason is one line of the queue's listing: its log holds the rest
 
 
 class SpecError(ValueError):
@@ -69,6 +70,7 @@ class Scheduler:
         gpus: Sequence[GpuInfo],
         config: SchedulerConfig | None = None,
         estimator: Estimator | None = None,
+        discipline: QueueDiscipline | None = None,
     ) -> None:
         if not gpus:
             raise ValueError("a scheduler needs at least one GPU")
@@ -77,24 +79,27 @@ class Scheduler:
         self.gpus: dict[int, GpuInfo] = {g.index: g for g in gpus}
         indices = sorted(self.gpus)
         # The memory, less the reserve, of the n-th largest GPU (index n - 1): the most an n-GPU task can have
-        # (a one-GPU task any target's, a multi-GPU task whole GPUs': see `_for`).
+        # (a one-GPU task any target's, a multi-GPU task whole GPUs': see `for_tasks_of`).
         self._usable_mib = sorted((g.total_mib - self.config.reserve_mib for g in gpus), reverse=True)
         self._usable_whole_mib = sorted(
             (g.total_mib - self.config.reserve_mib for g in gpus if not g.exclusive), reverse=True
         )
+        self._indices = tuple(indices)
         self._windows = {g: MonitorWindow(self.config.window_samples, self.config.risk.weights) for g in indices}
         self._ttfk = TtfkTable(indices, self.config.window_s)
-        self._rr = RoundRobin(indices)
+        self.policy = POLICIES[self.config.policy](indices)
+        self.placer = Placer(self.config, self.policy)
+        self.discipline: QueueDiscipline = discipline or StrictFifo()
         self._tasks: dict[TaskId, Task] = {}
-        self._queue: deque[TaskId] = deque()
-        self._recovery: deque[TaskId] = deque()
+        self._queues = Queues()
         self._crashed: list[TaskId] = []  # OOM-crashed, awaiting the recovery scan
         self._on_gpu: dict[int, set[TaskId]] = {g: set() for g in indices}
         self._foreign: dict[int, int] = dict.fromkeys(indices, 0)
-        self._needs: dict[TaskId, MemoryNeed] = {}
-        self._blocked: dict[TaskId, str] = {}
+        self._needs: dict[TaskId, MemoryNeed] = {}  # resolved once, at the head of the queue, until placed
+        self._blocked: dict[TaskId, Blocked] = {}
         self._changed: set[TaskId] = set()  # tasks changed since the world last took the changes to persist
         self._next_id = 1
+        self._view = _SchedulerView(self)
 
     # ----------------------------------------------------------------- inputs from a world
 
@@ -122,7 +127,7 @@ class Scheduler:
         task = Task(id=task_id, spec=spec, submit_s=now)
         self._next_id = max(self._next_id, task_id + 1)
         self._tasks[task.id] = task
-        self._queue.append(task.id)
+        self._queues.main.append(task.id)
         self._changed.add(task.id)
         return task
 
@@ -144,13 +149,13 @@ class Scheduler:
                 self._finish(task, TaskState.FAILED, now, f"{e} since it restarted")
                 return
         if task.state is TaskState.QUEUED:
-            self._queue.append(task.id)
+            self._queues.main.append(task.id)
         elif task.state is TaskState.RECOVERING:
-            self._recovery.append(task.id)
+            self._queues.recovery.append(task.id)
         elif task.state is TaskState.OOM_CRASHED:
             self._crashed.append(task.id)
         elif task.state in ACTIVE_STATES:
-            attempt = task.current
+            attempt = _current(task)
             for gpu in attempt.gpus:
                 self._on_gpu[gpu].add(task.id)
                 self._ttfk.dispatched(gpu, task.id, attempt.dispatched_s)
@@ -175,22 +180,21 @@ class Scheduler:
         self._changed.clear()
         return changed
 
-    def cancel(self, task_id: TaskId, now: float) -> bool:
-        """Cancel a task; True when its process is live and the world must kill it."""
+    def cancel(self, task_id: TaskId, now: float) -> list[Action]:
+        """Cancel a task: a waiting one ends now; a live one is to be killed (the action returned), and ends
+        when its exit is reported."""
         task = self.task(task_id)
         if task.terminal:
-            return False
+            return []
         if task.state in ACTIVE_STATES:
             task.cancel_requested = True
             self._changed.add(task_id)
-            return True
-        for queue in (self._queue, self._recovery):
-            if task_id in queue:
-                queue.remove(task_id)
+            return [Kill(task_id, _current(task).number)]
+        self._queues.drop(task_id)
         if task_id in self._crashed:
             self._crashed.remove(task_id)
         self._finish(task, TaskState.CANCELLED, now, "cancelled by request")
-        return False
+        return []
 
     def record_sample(self, sample: GpuSample) -> None:
         self._windows[sample.gpu].add(sample)
@@ -200,15 +204,16 @@ class Scheduler:
         self._foreign[gpu] = foreign
         if foreign:  # someone else's process: the tasks here no longer run alone (an OOM may not be theirs)
             for task_id in self._on_gpu[gpu]:
-                if not self._tasks[task_id].current.shared:
-                    self._tasks[task_id].current.shared = True
+                attempt = _current(self._tasks[task_id])
+                if not attempt.shared:
+                    attempt.shared = True
                     self._changed.add(task_id)
         for task_id in tasks:
             if self._ttfk.seen(gpu, task_id, now):
                 task = self._tasks[task_id]
                 if task.state is TaskState.DISPATCHED:
                     task.state = TaskState.RUNNING
-                    task.current.first_kernel_s = now
+                    _current(task).first_kernel_s = now
                     self._changed.add(task_id)
 
     def record_exit(self, task_id: TaskId, exit: ProcessExit, now: float) -> ExitKind | None:
@@ -216,7 +221,7 @@ class Scheduler:
         task = self.task(task_id)
         if task.state not in ACTIVE_STATES:
             return None
-        attempt = task.current
+        attempt = _current(task)
         kind = classify_exit(exit, killed_by_request=task.cancel_requested)
         attempt.ended_s = now
         attempt.outcome = kind
@@ -238,42 +243,31 @@ class Scheduler:
 
     # ----------------------------------------------------------------- decisions
 
-    def decide(self, now: float) -> list[Launch]:
-        """Recovery scan, then place queue heads (recovery queue first) until one must wait."""
+    def decide(self, now: float) -> list[Action]:
+        """Recovery scan, then offer waiting tasks to the placer (as the queue discipline orders them, the
+        recovery queue first) until the discipline stops; returns the actions to carry out."""
         self._recovery_scan(now)
         self._blocked.clear()
-        launches: list[Launch] = []
-        while True:
-            if self._recovery:
-                task = self._tasks[self._recovery[0]]
-                n = task.spec.gpus
-                outgrown = self._outgrown(task)
-                first_need = task.attempts[0].need  # what it was first placed with: a GPU must hold a known one
-                # After running out alone, the largest idle GPUs that are larger than those it outgrew.
-                idle = sorted(
-                    (g for g in self._for(n, self._idle_gpus()) if self.gpus[g].total_mib > outgrown),
-                    key=lambda g: -self.gpus[g].total_mib if outgrown else 0,
-                )
-                if first_need is not None:
-                    idle = self._whole(idle, first_need, n)
-                if len(idle) < n:
-                    larger = f" larger than {outgrown} MiB" if outgrown else ""
-                    waiting = self._waiting_whole(
-                        n, first_need, larger, " (its need when first placed, with the margin)"
-                    )
-                    self._blocked[task.id] = f"recovery: {waiting}"
-                    break
-                launches.append(self._launch(task, idle[:n], RECOVERY_NEED, now, recovery=True))
-                continue
-            if not self._queue:
-                break
-            task = self._tasks[self._queue[0]]
-            placement = self._place(task, now)
-            if isinstance(placement, str):
-                self._blocked[task.id] = placement
-                break
-            launches.append(self._launch(task, placement, self._needs.pop(task.id), now, recovery=False))
-        return launches
+        view = self._view
+        view.now = now
+        actions: list[Action] = []
+
+        def attempt(task_id: TaskId) -> Placement | Blocked:
+            task = self._tasks[task_id]
+            recovery = task.state is TaskState.RECOVERING
+            need = RECOVERY_NEED if recovery else self._need(task)
+            if need is None:
+                self._blocked[task_id] = Estimating()  # it waits at the head: the queue stays FIFO
+                return self._blocked[task_id]
+            outcome = self.placer.place(task, need, view)
+            if isinstance(outcome, Placement):
+                actions.append(self._launch(task, outcome, need, now, recovery))
+            else:
+                self._blocked[task_id] = outcome
+            return outcome
+
+        self.discipline.offer(self._queues, attempt)
+        return actions
 
     def next_timer(self, now: float) -> float | None:
         """When a decision could change by time alone (a GPU leaving its TTFK grace window)."""
@@ -293,15 +287,15 @@ class Scheduler:
 
     @property
     def queue(self) -> list[TaskId]:
-        return list(self._queue)
+        return list(self._queues.main)
 
     @property
     def recovery_queue(self) -> list[TaskId]:
-        return list(self._recovery)
+        return list(self._queues.recovery)
 
     def pending(self) -> bool:
         """Whether any task waits for a placement (or for the recovery scan)."""
-        return bool(self._queue or self._recovery or self._crashed)
+        return bool(self._queues.main or self._queues.recovery or self._crashed)
 
     def gpu_status(self, now: float) -> list[GpuStatus]:
         out = []
@@ -329,31 +323,25 @@ class Scheduler:
             )
         return out
 
-    def waiting_reason(self, task_id: TaskId) -> str | None:
+    def blocked(self, task_id: TaskId) -> Blocked | None:
         """Why a waiting task was not placed at the last decision (by its state, not a scan of the queues:
-        listing thousands of waiting tasks asks this of each)."""
+        listing thousands of waiting tasks asks this of each); None for a task that does not wait."""
         if task_id in self._blocked:
             return self._blocked[task_id]
-        state = self._tasks[task_id].state if task_id in self._tasks else None
-        if state is TaskState.RECOVERING:
-            return UNDECIDED if self._recovery[0] == task_id else HEAD_OF_LINE  # a recovering task is in it
-        if state is TaskState.QUEUED:
-            if self._recovery:
-                return RECOVERY_FIRST
-            return UNDECIDED if self._queue[0] == task_id else HEAD_OF_LINE  # as a queued one is in this
-        return None
+        task = self._tasks.get(task_id)
+        return None if task is None else self.discipline.waiting(task, self._queues)
 
     # ----------------------------------------------------------------- internals
 
     def _recovery_scan(self, now: float) -> None:
         for task_id in self._crashed:
             task = self._tasks[task_id]
-            attempt = task.current
+            attempt = _current(task)
             relaunches = sum(1 for a in task.attempts if a.recovery)
             gpus = ",".join(map(str, attempt.gpus))
-            outgrown = self._outgrown(task)
+            outgrown = outgrown_mib(task, self.gpus)
             n = task.spec.gpus
-            if sum(self.gpus[g].total_mib > outgrown for g in self._for(n, list(self.gpus))) < n:
+            if sum(self.gpus[g].total_mib > outgrown for g in for_tasks_of(n, list(self.gpus), self.gpus)) < n:
                 reason = f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             elif relaunches >= self.config.max_relaunches:
@@ -365,65 +353,23 @@ class Scheduler:
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             else:
                 task.state = TaskState.RECOVERING
-                self._recovery.append(task_id)
+                self._queues.recovery.append(task_id)
                 self._changed.add(task_id)
         self._crashed.clear()
 
-    def _outgrown(self, task: Task) -> int:
-        """The memory (MiB) of the largest GPUs the task ran out of memory on while alone (0: none): a
-        relaunch can only help on larger ones. Of a multi-GPU attempt's GPUs, the smallest counts."""
-        return max(
-            (
-                min(self.gpus[g].total_mib if g in self.gpus else 0 for g in attempt.gpus)
-                for attempt in task.attempts
-                if attempt.outcome is ExitKind.OOM and not attempt.shared
-            ),
-            default=0,
-        )
-
-    def _whole_mib(self, need: MemoryNeed, n: int) -> int | None:
-        """The memory (MiB, less the reserve) each GPU of an `n`-GPU task must have to hold it whole: its need
-        known in MiB with the margin, or the n largest GPUs' for a need larger; None for a need not known."""
-        return None if need.mib is None else min(need.mib + self.config.margin_mib, self._usable(n))
-
-    def _waiting_whole(self, n: int, need: MemoryNeed | None, larger: str = "", whose: str = "") -> str:
-        """Why a task waits for whole idle GPUs, with the memory each must hold when its need is known (and
-        `whose` that is: a relaunch's is its first placement's, which its crash may have shown too small)."""
-        required = None if need is None else self._whole_mib(need, n)
-        can_hold = f" that can hold {required} MiB{whose}" if required is not None else ""
-        return f"waiting for {pluralize(n, 'whole idle GPU')}{larger}{can_hold}"
+    def _need(self, task: Task) -> MemoryNeed | None:
+        """The head task's need, resolved once and kept until it is placed; None while its estimate is not
+        ready."""
+        need = self._needs.get(task.id)
+        if need is None:
+            need = resolve_need(task, self.estimator, self._usable(task.spec.gpus), self.config.margin_mib)
+            if need is not None:
+                self._needs[task.id] = need
+        return need
 
     def _usable(self, n: int) -> int:
         """The most memory (MiB, less the reserve) each GPU of an `n`-GPU task can have."""
         return self._usable_mib[0] if n == 1 else self._usable_whole_mib[n - 1]
-
-    def _shareable(self, gpu: int) -> bool:
-        """Whether another task may join `gpu`: not a MIG instance, nor (with `exclusive_relaunch`) holding a
-        relaunch after an OOM crash, which then keeps its GPUs to itself so that the crash cannot recur."""
-        if self.gpus[gpu].exclusive:
-            return False
-        return not (self.config.exclusive_relaunch and any(self._tasks[t].current.recovery for t in self._on_gpu[gpu]))
-
-    def _for(self, n: int, gpus: list[int]) -> list[int]:
-        """The GPUs among `gpus` an `n`-GPU task may take: a process sees one MIG instance at most (CUDA
-        enumerates a single one), so a multi-GPU task takes whole GPUs only."""
-        return gpus if n == 1 else [g for g in gpus if not self.gpus[g].exclusive]
-
-    def _whole(self, gpus: list[int], need: MemoryNeed, n: int) -> list[int]:
-        """The GPUs among `gpus` an `n`-GPU task may have whole (`_whole_mib`): on a smaller one it would only
-        run out of memory alone."""
-        required = self._whole_mib(need, n)
-        if required is None:
-            return gpus
-        return [g for g in gpus if self.gpus[g].total_mib - self.config.reserve_mib >= required]
-
-    def _idle_gpus(self) -> list[int]:
-        """GPUs with no task and no other process, that telemetry has reported at least once."""
-        return [
-            g
-            for g, window in self._windows.items()
-            if not self._on_gpu[g] and not self._foreign[g] and window.latest is not None
-        ]
 
     def _free_mib(self, gpu: int, hold: bool = True) -> int:
         """What a new task may take on `gpu`, less the reserve: the memory telemetry shows free, and (with
@@ -431,6 +377,7 @@ class Scheduler:
         whether or not they have allocated them yet. Their margin is not held: what a task uses beyond its
         need shows as used."""
         latest = self._windows[gpu].latest
+        assert latest is not None, "a GPU telemetry never read is no candidate"
         free = latest.free_mib
         if hold and self.config.hold_known_needs:
             free = min(free, latest.total_mib - self._held_mib(gpu))
@@ -439,85 +386,17 @@ class Scheduler:
     def _held_mib(self, gpu: int) -> int:
         """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task): one too large for a
         GPU with the margin, placed on whole GPUs, is held too, or others join it once its window passes."""
-        needs = (self._tasks[t].current.need for t in self._on_gpu[gpu])
-        return sum(need.mib for need in needs if need is not None and need.mib is not None)
+        attempts = (self._tasks[t].current for t in self._on_gpu[gpu])
+        return sum(a.need.mib for a in attempts if a is not None and a.need is not None and a.need.mib is not None)
 
-    def _candidates(self, gpus: list[int]) -> list[Candidate]:
-        lug = self.config.policy is Policy.LUG
-        return [Candidate(g, self._free_mib(g), self._lug_key(g) if lug else 0.0) for g in gpus]
-
-    def _lug_key(self, gpu: int) -> float:
-        """LUG ranks by SMACT risk; a GPU whose SMACT is unknown ranks last."""
-        smact = self._windows[gpu].risk().smact
-        return float("inf") if smact is None else smact
-
-    def _place(self, task: Task, now: float) -> list[int] | str:
-        """GPUs for the head task, or why it must wait."""
-        cfg = self.config
-        n = task.spec.gpus
-        need = self._needs.get(task.id)
-        if need is None:
-            need = resolve_need(task, self.estimator, self._usable(n), cfg.margin_mib)
-            if need is None:
-                return ESTIMATING
-            self._needs[task.id] = need
-        idle = self._whole(self._for(n, self._idle_gpus()), need, n)
-        if cfg.policy is Policy.EXCLUSIVE or need.kind is NeedKind.WHOLE_GPU:
-            if len(idle) >= n:  # in the policy's order too (Exclusive's is the index)
-                return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
-            return self._waiting_whole(n, need)
-        if cfg.prefer_idle and len(idle) >= n:
-            return [c.gpu for c in order(cfg.policy, self._candidates(idle), self._rr)[:n]]
-        shareable = [g for g in self._windows if self._shareable(g) and self._windows[g].latest is not None]
-        gpus = [g for g in shareable if self._ttfk.valid(g, now)]
-        if len(gpus) < n:
-            return f"needs {pluralize(n, 'GPU')}; {len(gpus)} shareable and not awaiting a first kernel (TTFK)"
-        if cfg.policy is not Policy.RR:
-            known = need.kind is NeedKind.KNOWN
-            required = need.mib + cfg.margin_mib if known else cfg.min_free_mib
-            fitting = [g for g in gpus if self._free_mib(g) >= required]
-            if len(fitting) < n:
-                has = inflect(len(fitting), "has", "have")
-                # free as `carma gpus` shows it: the reserve is taken off what telemetry reads
-                parts = f"need {need.mib} + margin {cfg.margin_mib}" if known else f"min_free_mib {cfg.min_free_mib}"
-                free = f"{required + cfg.reserve_mib} MiB free ({parts} + reserve {cfg.reserve_mib})"
-                reason = f"needs {pluralize(n, 'GPU')} with {free}; {len(fitting)} {has} it"
-                asides = []  # the GPUs with the memory that something else keeps from it
-                if (held := sum(self._free_mib(g, hold=False) >= required for g in gpus) - len(fitting)) > 0:
-                    show = inflect(held, "shows", "show")
-                    asides.append(f"{held} more {show} it free, but their tasks' known needs hold it")
-                if awaiting := sum(self._free_mib(g) >= required for g in shareable if g not in gpus):
-                    has = inflect(
-                        awaiting, "has it free, but awaits its task's", "have it free, but await their tasks'"
-                    )
-                    asides.append(f"{awaiting} more {has} first kernel (TTFK)")
-                return reason + (f" ({'; '.join(asides)})" if asides else "")
-            gpus = fitting
-            if cfg.risk.enabled:
-                risks = {g: self._windows[g].risk() for g in gpus}
-                risky = [g for g in gpus if risks[g].excluded(cfg.risk)]
-                gpus = [g for g in gpus if g not in risky]
-                if len(gpus) < n:
-                    passes = inflect(len(gpus), "passes", "pass")
-                    reason = (
-                        f"needs {pluralize(n, 'GPU')}; only {len(gpus)} with enough memory {passes} the risk filter"
-                    )
-                    return f"{reason} ({self._risky(risky, risks)})"
-        return [c.gpu for c in order(cfg.policy, self._candidates(gpus), self._rr)[:n]]
-
-    def _risky(self, gpus: list[int], risks: dict[int, Risk]) -> str:
-        """Why `gpus` fail the risk filter, each by its scores (as `carma gpus` shows them), or for more than
-        two (a line of `carma queue`) their indices."""
-        if len(gpus) > 2:
-            return f"GPUs {', '.join(map(str, gpus))}: `carma gpus` shows their risk"
-        return "; ".join(f"GPU {g}: {risks[g].why(self.config.risk)}" for g in gpus)
-
-    def _launch(self, task: Task, gpus: list[int], need: MemoryNeed, now: float, recovery: bool) -> Launch:
-        (self._recovery if recovery else self._queue).popleft()
+    def _launch(self, task: Task, placement: Placement, need: MemoryNeed, now: float, recovery: bool) -> Launch:
+        self._queues.take(task.id, recovery)
+        self._needs.pop(task.id, None)
+        gpus = placement.gpus
         shared = any(self._on_gpu[g] or self._foreign[g] for g in gpus)
         for g in gpus:
             for other in self._on_gpu[g]:
-                self._tasks[other].current.shared = True
+                _current(self._tasks[other]).shared = True
             self._on_gpu[g].add(task.id)
             self._ttfk.dispatched(g, task.id, now)
         attempt = Attempt(
@@ -532,8 +411,8 @@ class Scheduler:
         task.attempts.append(attempt)
         task.state = TaskState.DISPATCHED
         self._changed.add(task.id)
-        if self.config.policy is Policy.RR and not recovery:
-            self._rr.placed(gpus)
+        if not recovery:
+            self.policy.placed(gpus)
         return Launch(task.id, attempt.number, attempt.gpus, attempt.exclusive, recovery)
 
     def _finish(self, task: Task, state: TaskState, now: float, reason: str) -> None:
@@ -556,3 +435,45 @@ def _error_reason(exit: ProcessExit) -> str:
     if not last:
         return status
     return f"{status} (its last output: {last})" if exit.tail_is_output else f"{status}: {last}"
+
+
+def _current(task: Task) -> Attempt:
+    """A placed task's latest attempt."""
+    attempt = task.current
+    assert attempt is not None, f"task {task.id} was never placed"
+    return attempt
+
+
+class _SchedulerView:
+    """The scheduler's bookkeeping as the placer reads it (`carma.core.view.View`), live: a placement made
+    in a decision shows in the answers for the next task offered. One per scheduler, moved to each
+    decision's time (a decision is a tight loop: it binds what it reads once)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.now = 0.0
+        self.gpus: Mapping[int, GpuInfo] = scheduler.gpus
+        self._indices = scheduler._indices  # ascending: ties go to the lowest index
+        self.free_mib = scheduler._free_mib
+        self.usable_mib = scheduler._usable
+        self._windows = scheduler._windows
+        self._on_gpu = scheduler._on_gpu
+        self._foreign = scheduler._foreign
+        self._tasks = scheduler._tasks
+        self._ttfk = scheduler._ttfk
+
+    def idle_gpus(self) -> list[int]:
+        on_gpu, foreign, windows = self._on_gpu, self._foreign, self._windows
+        return [g for g in self._indices if not on_gpu[g] and not foreign[g] and windows[g].latest is not None]
+
+    def reported_gpus(self) -> list[int]:
+        windows = self._windows
+        return [g for g in self._indices if windows[g].latest is not None]
+
+    def holds_relaunch(self, gpu: int) -> bool:
+        return any(_current(self._tasks[t]).recovery for t in self._on_gpu[gpu])
+
+    def valid(self, gpu: int) -> bool:
+        return self._ttfk.valid(gpu, self.now)
+
+    def risk(self, gpu: int) -> Risk:
+        return self._windows[gpu].risk()

@@ -25,7 +25,14 @@ class TtfkTable:
         self._entries: dict[int, dict[TaskId, _Entry]] = {g: {} for g in gpu_indices}
 
     def dispatched(self, gpu: int, task: TaskId, now: float) -> None:
-        self._entries[gpu][task] = _Entry(dispatched_s=now)
+        entries = self._entries[gpu]
+        # the tasks whose windows have passed count no more (time only moves on): a GPU that runs many tasks
+        # keeps only those dispatched since it was last valid, and `valid` reads no more
+        for old in [
+            t for t, e in entries.items() if e.first_kernel_s is not None and now >= e.first_kernel_s + self._window_s
+        ]:
+            del entries[old]
+        entries[task] = _Entry(dispatched_s=now)
 
     def seen(self, gpu: int, task: TaskId, now: float) -> bool:
         """Record the task's first kernel on `gpu`; True if this is the first sighting."""
@@ -45,14 +52,10 @@ class TtfkTable:
         return any(entry.first_kernel_s is None for entry in self._entries[gpu].values())
 
     def valid(self, gpu: int, now: float) -> bool:
-        """Whether `gpu` may take another task now; expired entries are dropped on the way."""
-        entries = self._entries[gpu]
-        for task, entry in list(entries.items()):
-            if entry.first_kernel_s is None:
+        """Whether `gpu` may take another task now: every task dispatched to it was seen a window ago."""
+        for entry in self._entries[gpu].values():
+            if entry.first_kernel_s is None or now < entry.first_kernel_s + self._window_s:
                 return False
-            if now < entry.first_kernel_s + self._window_s:
-                return False
-            del entries[task]
         return True
 
     def next_expiry(self, now: float) -> float | None:

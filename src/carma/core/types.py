@@ -1,6 +1,6 @@
 """Domain types of the decision core: tasks, their attempts, GPUs and telemetry samples.
 
-Values that travel between the core and a world (specs, samples, launches, exits) are frozen;
+Values that travel between the core and a world (specs, samples, actions, exits) are frozen;
 `Task` and `Attempt` are the core's own mutable records.
 """
 
@@ -106,13 +106,25 @@ class ProcessExit:
 
 @dataclass(frozen=True)
 class Launch:
-    """A decision: start `task_id` (attempt `attempt`) on `gpus`."""
+    """An action: start `task_id` (attempt `attempt`) on `gpus`."""
 
     task_id: TaskId
     attempt: int
     gpus: tuple[int, ...]
     exclusive: bool
     recovery: bool = False
+
+
+@dataclass(frozen=True)
+class Kill:
+    """An action: stop `task_id`'s live attempt `attempt` (a cancel); its exit is reported as any other."""
+
+    task_id: TaskId
+    attempt: int
+
+
+# What the core asks a world to do; the scheduling loop hands each to the executor by its type.
+Action = Launch | Kill
 
 
 @dataclass

@@ -199,7 +199,7 @@ def plot_sweep(results: Sequence[RunResult], directory: Path) -> list[Path]:
     # by policy, not label: with the risk filter off the recovery-only MAGM run is labelled so
     first: dict[tuple[str, str], RunRecord] = {}
     for result, record in zip(results, records, strict=True):
-        first.setdefault((result.config.policy.value, result.config.memory), record)
+        first.setdefault((result.config.policy, result.config.memory), record)
     pair = [first.get(("exclusive", "none")), first.get(("magm", "none"))]
     if all(pair):
         written.append(plot_timelines(pair, directory / "timeline_magm_vs_exclusive.png"))

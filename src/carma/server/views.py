@@ -6,9 +6,10 @@ from dataclasses import asdict
 from typing import Any
 
 from carma import __version__
+from carma.core.blocked import Estimating
 from carma.core.memory import RECOVERY_NEED, given_need
-from carma.core.scheduler import ESTIMATING
 from carma.core.types import ACTIVE_STATES, MemoryNeed, Task, TaskState
+from carma.reasons import render
 from carma.server.client import DRAINING
 from carma.server.daemon import Daemon
 
@@ -25,7 +26,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "clock_s": daemon.clock.now(),
         "uptime_s": round(daemon.clock.now() - daemon.clock.to_clock(daemon.started), 1),
         "time_scale": daemon.clock.scale,
-        "policy": daemon.scheduler.config.policy.value,
+        "policy": daemon.scheduler.config.policy,
         "risk": asdict(risk),  # the server's [scheduler.risk], all of it: weights and `missing` were left out
         "draining": daemon.draining,
         "gpus": len(daemon.gpus),
@@ -74,9 +75,11 @@ def _waiting_reason(daemon: Daemon, task: Task) -> str | None:
     drains, that it drains (also for a task just submitted, which the scheduler has not yet looked at)."""
     if daemon.draining and not task.terminal and task.state not in ACTIVE_STATES:
         return DRAINING
-    reason = daemon.scheduler.waiting_reason(task.id)
-    progress = daemon.estimates.progress(task.id) if reason == ESTIMATING else None
-    return f"{reason} ({daemon.jobs[task.id].estimator}: {progress})" if progress else reason
+    blocked = daemon.scheduler.blocked(task.id)
+    if blocked is None:
+        return None
+    progress = daemon.estimates.progress(task.id) if isinstance(blocked, Estimating) else None
+    return f"{render(blocked)} ({daemon.jobs[task.id].estimator}: {progress})" if progress else render(blocked)
 
 
 def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:

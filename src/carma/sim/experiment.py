@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
-from carma.core.config import Policy, SchedulerConfig
+from carma.core.config import SchedulerConfig
 from carma.core.memory import estimated
 from carma.core.scheduler import Scheduler
 from carma.core.types import GpuInfo, MemoryNeed, Task
@@ -20,7 +20,6 @@ from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES, Workload
 from carma.traces.loaders import Trace
 
 MEMORY_MODES = MEMORY_SOURCES
-_POLICY_LABELS = {p: p.value.upper() for p in Policy} | {Policy.EXCLUSIVE: "Exclusive"}
 _MEMORY_LABELS = {"none": "recovery only", "oracle": "oracle", "horus": "Horus", "faketensor": "FakeTensor"}
 
 
@@ -28,7 +27,7 @@ _MEMORY_LABELS = {"none": "recovery only", "oracle": "oracle", "horus": "Horus",
 class RunConfig:
     """One experiment: a policy, where memory needs come from, and whether the risk filter is on."""
 
-    policy: Policy
+    policy: str  # a registered policy's name
     memory: str = "none"
     risk_filter: bool = True
 
@@ -38,25 +37,25 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        policy = _POLICY_LABELS[self.policy]
-        if self.policy is Policy.EXCLUSIVE:
-            return policy
+        if self.policy == "exclusive":
+            return "Exclusive"
+        policy = self.policy.upper()
         memory = _MEMORY_LABELS.get(self.memory, "GPUMemNet")
         return f"{policy} {memory}" + ("" if self.risk_filter else ", no risk filter")
 
 
 # The paper's configurations for trace 1 (CARMA, section 3 and figure 2).
 PAPER_SWEEP: tuple[RunConfig, ...] = (
-    RunConfig(Policy.EXCLUSIVE),
-    RunConfig(Policy.RR),
-    RunConfig(Policy.MAGM),
-    RunConfig(Policy.LUG),
-    RunConfig(Policy.FF, "oracle"),
-    RunConfig(Policy.BF, "oracle"),
-    RunConfig(Policy.MAGM, "oracle"),
-    RunConfig(Policy.MAGM, "oracle", risk_filter=False),
-    RunConfig(Policy.LUG, "oracle"),
-    *(RunConfig(p, est) for est in ("horus", "faketensor", "gpumemnet") for p in (Policy.MAGM, Policy.LUG)),
+    RunConfig("exclusive"),
+    RunConfig("rr"),
+    RunConfig("magm"),
+    RunConfig("lug"),
+    RunConfig("ff", "oracle"),
+    RunConfig("bf", "oracle"),
+    RunConfig("magm", "oracle"),
+    RunConfig("magm", "oracle", risk_filter=False),
+    RunConfig("lug", "oracle"),
+    *(RunConfig(p, est) for est in ("horus", "faketensor", "gpumemnet") for p in ("magm", "lug")),
 )
 
 
@@ -104,7 +103,7 @@ class RunResult:
         m = self.metrics
         return {
             "config": self.config.label,
-            "policy": self.config.policy.value,
+            "policy": self.config.policy,
             "memory": self.config.memory,
             "risk_filter": self.config.risk_filter,
             "makespan_s": round(m.makespan_s, 1),

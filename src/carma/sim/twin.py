@@ -24,6 +24,7 @@ from carma.core.ports import GpuProcesses, TaskExit, TelemetryReading
 from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import GpuInfo, GpuSample, Launch, ProcessExit, Task, TaskId, TaskSpec
 from carma.metrics.timeline import Segment
+from carma.reasons import waiting_reason
 from carma.sim.gpus import GpuType
 from carma.sim.models import InterferenceModel, Load, PowerModel
 from carma.traces.catalog import Workload
@@ -171,7 +172,7 @@ class TwinServer:
         stuck = [t for t in scheduler.tasks if not t.terminal]
         if stuck:
             names = ", ".join(f"{t.id}:{t.spec.name}({t.state})" for t in stuck[:5])
-            why = next((reason for t in stuck if (reason := scheduler.waiting_reason(t.id))), "no reason given")
+            why = next((reason for t in stuck if (reason := waiting_reason(scheduler, t.id))), "no reason given")
             raise SimulationStalled(
                 f"{pluralize(len(stuck), 'task')} never finished on the idle server: {names}; the scheduler says: "
                 f"{why} (check the [scheduler] settings)"

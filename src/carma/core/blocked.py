@@ -1,0 +1,83 @@
+"""Why a task waits, as structure: one class per rule that kept it from its GPUs, with its figures.
+
+The placer answers with the placement rules' (`WholeIdle` ... `RiskFiltered`), the queue discipline and the
+scheduler with the others. The words users read are made from these outside the core (`carma.reasons`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from carma.core.risk import Exclusion
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why a task was not placed at the last decision."""
+
+
+@dataclass(frozen=True)
+class Estimating(Blocked):
+    """Its memory estimate is still being made; it waits at the head of the queue."""
+
+
+@dataclass(frozen=True)
+class Undecided(Blocked):
+    """At the head of its queue, not yet looked at (before the GPUs' first readings, or the next decision)."""
+
+
+@dataclass(frozen=True)
+class HeadOfLine(Blocked):
+    """Behind the head of its queue, which waits."""
+
+
+@dataclass(frozen=True)
+class RecoveryPriority(Blocked):
+    """In the main queue while the recovery queue holds tasks: those go first."""
+
+
+@dataclass(frozen=True)
+class WholeIdle(Blocked):
+    """Fewer than `gpus` whole idle GPUs of the size it needs."""
+
+    gpus: int
+    required_mib: int | None  # what each must hold less the reserve (its need with the margin); None: any
+    larger_than_mib: int = 0  # a relaunch after an OOM alone: only GPUs larger than those it outgrew
+    relaunch: bool = False  # a relaunch's required memory is its need when first placed
+
+
+@dataclass(frozen=True)
+class TtfkWait(Blocked):
+    """Fewer than `gpus` shareable GPUs past their tasks' TTFK windows."""
+
+    gpus: int
+    valid: int  # shareable GPUs not awaiting a first kernel
+
+
+@dataclass(frozen=True)
+class MemoryShort(Blocked):
+    """Fewer than `gpus` GPUs with the free memory the task needs: its need in MiB with the margin, or
+    `min_free_mib` for a need not known; each plus the reserve is what a GPU's reading must show free."""
+
+    gpus: int
+    need_mib: int | None  # None: not known, `min_free_mib` applies
+    margin_mib: int
+    min_free_mib: int
+    reserve_mib: int
+    fitting: int  # valid GPUs with that much free
+    held: int  # more valid GPUs that show it free, but whose tasks' known needs hold it
+    awaiting: int  # more shareable GPUs with it free, kept by a TTFK window
+
+    @property
+    def required_mib(self) -> int:
+        """The free memory each GPU needs, less the reserve."""
+        return self.min_free_mib if self.need_mib is None else self.need_mib + self.margin_mib
+
+
+@dataclass(frozen=True)
+class RiskFiltered(Blocked):
+    """Fewer than `gpus` GPUs with enough memory pass the risk filter."""
+
+    gpus: int
+    passing: int
+    excluded: tuple[tuple[int, Exclusion], ...]  # the GPUs with enough memory it excludes, and why

@@ -1,0 +1,15 @@
+"""Best fit: the least free memory first (every candidate already holds the task)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from carma.core.policies.base import BasePolicy
+from carma.core.view import View
+
+
+class BestFit(BasePolicy):
+    name = "bf"
+
+    def order(self, gpus: Sequence[int], view: View) -> list[int]:
+        return sorted(gpus, key=view.free_mib)

@@ -1,0 +1,20 @@
+"""LUG: least utilized GPU first, by SMACT risk; a GPU whose SMACT is unknown ranks last."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from carma.core.policies.base import BasePolicy
+from carma.core.view import View
+
+
+class LeastUtilized(BasePolicy):
+    name = "lug"
+
+    def order(self, gpus: Sequence[int], view: View) -> list[int]:
+        return sorted(gpus, key=lambda g: _smact(view, g))
+
+
+def _smact(view: View, gpu: int) -> float:
+    smact = view.risk(gpu).smact
+    return float("inf") if smact is None else smact

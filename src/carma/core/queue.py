@@ -1,0 +1,69 @@
+"""Queue disciplines: which waiting task the scheduler offers the placer next, and when a decision stops.
+
+CARMA's is strict FIFO (`StrictFifo`). Another discipline (a size-grouped order with a bound on how often a
+task is passed over, backfilling) is another class following `QueueDiscipline`, given to the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from carma.core.blocked import Blocked, HeadOfLine, RecoveryPriority, Undecided
+from carma.core.placer import Placement
+from carma.core.types import Task, TaskId, TaskState
+
+# Places a waiting task and launches it (the placement), or keeps why it must wait (the Blocked).
+Attempt = Callable[[TaskId], Placement | Blocked]
+
+
+class Queues:
+    """The waiting tasks: the main queue in submission order, and the recovery queue of OOM relaunches."""
+
+    def __init__(self) -> None:
+        self.main: deque[TaskId] = deque()
+        self.recovery: deque[TaskId] = deque()
+
+    def take(self, task_id: TaskId, recovery: bool) -> None:
+        """Remove a placed task from its queue (its head, under FIFO)."""
+        queue = self.recovery if recovery else self.main
+        if queue[0] == task_id:
+            queue.popleft()
+        else:
+            queue.remove(task_id)
+
+    def drop(self, task_id: TaskId) -> None:
+        """Remove a task that no longer waits (cancelled) from whichever queue holds it."""
+        for queue in (self.main, self.recovery):
+            if task_id in queue:
+                queue.remove(task_id)
+
+
+class QueueDiscipline(Protocol):
+    def offer(self, queues: Queues, attempt: Attempt) -> None:
+        """Offer waiting tasks to `attempt`, in this discipline's order, until it stops."""
+        ...
+
+    def waiting(self, task: Task, queues: Queues) -> Blocked | None:
+        """Why a waiting task that the last decision did not offer waits (None: it does not wait)."""
+        ...
+
+
+class StrictFifo:
+    """The recovery queue's head first: while it waits, everything waits (CARMA section 2.5); then the main
+    queue's head. A head that must wait stops the decision: no task passes it (no backfilling)."""
+
+    def offer(self, queues: Queues, attempt: Attempt) -> None:
+        while queue := queues.recovery or queues.main:
+            if isinstance(attempt(queue[0]), Blocked):
+                return
+
+    def waiting(self, task: Task, queues: Queues) -> Blocked | None:
+        if task.state is TaskState.RECOVERING:  # a recovering task is in the recovery queue
+            return Undecided() if queues.recovery[0] == task.id else HeadOfLine()
+        if task.state is TaskState.QUEUED:  # as a queued one is in the main queue
+            if queues.recovery:
+                return RecoveryPriority()
+            return Undecided() if queues.main[0] == task.id else HeadOfLine()
+        return None
