@@ -23,6 +23,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check src tests benchmarks validation scripts
 	$(BIN)/ruff format --check src tests benchmarks validation scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 bench: setup

@@ -200,7 +200,7 @@ class _Choice:
     reused: bool
     reachable: int
 
-    def order(self) -> tuple:
+    def order(self) -> tuple[int | None, int, bool, int, int, str, int]:
         # The tightest profile first; then an idle instance as it is (no reconfiguration), then free slices,
         # then the fewest idle instances destroyed; among equals MIGM's rule: the most full layouts reachable.
         p = self.profile
@@ -221,7 +221,10 @@ class _Choice:
             return Plan(key, self.profile, (), self.reachable, g)
         kept = tuple(i for i in g.instances if i not in self.destroyed)
         after = replace(g, instances=(*kept, Instance(self.profile, self.start)))
-        steps = (*(DestroyInstance(g.key(i)) for i in self.destroyed), CreateInstance(key))
+        steps: tuple[DestroyInstance | CreateInstance, ...] = (
+            *(DestroyInstance(g.key(i)) for i in self.destroyed),
+            CreateInstance(key),
+        )
         return Plan(key, self.profile, steps, self.reachable, after)
 
 

@@ -40,7 +40,9 @@ class ProfileRow:
     media: bool = False  # "+me": holds the media engines; never picked for a compute task
 
 
-def _rows(names: tuple[str, ...], memory_mib: tuple[int | None, ...], sms: tuple[int | None, ...]) -> tuple:
+def _rows(
+    names: tuple[str, ...], memory_mib: tuple[int | None, ...], sms: tuple[int | None, ...]
+) -> tuple[ProfileRow, ...]:
     """The seven profiles every model here has, in one order; only names, memory and SMs differ."""
     shape = (  # id, NVML constant, compute, memory slices, starts, max count, media
         (19, "NVML_GPU_INSTANCE_PROFILE_1_SLICE", 1, 1, ALL_1G, 7, False),
