@@ -5,17 +5,22 @@
 - one scheduling decision with 8 GPUs and 1,000 queued tasks: under 1 ms at the median;
 - the idle daemon with 8 fake GPUs sampled at 1 Hz: under 2% of one core, resident memory under 150 MB.
 
-    python benchmarks/server_bench.py
+    python benchmarks/server_bench.py [--decision-only] [--against REV]
+
+`--against REV` times the decision with the core of a git revision too (the previous release's tag, say),
+in the same run, and prints the ratio: each side runs three times, alternately, and keeps its best median.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +30,7 @@ from carma.server.client import Client, ClientError
 from options import machine_line
 
 CARMA = str(Path(sys.executable).parent / "carma")
+ROOT = Path(__file__).resolve().parent.parent
 SLEEP = "3600"  # the running tasks' length: they are cancelled when the benchmark ends
 
 
@@ -95,8 +101,9 @@ def bench_submit_and_queue(home: Path) -> None:
         stop_server(proc, home)
 
 
-def bench_decision() -> None:
-    """decide() with 8 GPUs and 1,000 queued tasks, alternating placements and blocked heads."""
+def bench_decision() -> float:
+    """decide() with 8 GPUs and 1,000 queued tasks, alternating placements and blocked heads; prints the
+    figures and returns the median (s)."""
     gpus = [GpuInfo(i, "A100-40GB", 40960) for i in range(8)]
     sched = Scheduler(gpus, SchedulerConfig())
     now = 0.0
@@ -121,10 +128,34 @@ def bench_decision() -> None:
                 sched.submit(TaskSpec("more", 1, None), now)
             running = running[8:]
     placing = [t for t in times if t > 0]
+    median = statistics.median(placing)
     print(
-        f"one decision, 8 GPUs, ~1,000 queued: median {1e6 * statistics.median(placing):.0f} us, "
+        f"one decision, 8 GPUs, ~1,000 queued: median {1e6 * median:.0f} us, "
         f"p99 {1e6 * sorted(placing)[int(0.99 * len(placing))]:.0f} us over {len(placing)} decisions (target < 1 ms)"
     )
+    return median
+
+
+def decision_median(src: Path | None) -> float:
+    """The decision's median (s) in a fresh process, with the core under `src` (None: this checkout's)."""
+    env = {**os.environ, "PYTHONPATH": str(src)} if src else dict(os.environ)
+    out = subprocess.run(
+        [sys.executable, __file__, "--decision-only"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return float(out.split()[-1])
+
+
+def compare_decision(rev: str) -> None:
+    """This checkout's decision against revision `rev`'s, each side's best median of three alternate runs."""
+    archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, capture_output=True, check=False)
+    if archive.returncode:
+        raise SystemExit(f"error: git archive {rev}: {archive.stderr.decode().strip()}")
+    with tempfile.TemporaryDirectory(prefix="carma-bench-") as old:
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(old, filter="data")
+        runs = [(decision_median(Path(old) / "src"), decision_median(None)) for _ in range(3)]
+    before, now = min(r[0] for r in runs), min(r[1] for r in runs)
+    print(f"one decision against {rev}: {1e6 * now:.1f} us now, {1e6 * before:.1f} us then: {now / before:.2f}x")
 
 
 def bench_idle(home: Path, seconds: float = 30.0) -> None:
@@ -143,8 +174,17 @@ def bench_idle(home: Path, seconds: float = 30.0) -> None:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help: its use, not a run
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decision-only", action="store_true", help="only the scheduling decision: no server")
+    parser.add_argument("--against", metavar="REV", help="also time the decision with git revision REV's core")
+    args = parser.parse_args()
+    if args.decision_only:
+        print(bench_decision())  # its last word is the median, for `--against`
+        return
     print(machine_line())
+    if args.against:
+        compare_decision(args.against)
+        return
     for bench in (bench_submit_and_queue, bench_idle):
         home = Path(tempfile.mkdtemp(prefix="carma-bench-"))
         try:
