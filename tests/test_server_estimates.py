@@ -53,7 +53,7 @@ def test_xmem_estimates_the_tasks_own_script_before_placing_it(start_server, tmp
     assert (attempt["need"], attempt["need_source"]) == ("known", "xmem")
     listed = {t["id"]: t for t in server.json("queue", "--all")}  # the lists show the need it was placed with
     assert (listed[trained]["need"], listed[trained]["need_mib"]) == ("known", attempt["need_mib"])
-    assert f"{attempt['need_mib'] / 1024:.2f} GiB" in server.cli("queue", "--all").stdout
+    assert size_text(attempt["need_mib"] * 2**20) in server.cli("queue", "--all").stdout
     context = get_device("a100-40gb").context_bytes
     assert context / 2**20 < attempt["need_mib"] < context / 2**20 + 150  # the context and a few MiB of tensors
     shown = server.cli("show", trained).stdout
@@ -62,7 +62,7 @@ def test_xmem_estimates_the_tasks_own_script_before_placing_it(start_server, tmp
     assert (estimate["method"], estimate["device"]) == ("xmem", "a100-40gb")
     assert -(-estimate["peak_bytes"] // 2**20) == attempt["need_mib"]
     assert estimate["breakdown"]["context"] == context
-    assert f"estimate: {estimate['peak_bytes'] / 2**30:.2f} GiB by xmem for a100-40gb" in shown
+    assert f"estimate: {size_text(estimate['peak_bytes'])} by xmem for a100-40gb" in shown
     assert f"context {size_text(context)})" in shown
     (note,) = estimate["notes"]
     assert "autocast" in note and f"note: {note}" in shown
