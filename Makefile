@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Most end-to-end tests wait on daemons and fake jobs, not on a core: three workers keep CI's two busy.
+TEST_WORKERS ?= 3
+FAST_TESTS := tests/test_core_*.py tests/test_properties.py tests/test_twin.py tests/test_config.py tests/test_traces.py \
+	tests/test_units.py
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -24,7 +28,11 @@ test: setup
 	$(BIN)/ruff check src tests benchmarks validation scripts
 	$(BIN)/ruff format --check src tests benchmarks validation scripts
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=30
+
+# The edit loop: the decision core, the twin, the configuration and the traces, in seconds not minutes.
+test-fast: setup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(FAST_TESTS)
 
 bench: setup
 	$(BIN)/python benchmarks/twin_speed.py

@@ -412,7 +412,7 @@ def test_a_risk_filter_switched_off_is_said_by_status_and_gpus(start_server, tmp
 
 
 def test_wait_that_gives_up_still_prints_every_state_as_json(start_server):  # type: ignore[no-untyped-def]
-    server = start_server("--fake-gpus", "1xA100-40GB")
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")  # the failing task waits a TTFK window
     done, slow = server.submit("true"), server.submit(*fakejob(100000))
     server.wait_state(done, "completed")
     server.wait_state(slow, "running")
@@ -700,7 +700,9 @@ def test_cancelling_many_tasks_starts_none_of_the_waiting_ones(start_server, tmp
     running = [server.submit("sleep", "1000") for _ in range(2)]
     for t in running:
         server.wait_state(t, "dispatched", "running")
-    waiting = [server.submit("touch", str(tmp_path / f"ran-{i}")) for i in range(40)]
+    touch = shutil.which("touch")  # through the API: 40 `carma submit` processes took most of the test's time
+    waiting = [server.client.submit({"command": [touch, str(tmp_path / f"ran-{i}")], "workdir": str(tmp_path)})["id"]
+               for i in range(40)]  # fmt: skip
     result = server.cli("cancel", *running, *waiting, 999)
     assert (result.returncode, result.stderr) == (2, "error: no task with id 999\n")
     lines = result.stdout.splitlines()
