@@ -1108,9 +1108,9 @@ def test_history_records_what_the_gpus_saw_of_a_run(start_server):  # type: igno
 
 def test_ended_tasks_are_forgotten_after_the_configured_days(start_server, tmp_path):  # type: ignore[no-untyped-def]
     config = tmp_path / "carma.toml"
-    config.write_text("[server]\nkeep_ended_days = 0.01  # 864 s of the daemon's clock: 1.4 s at 600x\n")
-    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "600", "--config", str(config))
-    done, slow = server.submit("true"), server.submit("sleep", "4")
+    config.write_text("[server]\nkeep_ended_days = 0.01  # 864 s of the daemon's clock: 4.3 s at 200x\n")
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "200", "--config", str(config))
+    done, slow = server.submit("true"), server.submit("sleep", "7")  # wall seconds: outlives the retention
     waited = server.cli("wait", done, slow)  # the first is forgotten while the second runs: not an error
     assert waited.returncode == 0, waited.stderr
     gone = wait_until(lambda: (r := server.cli("show", done)).returncode != 0 and r, 30, "the task to be forgotten")
