@@ -39,6 +39,7 @@ bench: setup
 	$(BIN)/python benchmarks/server_bench.py
 	$(BIN)/python benchmarks/dashboard_bench.py
 	$(BIN)/python benchmarks/fake_gpu_bench.py
+	$(BIN)/python benchmarks/mig_partition.py
 	$(BIN)/python benchmarks/estimators.py
 
 clean:
