@@ -936,7 +936,7 @@ def test_a_hangup_stops_the_daemon_cleanly_and_the_task_runs_on(start_server):  
     task = server.submit(*fakejob(300))
     server.wait_state(task, "running")
     server.proc.send_signal(signal.SIGHUP)
-    assert server.proc.wait(timeout=30) == 0
+    assert server.proc.wait(timeout=90) == 0  # seconds alone; a loaded CI machine took over 30
     assert "carma server stopped; running tasks continue" in (server.home / "test-server.log").read_text()
     server.start()
     assert server.cli("wait", task, "--timeout", "60").returncode == 0
@@ -1021,7 +1021,8 @@ def test_a_replay_whose_task_was_cancelled_counts_it_and_exits_1(start_server, t
     trace.write_text("name: two\ntasks:\n  - {at: 0, task: vgg}\n  - {at: 0, task: vgg}\n")
     replay = subprocess.Popen([CARMA, "replay", trace, "--wait", "--json"], env=server.env, stdout=PIPE, stderr=PIPE,
                               text=True)  # fmt: skip
-    wait_until(lambda: {t["id"]: t["state"] for t in server.json("queue", "--all")}.get(2) == "queued")
+    # cancelled as soon as it exists, queued or already placed (at 400x its time in the queue is a blink)
+    wait_until(lambda: any(t["id"] == 2 for t in server.client.tasks(all=True)), 60, "the second submission")
     assert server.cli("cancel", 2).returncode == 0
     stdout, _ = replay.communicate(timeout=120)
     figures = json.loads(stdout)["figures"]
