@@ -932,11 +932,13 @@ def test_a_log_of_several_chunks_is_printed_whole(start_server):  # type: ignore
 
 def test_a_hangup_stops_the_daemon_cleanly_and_the_task_runs_on(start_server):  # type: ignore[no-untyped-def]
     """The terminal of a `carma server &` closing killed it at once: no stop, no observations saved."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:  # inherited: the daemon keeps nohup's choice
+        pytest.skip("the tests run with SIGHUP ignored (under nohup), which the daemon rightly keeps")
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
     task = server.submit(*fakejob(300))
     server.wait_state(task, "running")
     server.proc.send_signal(signal.SIGHUP)
-    assert server.proc.wait(timeout=90) == 0  # seconds alone; a loaded CI machine took over 30
+    assert server.proc.wait(timeout=30) == 0
     assert "carma server stopped; running tasks continue" in (server.home / "test-server.log").read_text()
     server.start()
     assert server.cli("wait", task, "--timeout", "60").returncode == 0
