@@ -87,7 +87,7 @@ def _printed(table) -> str:
 
 
 def test_a_short_run_s_makespan_is_in_minutes(one_task_runs):
-    from carma.metrics.report import run_table, sweep_table
+    from carma.reports.tables import run_table, sweep_table
 
     assert re.search(r"│ makespan +│ +35.0 min │", _printed(run_table(one_task_runs[0], "t")))
     assert "makespan min" in _printed(sweep_table(one_task_runs, "t"))  # "0.58 h" before
@@ -97,7 +97,7 @@ def test_a_change_that_rounds_to_zero_is_printed_plus_zero(one_task_runs):
     """-0.3% was "-0%"."""
     from dataclasses import replace
 
-    from carma.metrics.report import sweep_table
+    from carma.reports.tables import sweep_table
 
     base, run = one_task_runs
     shorter = replace(run, metrics=replace(run.metrics, makespan_s=base.metrics.makespan_s * 0.997))

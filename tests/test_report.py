@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from carma.metrics.htmlreport import write_report
-from carma.metrics.record import (
+from carma.metrics.timeline import Segment, integrate
+from carma.reports.page import write_report
+from carma.reports.record import (
     AttemptRecord,
     GpuRef,
     OomEvent,
@@ -24,7 +25,6 @@ from carma.metrics.record import (
     task_figures,
     to_json,
 )
-from carma.metrics.timeline import Segment, integrate
 from carma.server.client import Refused
 from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
@@ -452,7 +452,7 @@ def test_an_out_that_is_a_file_is_refused_and_left_alone(tmp_path):
 def test_a_chart_legend_of_long_labels_stays_clear_of_the_title():
     """The legend sat at the figure's top right, on the title's line: long run labels ran into the title."""
     pytest.importorskip("matplotlib")
-    from carma.metrics import plots
+    from carma.reports import plots
 
     plt = plots.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from carma.metrics.htmlreport import write_report
-from carma.metrics.record import from_run_result
+from carma.reports.page import write_report
+from carma.reports.record import from_run_result
 from carma.sim.experiment import RunConfig, simulate
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import Trace, load_trace
@@ -38,7 +38,7 @@ def test_the_page_holds_its_definitions_and_links_nothing_outside_its_folder(rec
 
 
 def test_identical_runs_share_one_cdf_line_named_together(records, tmp_path, monkeypatch):
-    from carma.metrics import plots
+    from carma.reports import plots
 
     assert plots._same_cdfs(records) == [[records[0], records[2]], [records[1]]]
     legends: list[list[str]] = []

@@ -13,7 +13,7 @@ from carma.calibration.calibrate import ENERGY_GPU, Calibration
 from carma.calibration.interference import PairCheck, Validation, check_thesis_pair, cross_validate, pair_points
 from carma.calibration.power import EnergyRow, energy_check, measured_ratios
 from carma.calibration.sources import load_lucid, package_rows
-from carma.metrics.report import change_pct
+from carma.reports.tables import change_pct
 from carma.sim.experiment import PAPER_SWEEP, RunResult, TwinConfig, sweep
 from carma.sim.models import twin_params
 from carma.traces.catalog import load_catalog

@@ -183,7 +183,7 @@ def _interpreter(command: list[str]) -> str | None:
 
 def _check_timeline(path: Path) -> None:
     """The timeline is drawn after the capture: say before it what would stop it being written."""
-    from carma.metrics.plots import PlotsUnavailable, pyplot
+    from carma.pyplot import PlotsUnavailable, pyplot
 
     if path.suffix.lower() != ".png":
         raise UsageError(f"--timeline writes a PNG: give a file name ending in .png, not {str(path)!r}")

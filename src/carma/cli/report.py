@@ -12,7 +12,7 @@ from carma.cli.common import PATH_VALUE, UsageError, app, fail, out
 from carma.units import pluralize
 
 if TYPE_CHECKING:
-    from carma.metrics.record import RunRecord
+    from carma.reports.record import RunRecord
 
 MAX_HOURS = 24 * 90  # how far back the daemon's API looks
 DEFAULT_HOURS = 6.0
@@ -44,9 +44,9 @@ def report_cmd(
 
     Makespan and energy per configuration, completion and waiting time CDFs, per-GPU memory and SMACT over
     time with out-of-memory crashes marked."""
-    from carma.metrics.htmlreport import write_report
-    from carma.metrics.plots import PlotsUnavailable
-    from carma.metrics.record import RecordError, from_server, read_records
+    from carma.pyplot import PlotsUnavailable
+    from carma.reports.page import write_report
+    from carma.reports.record import RecordError, from_server, read_records
     from carma.server.client import Client, ClientError
 
     try:

@@ -84,9 +84,10 @@ def simulate_cmd(
     """Run a trace through the digital twin of a GPU server."""
     from carma.config import ConfigError
     from carma.core.policies import POLICY_NAMES
-    from carma.metrics.plots import PlotsUnavailable, plot_sweep, pyplot
-    from carma.metrics.record import from_run_result, write_records
-    from carma.metrics.report import run_table, sweep_rows, sweep_table, write_csv
+    from carma.pyplot import PlotsUnavailable, pyplot
+    from carma.reports.plots import plot_sweep
+    from carma.reports.record import from_run_result, write_records
+    from carma.reports.tables import run_table, sweep_rows, sweep_table, write_csv
     from carma.sim.experiment import RunConfig, simulate
     from carma.sim.twin import SimulationStalled
     from carma.traces.catalog import load_catalog
@@ -167,7 +168,7 @@ def _bounds(
 ) -> tuple[dict[str, object], Table]:
     """The makespan bounds as JSON's `bounds` and as a table, each row given its share of the gain (against the
     run's Exclusive, simulated for it when not among the runs)."""
-    from carma.metrics.report import add_gain_shares, baseline_of, bounds_table
+    from carma.reports.tables import add_gain_shares, baseline_of, bounds_table
     from carma.sim.bounds import makespan_bounds
     from carma.sim.experiment import RunConfig, simulate
 

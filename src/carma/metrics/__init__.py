@@ -1,1 +1,1 @@
-"""Run metrics as CARMA defines them, timelines, tables and plots."""
+"""Run metrics as CARMA defines them and the per-GPU timelines they integrate: what the twin needs, no more."""

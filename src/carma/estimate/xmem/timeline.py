@@ -95,7 +95,7 @@ def _held_segments(log: list[int]) -> list[int]:
 def draw_png(sim: Simulation, path: str | Path, title: str) -> None:
     """Write a PNG of tensor memory (allocated) against segment memory (reserved) over the replay (its folder
     made if need be, as for carma's other outputs)."""
-    from carma.metrics.plots import pyplot
+    from carma.pyplot import pyplot
 
     plt = pyplot()
     unit, scale = ("GiB", GIB) if sim.peak_reserved >= GIB else ("MiB", 1024**2)  # a small job's peak read 0.00 GiB

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from carma.metrics.record import RunRecord, from_run_result
+from carma.pyplot import pyplot
+from carma.reports.record import RunRecord, from_run_result
 from carma.units import time_unit
 
 if TYPE_CHECKING:
@@ -21,22 +22,6 @@ if TYPE_CHECKING:
 DPI = 110
 CDF_TIMES = ("jct_s", "wait_s")  # the task times the CDF chart draws
 OOM_MARK = {"marker": "v", "markersize": 7, "linestyle": "none", "markeredgecolor": "black", "markeredgewidth": 0.5}
-
-
-class PlotsUnavailable(RuntimeError):
-    pass
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend; without matplotlib, PlotsUnavailable saying how to install it."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise PlotsUnavailable("plots need matplotlib: pip install 'carma-gpu[plot]'") from None
-    return plt
 
 
 def _styles(n: int) -> list[dict[str, Any]]:

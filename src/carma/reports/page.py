@@ -12,9 +12,9 @@ from datetime import datetime
 from pathlib import Path
 
 from carma import __version__
-from carma.metrics.plots import label_list, plot_cdfs, plot_makespan_energy, plot_timelines
-from carma.metrics.record import RunRecord
 from carma.metrics.run import NOT_MEASURED
+from carma.reports.plots import label_list, plot_cdfs, plot_makespan_energy, plot_timelines
+from carma.reports.record import RunRecord
 from carma.units import in_unit, time_unit
 
 TIMELINE_RUNS = 3  # runs per memory/SMACT chart: more lines than that hide each other
