@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from carma.core.ports import Clock
+from carma.core.scheduler import Scheduler
 from carma.core.types import TERMINAL_STATES, ExitKind, Task, TaskState
-
-if TYPE_CHECKING:
-    from carma.server.daemon import Daemon
+from carma.server.store import Store
 
 MIB = 1 << 20
 DECISION_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
@@ -36,6 +36,20 @@ GPU_GAUGES = (
 LABELS = ("gpu", "name", "uuid")
 
 
+class MetricsSource(Protocol):
+    """What the metrics read of the daemon. A protocol rather than the `Daemon` class: the daemon imports
+    this module (for `counted` and the histogram), so this module must not import the daemon back."""
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def decision_seconds(self) -> Histogram: ...
+
+
 def decision_histogram() -> Histogram:
     """The scheduler's decision latency, observed by the scheduling loop (registered by `Metrics`).
 
@@ -49,7 +63,7 @@ def decision_histogram() -> Histogram:
 
 
 class DaemonCollector(Collector):
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: MetricsSource) -> None:
         self._daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
@@ -90,7 +104,7 @@ def counted(tasks: Iterable[Task]) -> Counter[str]:
     return counts
 
 
-def _task_metrics(d: Daemon) -> Iterator[Metric]:
+def _task_metrics(d: MetricsSource) -> Iterator[Metric]:
     tasks = d.scheduler.tasks
     by_state = Counter(task.state for task in tasks)
     states = GaugeMetricFamily("carma_tasks", "Tasks by state", labels=["state"])
@@ -113,7 +127,7 @@ def _task_metrics(d: Daemon) -> Iterator[Metric]:
 class Metrics:
     """The registry behind `/metrics`: the daemon's state plus its decision-latency histogram."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: MetricsSource) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DaemonCollector(daemon))
         self.registry.register(daemon.decision_seconds)
