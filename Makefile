@@ -28,10 +28,12 @@ test: setup
 	$(BIN)/ruff check src tests benchmarks validation scripts
 	$(BIN)/ruff format --check src tests benchmarks validation scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=30
 
-# The edit loop: the decision core, the twin, the configuration and the traces, in seconds not minutes.
+# The edit loop: layering, the decision core, the twin, the configuration and the traces, in seconds not minutes.
 test-fast: setup
+	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(FAST_TESTS)
 
 bench: setup
