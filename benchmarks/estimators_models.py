@@ -30,7 +30,6 @@ from carma.estimate.registry import CPU_METHODS
 from carma.estimate.runner import capture_environment
 from carma.estimate.script import capture_script
 from carma.estimate.session import DEFAULT_STEPS
-from carma.estimate.xmem import estimate_xmem
 from estimators import every_method
 from options import machine_line, positive_int
 
@@ -39,7 +38,6 @@ import tasks as carma_tasks  # validation/models, a folder of scripts
 
 WORKLOADS = "carma/workloads.csv"
 MIB = 2**20
-WORKSPACE_RATIOS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)  # cuDNN workspace ratios replayed, for fitting a stack's
 UNDER_LIMIT = 0.03  # the issue's: no underestimate larger than 3% (an MPS memory limit that low is a crash)
 FAMILIES = ("CNN", "transformer", "all")
 WHOLE = ("gpumemnet",)  # estimates of the whole peak, which do not move with the context constant
@@ -60,7 +58,6 @@ def estimate_task(task: carma_tasks.Task, device: str, steps: int, data: Path) -
         outcome["above"] = dict.fromkeys(CPU_METHODS)
     else:
         result = json.loads(done.stdout.splitlines()[-1])
-        outcome["xmem_by_ratio"] = {r: peak / MIB for r, peak in result["xmem_by_ratio"].items()}
         for method, e in result["estimates"].items():
             outcome["above"][method] = None if "error" in e else (e["peak"] - e["context"]) / MIB
             outcome.setdefault("peak", {})[method] = None if "error" in e else e["peak"] / MIB
@@ -161,8 +158,7 @@ def main() -> None:
             else {"peak": e.peak_bytes, "context": e.breakdown.context}
             for method, e in every_method(capture, device.name).items()
         }
-        ratios = {r: estimate_xmem(capture, 0, device.name, workspace_ratio=r).peak_bytes for r in WORKSPACE_RATIOS}
-        print(json.dumps({"capture_seconds": capture.seconds, "estimates": results, "xmem_by_ratio": ratios}))
+        print(json.dumps({"capture_seconds": capture.seconds, "estimates": results}))
         return
     if args.tasks:
         wanted = args.tasks.split(",")

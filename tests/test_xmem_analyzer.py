@@ -297,7 +297,6 @@ def test_peak_is_read_in_the_second_iteration_on_top_of_persistent_state() -> No
         Category.GRADIENTS: P,
         Category.OPTIMIZER_STATE: P,
         Category.ACTIVATIONS: 1 * MIB + 8 * MIB,
-        Category.WORKSPACES: 0,  # no convolution
     }
     assert sim.peak_time == pytest.approx((425 - 60) / 1000)
     assert sim.iteration_starts == [0.0, pytest.approx((296 - 60) / 1000)]

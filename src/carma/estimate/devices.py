@@ -39,9 +39,6 @@ class Stack:
     torch: int
     lazy_loading: bool
     description: str
-    # cuDNN's convolution workspace as a share of each block a convolution allocates (`xmem.orchestrator.
-    # conv_workspaces`): what cuDNN's heuristics choose is known on a GPU only, so it is fitted per stack
-    cudnn_workspace_ratio: float = 0.0
 
 
 STACKS: dict[str, Stack] = {
@@ -103,11 +100,6 @@ CONTEXTS: dict[tuple[str, str], tuple[int, str]] = {
 # two handles, its own thread's and autograd's backward thread's. Part of every context above.
 CUBLAS_HANDLES = 2
 HOPPER = ("h100", "h200")
-
-
-def workspace_ratio(device: Device) -> float:
-    """The cuDNN workspace ratio of the device's stack (`DEFAULT_STACK`'s for a stack carma has no figures for)."""
-    return STACKS.get(device.stack, STACKS[DEFAULT_STACK]).cudnn_workspace_ratio
 
 
 def cublas_workspace_bytes(device: str) -> int:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from carma.estimate.convolutions import Convolution
+
 META_MARK = "carma: meta kernel"  # the trace window of a skipped operator's shape computation
 
 # Operators whose output's shape is set by their input's values (a boolean mask's `x[x > 0]` calls
@@ -200,13 +202,20 @@ def value_free_arithmetic(values_computed: Callable[[], bool] = lambda: False) -
 
         return kernel
 
+    def marked(kernel: Callable[..., Any], geometry: Callable[..., Any]) -> Callable[..., Any]:
+        def in_window(*args: Any, **kwargs: Any) -> Any:
+            with record_function(geometry(*args, **kwargs).mark()):  # the cuDNN workspace xMem models there
+                return kernel(*args, **kwargs)
+
+        return in_window
+
     kernels = {
         "mm": product(_matrices),
         "addmm": product(lambda bias, a, b, *_: _matrices(a, b)),
         "bmm": product(_batches),
         "baddbmm": product(lambda bias, a, b, *_: _batches(a, b)),
-        "convolution": by_meta(aten.convolution.default),
-        "convolution_backward": by_meta(aten.convolution_backward.default),
+        "convolution": marked(by_meta(aten.convolution.default), _forward_convolution),
+        "convolution_backward": marked(by_meta(aten.convolution_backward.default), _backward_convolution),
         "_scaled_dot_product_flash_attention_for_cpu": by_meta(
             aten._scaled_dot_product_flash_attention_for_cpu.default
         ),
@@ -313,6 +322,48 @@ def _batches(a: Any, b: Any) -> tuple[int, int, int]:
     if a.dtype != b.dtype:
         raise RuntimeError(f"expected batch1 and batch2 to have the same dtype, but got: {a.dtype} != {b.dtype}")
     return a.shape[0], a.shape[1], b.shape[2]
+
+
+def _forward_convolution(
+    input: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool, *rest: Any
+) -> Convolution:
+    """The geometry of an `aten::convolution` call (`carma.estimate.convolutions`)."""
+    groups = rest[-1]
+    output = _output_size(input.shape[2:], weight.shape[2:], stride, padding, dilation, transposed, rest[0])
+    return Convolution(
+        False, tuple(input.shape), tuple(weight.shape), output, tuple(stride), tuple(dilation), groups, transposed,
+        input.element_size(),
+    )  # fmt: skip
+
+
+def _backward_convolution(
+    grad_output: Any, input: Any, weight: Any, bias_sizes: Any, stride: Any, padding: Any, dilation: Any,
+    transposed: bool, output_padding: Any, groups: int, output_mask: Any,
+) -> Convolution:  # fmt: skip
+    """The geometry of an `aten::convolution_backward` call, with the gradients it computes."""
+    return Convolution(
+        True, tuple(input.shape), tuple(weight.shape), tuple(grad_output.shape[2:]), tuple(stride), tuple(dilation),
+        groups, transposed, input.element_size(), bool(output_mask[0]), bool(output_mask[1]),
+    )  # fmt: skip
+
+
+def _output_size(
+    size: Any, kernel: Any, stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any
+) -> tuple[int, ...]:
+    """The spatial size of a convolution's output, by PyTorch's formula (stride, padding and dilation may be
+    given once for every dimension)."""
+
+    def at(values: Any, i: int) -> int:
+        return values[i] if len(values) > 1 else values[0]
+
+    out = []
+    for i, (n, k) in enumerate(zip(size, kernel, strict=True)):
+        span = at(dilation, i) * (k - 1)
+        if transposed:
+            out.append((n - 1) * at(stride, i) - 2 * at(padding, i) + span + at(output_padding, i) + 1)
+        else:
+            out.append((n + 2 * at(padding, i) - span - 1) // at(stride, i) + 1)
+    return tuple(out)
 
 
 def _to_meta(x: Any) -> Any:

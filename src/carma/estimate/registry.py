@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carma.estimate.base import Breakdown, Estimate, EstimateError, capture_storages, optimizer_parameters
-from carma.estimate.devices import Device, get_device, workspace_ratio
+from carma.estimate.devices import Device, get_device
 from carma.estimate.session import CPU_AUTOCAST, CUDA_AUTOCAST
 from carma.units import size_text
 
@@ -65,7 +65,6 @@ def estimate_captured(
             device,
             device_memory_bytes=known.total_bytes,
             timeline=timeline,
-            workspace_ratio=workspace_ratio(known),
         )
     elif method == "faketensor":
         from carma.estimate.faketensor import estimate_faketensor

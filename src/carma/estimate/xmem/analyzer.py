@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 from carma.estimate.base import EstimateError
+from carma.estimate.convolutions import Convolution
 from carma.estimate.kernels import META_MARK
 from carma.estimate.session import CLOSURE_MARK, MODULE_MARK, STEP_MARK, split_iterations
 
@@ -90,6 +91,9 @@ class Analysis:
     zero_grads: list[tuple[float, float]]  # optimizer.zero_grad() windows
     dropped: int  # script-level blocks left out (allocated outside the training iterations)
     dropped_bytes: int
+    # each convolution call of the training iterations (`carma.estimate.convolutions`): when its window
+    # ends (its outputs allocated), its geometry, and whether it ran in a backward pass
+    convolutions: list[tuple[float, Convolution]] = field(default_factory=list)
 
 
 def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
@@ -117,7 +121,15 @@ def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
         block.iteration = k
         block.phase = _phase(block.alloc, iterations[k], in_steps, in_closures, in_zero_grads)
         kept.append(block)
-    return Analysis(kept, iterations, steps, zero_grads, dropped, dropped_bytes)
+    convolutions = []
+    for w in windows:
+        if (conv := Convolution.parse(w["name"])) is not None:
+            end = w["ts"] + w.get("dur", 0.0)
+            k = bisect_right(starts, end) - 1
+            if k >= 0 and end <= iterations[k].end:
+                convolutions.append((end, conv))
+    convolutions.sort(key=lambda c: c[0])
+    return Analysis(kept, iterations, steps, zero_grads, dropped, dropped_bytes, convolutions)
 
 
 def pair_blocks(events: list[dict[str, Any]]) -> list[Block]:

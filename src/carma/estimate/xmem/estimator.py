@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from carma.estimate.base import TIMELINE_NOT_WRITTEN, Breakdown, Capture, Estimate, capture_storages
+from carma.estimate.convolutions import Convolution, cudnn_workspace
 from carma.estimate.session import module_window
-from carma.estimate.xmem.allocator import fragmentation_allowance
-from carma.estimate.xmem.analyzer import JobTensors, analyze
-from carma.estimate.xmem.orchestrator import Category, conv_workspaces, orchestrate
+from carma.estimate.xmem.allocator import fragmentation_allowance, round_size, segment_size
+from carma.estimate.xmem.analyzer import Analysis, JobTensors, analyze
+from carma.estimate.xmem.orchestrator import Category, orchestrate
 from carma.estimate.xmem.timeline import Simulation, draw_png, replay
 from carma.units import size_text
 
@@ -24,7 +25,17 @@ class XMemResult:
     dropped: int  # script-level blocks left out
     dropped_bytes: int
     seconds: float  # analysis and simulation
-    workspaces: list[int] = field(default_factory=list)  # sizes of the cuDNN workspaces modelled (`conv_workspaces`)
+    workspace: Workspace = field(default_factory=lambda: Workspace(0, 0, None))  # cuDNN's, modelled
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The largest cuDNN workspace of the run (`largest_workspace`): the bytes cuDNN asks for, the segment
+    the caching allocator opens for them (`segment`, added to the peak) and the convolution that takes it."""
+
+    size: int
+    segment: int
+    convolution: Convolution | None
 
 
 def job_tensors(capture: Capture) -> JobTensors:
@@ -33,25 +44,44 @@ def job_tensors(capture: Capture) -> JobTensors:
     return JobTensors(module_window(capture.job.model), held.parameters, held.batch, held.state, held.data)
 
 
-def run_xmem(capture: Capture, capacity: int | None = None, workspace_ratio: float = 0.0) -> XMemResult:
-    """The simulated GPU memory of the captured job, with cuDNN's convolution workspaces at
-    `workspace_ratio` (`conv_workspaces`); with a `capacity` (device memory less the CUDA context) the
-    replay may release cached segments to fit, and `simulation.oom` tells when even that fails (the peak is
-    then the unconstrained one, what the job would need)."""
+def largest_workspace(analysis: Analysis) -> Workspace:
+    """The largest cuDNN workspace a convolution of the training iterations takes (`cudnn_workspace`), and
+    the segment it opens.
+
+    No CPU kernel allocates it. On the GPU, PyTorch allocates each call's workspace through the caching
+    allocator just before the kernel and frees it after (`aten/src/ATen/native/cudnn/Conv_v8.cpp`,
+    `run_conv_plan`): served from a cached free block when one fits, else from a new segment of its own
+    size rounded up to 2 MiB, which stays reserved. It is not replayed: which engine, and so which workspace,
+    each call gets is known on the GPU only, and one workspace more or less at one call moves where every
+    later block lands (replaying a share of each call's size moved VGG-16's estimate by -20% to +40%, not
+    in order of the share). The estimate adds the segment of the largest one to the replay's peak, as if the
+    caching allocator had nothing cached to serve it when it was asked for at the peak: conservative by up
+    to its size (a dense 3x3 convolution near the input of a large-batch ImageNet CNN: 1.7 GiB for VGG-16 at
+    batch 64), and 0 for a network without Winograd-eligible convolutions (an MLP, a transformer, MobileNet)."""
+    size, conv = max(((cudnn_workspace(c), c) for _, c in analysis.convolutions), default=(0, None), key=lambda s: s[0])
+    if not size:
+        return Workspace(0, 0, None)
+    return Workspace(size, segment_size(round_size(size)), conv)
+
+
+def run_xmem(capture: Capture, capacity: int | None = None) -> XMemResult:
+    """The simulated GPU memory of the captured job, and the largest cuDNN workspace (`largest_workspace`);
+    with a `capacity` (device memory less the CUDA context) the replay may release cached segments to fit,
+    and `simulation.oom` tells when even that fails (the peak is then the unconstrained one, what the job
+    would need)."""
     started = time.perf_counter()
     job = job_tensors(capture)
     analysis = analyze(capture.trace, job)
-    workspaces = conv_workspaces(analysis, workspace_ratio)
-    blocks = orchestrate(analysis, job) + workspaces
+    blocks = orchestrate(analysis, job)
     starts = [it.start for it in analysis.iterations]
     sim = replay(blocks, starts[0], capacity, starts)
     if sim.oom:
         sim = replay(blocks, starts[0], None, starts)
         sim.oom = True
     peak_iteration = bisect_right(sim.iteration_starts, sim.peak_time) - 1
+    workspace = largest_workspace(analysis)
     seconds = time.perf_counter() - started
-    sizes = [block.size for block in workspaces]
-    return XMemResult(sim, peak_iteration, len(blocks), analysis.dropped, analysis.dropped_bytes, seconds, sizes)
+    return XMemResult(sim, peak_iteration, len(blocks), analysis.dropped, analysis.dropped_bytes, seconds, workspace)
 
 
 def plot_timeline(result: XMemResult, path: str | Path, device: str = "") -> None:
@@ -69,27 +99,23 @@ def estimate_xmem(
     *,
     device_memory_bytes: int | None = None,
     timeline: str | Path | None = None,
-    workspace_ratio: float = 0.0,
 ) -> Estimate:
     """xMem's peak for `device`: the simulated peak of reserved segments, the fragmentation allowance
-    (`fragmentation_allowance`) and the device's CUDA context.
+    (`fragmentation_allowance`), the segment of the largest cuDNN workspace (`largest_workspace`) and the
+    device's CUDA context.
 
     With `device_memory_bytes` the simulation runs against that capacity (see `run_xmem`); a predicted
-    OOM shows as a peak above the device memory. `timeline` writes the PNG of the simulated memory.
-    `workspace_ratio`: cuDNN's convolution workspaces, modelled (`conv_workspaces`); a note says what the
-    estimate models rather than captures.
+    OOM shows as a peak above the device memory. `timeline` writes the PNG of the simulated memory. A note
+    says what the estimate models rather than captures.
     """
     capacity = None if device_memory_bytes is None else max(device_memory_bytes - device_context_bytes, 0)
-    result = run_xmem(capture, capacity, workspace_ratio)
+    result = run_xmem(capture, capacity)
     sim = result.simulation
     allowance = fragmentation_allowance(sim.requests)
+    workspace = result.workspace
     notes: tuple[str, ...] = ()
-    if result.workspaces:
-        notes = (
-            f"modelled, not captured: cuDNN's workspaces beside the {len(result.workspaces)} blocks convolutions "
-            f"allocate in the captured steps, up to {size_text(max(result.workspaces))} each ({workspace_ratio:g} x "
-            "the block, the stack's ratio); the context's cuBLAS workspaces are the device's constant",
-        )
+    if workspace.convolution is not None:
+        notes = (workspace_note(workspace),)
     if timeline:
         try:
             plot_timeline(result, timeline, device)
@@ -100,9 +126,22 @@ def estimate_xmem(
         gradients=sim.at_peak[Category.GRADIENTS],
         optimizer_state=sim.at_peak[Category.OPTIMIZER_STATE],
         activations=sim.at_peak[Category.ACTIVATIONS],
-        workspaces=sim.at_peak[Category.WORKSPACES],
+        workspaces=workspace.segment,
         allocator=sim.peak_reserved - sim.allocated_at_peak + allowance,
         context=device_context_bytes,
     )
-    peak = sim.peak_reserved + allowance + device_context_bytes
+    peak = sim.peak_reserved + allowance + workspace.segment + device_context_bytes
     return Estimate("xmem", peak, breakdown, device, capture.seconds + result.seconds, notes)
+
+
+def workspace_note(workspace: Workspace) -> str:
+    """What the estimate models rather than captures, for a job whose convolutions take a cuDNN workspace."""
+    conv = workspace.convolution
+    assert conv is not None
+    shape = "x".join(map(str, conv.input[2:]))
+    call = f"{conv.in_channels}->{conv.out_channels} channels at {shape}, batch {conv.batch}"
+    return (
+        f"modelled, not captured: the {size_text(workspace.segment)} segment of cuDNN's largest convolution "
+        f"workspace ({size_text(workspace.size)}, a Winograd transform of the 3x3 convolution {call}), added to "
+        "the peak; the context's cuBLAS workspaces are the device's constant"
+    )

@@ -39,7 +39,6 @@ class Category(Enum):
     GRADIENTS = "gradients"
     OPTIMIZER_STATE = "optimizer_state"
     ACTIVATIONS = "activations"
-    WORKSPACES = "workspaces"  # modelled, not captured: what GPU libraries allocate that the CPU never does
 
 
 @dataclass(slots=True)
@@ -86,28 +85,6 @@ def orchestrate(analysis: Analysis, job: JobTensors) -> list[GpuBlock]:
             for size in job.batch.values():
                 gpu.append(GpuBlock(size, Category.ACTIVATIONS, iteration.start, iteration.end, "batch"))
     return gpu
-
-
-def conv_workspaces(analysis: Analysis, ratio: float) -> list[GpuBlock]:
-    """cuDNN's workspace for each convolution of the training loop, which no CPU kernel allocates.
-
-    PyTorch (aten/src/ATen/native/cudnn/Conv_v8.cpp) runs the first engine of cuDNN's heuristics whose
-    workspace it can allocate (`torch.backends.cudnn.benchmark` off; on, cuDNN's find times the engines
-    and keeps the fastest, with workspaces as large as the allocator can give), allocating the workspace
-    through the caching allocator for the call: a transient block, but one that can open a segment that
-    stays reserved. Which engine the heuristics pick is known on the GPU only; the workspace is taken as
-    `ratio` times each block the convolution allocates (its output; in the backward pass, the input's and
-    the weight's gradients), `ratio` being fitted per software stack (`carma.estimate.devices`).
-    """
-    if ratio <= 0:
-        return []
-    return [
-        GpuBlock(
-            round(ratio * block.size), Category.WORKSPACES, block.alloc, block.alloc, f"cuDNN workspace ({block.owner})"
-        )
-        for block in analysis.blocks
-        if block.phase in (Phase.FORWARD, Phase.BACKWARD) and "convolution" in block.owner
-    ]
 
 
 def _map(
