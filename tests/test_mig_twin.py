@@ -1,0 +1,98 @@
+"""The twin with dynamic MIG GPUs: instances as targets, speed on an instance, reconfiguration time, and the
+figures `carma simulate --mig dynamic` adds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from carma.core.mig.geometry import Geometry
+from carma.core.types import TaskState
+from carma.sim.experiment import RunConfig, TwinConfig, simulate
+from carma.sim.gpus import parse_gpus
+from carma.sim.migspeed import speed_on
+from carma.traces.catalog import load_catalog
+from carma.traces.loaders import Trace, TraceEntry
+from support import run_carma
+
+A100 = TwinConfig(gpus=parse_gpus("1xA100-40GB"))
+
+
+def trace(*names: str, at: float = 0.0) -> Trace:
+    catalog = load_catalog()
+    return Trace("test", tuple(TraceEntry(at, catalog[n]) for n in names))
+
+
+def profile_of(target: str) -> str:
+    return target.split("/")[1].split("@")[0]
+
+
+@pytest.mark.parametrize("scheme", ["a", "b"])
+def test_every_task_runs_on_the_tightest_instance_that_holds_its_need_with_the_margin(scheme):
+    result = simulate(
+        trace("resnet", "vgg", "BERT_large", "resnet"), RunConfig("magm", "oracle", mig="dynamic", scheme=scheme), A100
+    )
+    assert all(t.state is TaskState.COMPLETED for t in result.tasks)
+    placed = {t.spec.name: profile_of(t.attempts[-1].gpus[0]) for t in result.tasks}
+    # needs plus the 2 GiB margin: 5982, 8732 and 14670 MiB
+    assert placed == {"resnet": "1g.10gb", "vgg": "1g.10gb", "BERT_large": "3g.20gb"}
+    assert result.reconfigurations and result.row()["reconfigurations"] == result.reconfigurations
+
+
+def test_a_job_alone_on_a_small_instance_runs_at_its_modelled_speed():
+    catalog = load_catalog()
+    job = catalog["resnet"]
+    result = simulate(trace("resnet"), RunConfig("magm", "oracle", mig="dynamic"), A100)
+    (task,) = result.tasks
+    attempt = task.attempts[0]
+    ran_s = task.ended_s - attempt.dispatched_s
+    geometry = Geometry.of("A100-40GB")
+    speed = speed_on(job, geometry.profile("1g.10gb"), geometry)
+    start_s = job.ttfk_s + job.warmup_s
+    assert ran_s == pytest.approx(start_s + (job.solo_s - start_s) / speed, rel=1e-6)
+    assert speed < 1  # slower than on the whole GPU: the instance has 1 of 7 compute slices, 2 of 8 memory
+
+
+def test_a_task_waits_for_its_instance_while_it_is_being_made():
+    result = simulate(trace("resnet"), RunConfig("magm", "oracle", mig="dynamic"), A100)
+    (task,) = result.tasks
+    # the 7g.40gb is destroyed and a 1g.10gb created: 2 steps of 1 s, then the next 1 Hz reading
+    assert task.attempts[0].dispatched_s >= 2.0 and result.reconfigurations == 1
+
+
+def test_a_task_of_unknown_need_grows_through_the_profiles_after_ooms():
+    result = simulate(trace("BERT_large"), RunConfig("magm", "none", mig="dynamic"), A100)
+    (task,) = result.tasks
+    assert task.state is TaskState.COMPLETED
+    assert [profile_of(a.gpus[0]) for a in task.attempts] == ["1g.5gb", "1g.10gb", "3g.20gb"]
+
+
+def test_simulate_mig_dynamic_prints_the_mig_figures_and_whole_gpu_runs_do_not():
+    mig = run_carma(
+        "simulate",
+        "--gpus",
+        "1xA100-40GB",
+        "--mig",
+        "dynamic",
+        "--scheme",
+        "a",
+        "--memory",
+        "oracle",
+        "--limit",
+        "5",
+        "--json",
+    )
+    assert mig.returncode == 0, mig.stderr
+    (row,) = json.loads(mig.stdout)["runs"]
+    assert row["config"] == "MIG scheme A oracle" and row["reconfigurations"] >= 1
+    assert row["early_restarts"] == 0 and row["throughput_tasks_per_h"] > 0
+    whole = run_carma("simulate", "--gpus", "1xA100-40GB", "--limit", "5", "--json")
+    assert "reconfigurations" not in json.loads(whole.stdout)["runs"][0]
+
+
+def test_simulate_refuses_a_sweep_with_mig_and_an_unknown_scheme():
+    sweep = run_carma("simulate", "--sweep", "--mig", "dynamic")
+    assert sweep.returncode != 0 and "drop --mig" in sweep.stderr
+    bad = run_carma("simulate", "--mig", "dynamic", "--scheme", "c")
+    assert bad.returncode != 0 and "--scheme must be one of a, b" in bad.stderr
