@@ -1,21 +1,24 @@
 """Queue disciplines: which waiting task the scheduler offers the placer next, and when a decision stops.
 
 CARMA's is strict FIFO (`StrictFifo`). Another discipline (a size-grouped order with a bound on how often a
-task is passed over, backfilling) is another class following `QueueDiscipline`, given to the scheduler.
+task is passed over; backfilling, `carma.core.backfill`) is another class following `QueueDiscipline`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from typing import Protocol
 
 from carma.core.blocked import Blocked, HeadOfLine, RecoveryPriority, Undecided
 from carma.core.placer import Placement
-from carma.core.types import Task, TaskId, TaskState
+from carma.core.types import TargetId, Task, TaskId, TaskState
 
-# Places a waiting task and launches it (the placement), or keeps why it must wait (the Blocked).
-Attempt = Callable[[TaskId], Placement | Blocked]
+
+class Attempt(Protocol):
+    def __call__(self, task_id: TaskId, avoid: frozenset[TargetId] = frozenset()) -> Placement | Blocked:
+        """Place a waiting task and launch it (the placement), or keep why it must wait (the Blocked); `avoid`:
+        targets it may not take now (held for a task ahead of it: `carma.core.backfill`)."""
+        ...
 
 
 class Queues:

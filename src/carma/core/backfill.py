@@ -1,0 +1,107 @@
+"""EASY backfilling: while the head of the queue waits, later tasks may start where they cannot delay it.
+
+The head gets a reservation: the GPUs it can take that come free first, by the tasks' expected ends (their
+dispatch plus their duration), and the moment the last of them does (its shadow time). A later task of known
+duration may then start on any other GPU, or on a reserved GPU that is idle now if it ends before the shadow
+time; the placer's rules (memory, risk, TTFK) apply to it as to any task. Durations come from a port
+(`DurationOf`): the twin's trace catalog, the daemon's history; a task whose duration is not known is never
+backfilled, and a GPU holding one never comes free in a reservation, so without durations this is strict
+FIFO. Expected ends assume a task's solo duration: a collocated task that runs slower than it can make the
+head start later than its shadow time, never earlier than it would have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from carma.core.blocked import Blocked
+from carma.core.placer import for_tasks_of
+from carma.core.queue import Attempt, Queues, StrictFifo
+from carma.core.types import TargetId, Task, TaskId
+from carma.core.view import View
+
+
+class Occupancy(View, Protocol):
+    """A view that also says which tasks each GPU holds."""
+
+    def tasks_on(self, gpu: TargetId) -> Sequence[Task]:
+        """The tasks placed on `gpu` and not ended."""
+        ...
+
+
+# A task's expected run time (seconds, launch to exit, alone on its GPUs), or None when not known.
+DurationOf = Callable[[Task], float | None]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The GPUs the blocked head is expected to start on, and when (its shadow time)."""
+
+    task: TaskId
+    gpus: frozenset[TargetId]
+    shadow_s: float
+
+
+class EasyBackfill(StrictFifo):
+    """Strict FIFO for the head (the recovery queue's first), then, while it waits, backfilling past it."""
+
+    def __init__(self, view: Occupancy, task_of: Callable[[TaskId], Task], duration_of: DurationOf) -> None:
+        self._view = view
+        self._task_of = task_of
+        self._duration_of = duration_of
+        self.reservation: Reservation | None = None  # the last decision's, for tests and reports
+
+    def offer(self, queues: Queues, attempt: Attempt) -> None:
+        self.reservation = None
+        while queue := queues.recovery or queues.main:
+            head = queue[0]
+            if isinstance(attempt(head), Blocked):
+                break
+        else:
+            return
+        reservation = self._reserve(self._task_of(head))
+        if reservation is None:
+            return
+        self.reservation = reservation
+        view = self._view
+        for task_id in [t for t in (*queues.recovery, *queues.main) if t != head]:
+            duration = self._duration_of(self._task_of(task_id))
+            if duration is None:
+                continue
+            reserved = reservation.gpus
+            if view.now + duration <= reservation.shadow_s:  # it ends in time: the reserved idle GPUs too
+                idle = set(view.idle_gpus())
+                reserved = frozenset(g for g in reserved if g not in idle)
+            attempt(task_id, reserved)
+
+    def _reserve(self, head: Task) -> Reservation | None:
+        """The head's reservation: the n GPUs it may take that are expected to be free first; None when fewer than
+        n are ever expected free (a task of unknown duration, another process)."""
+        view = self._view
+        n = head.spec.gpus
+        idle = set(view.idle_gpus())
+        free_at = {g: self._free_at(g, g in idle) for g in for_tasks_of(n, list(view.gpus), view.gpus)}
+        first = sorted(free_at, key=lambda g: free_at[g])[:n]
+        if len(first) < n or math.isinf(shadow := max(free_at[g] for g in first)):
+            return None
+        return Reservation(head.id, frozenset(first), shadow)
+
+    def _free_at(self, gpu: TargetId, idle: bool) -> float:
+        """When `gpu` is expected to hold no task (now for an idle one; never with a process of someone else's)."""
+        view = self._view
+        if idle:
+            return view.now
+        tasks = view.tasks_on(gpu)
+        if not tasks:
+            return math.inf  # only another process: carma cannot tell when it ends
+        ends = []
+        for task in tasks:
+            duration = self._duration_of(task)
+            attempt = task.current
+            if duration is None or attempt is None:
+                return math.inf
+            ends.append(attempt.dispatched_s + duration)
+        return max(view.now, *ends)

@@ -1,0 +1,201 @@
+"""carma's own decisions in the core: open warm-ups for known needs, EASY backfilling, interference-aware pairing."""
+
+from __future__ import annotations
+
+import heapq
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carma.core import ProcessExit, RiskConfig, Scheduler, SchedulerConfig, TaskSpec
+from carma.core.backfill import EasyBackfill
+from carma.core.blocked import MemoryShort, TtfkWait, WholeIdle
+from support import Bench
+
+
+def bench(gpus: int = 3, durations=None, pairing=None, **config: object) -> Bench:
+    """A Bench whose scheduler is given the duration and interference ports."""
+    b = Bench(gpus, **config)
+    targets = list(b.sched.gpus.values())
+    b.sched = Scheduler(targets, SchedulerConfig(**config), durations=durations, pairing=pairing)
+    b.sample()
+    return b
+
+
+# ----------------------------------------------------------------- open warm-ups (ttfk_unknown_only)
+
+
+def test_a_known_need_leaves_its_gpu_open_during_its_warm_up():
+    b = bench(1, ttfk_unknown_only=True)
+    first = b.submit("a", mem_mib=8000)
+    assert b.placed() == {first.id: (0,)}
+    second = b.submit("b", mem_mib=8000)
+    assert b.placed() == {second.id: (0,)}  # no first kernel yet: CARMA's rule would close the GPU
+
+
+def test_without_the_flag_a_known_need_closes_its_gpu_for_its_window():
+    b = bench(1)
+    b.submit("a", mem_mib=8000)
+    b.decide()
+    second = b.submit("b", mem_mib=8000)
+    assert b.placed() == {}
+    assert isinstance(b.sched.blocked(second.id), TtfkWait)
+
+
+def test_a_task_of_unknown_need_keeps_ttfks_rule():
+    b = bench(1, ttfk_unknown_only=True)
+    b.submit("unknown")
+    b.decide()
+    known = b.submit("b", mem_mib=1000)
+    assert b.placed() == {}
+    assert isinstance(b.sched.blocked(known.id), TtfkWait)
+
+
+def test_open_warm_ups_never_over_commit_the_needs_held():
+    b = bench(1, ttfk_unknown_only=True)  # 40 GiB, less the 512 MiB reserve and a 2 GiB margin per task
+    b.submit("a", mem_mib=20000)
+    b.decide()
+    b.submit("b", mem_mib=15000)
+    assert len(b.placed()) == 1  # 20000 + 15000 + 2048 fits beside the reserve
+    late = b.submit("c", mem_mib=4000)  # 5448 MiB left, less than 4000 + 2048: only the needs held say so
+    assert b.placed() == {}
+    assert isinstance(b.sched.blocked(late.id), MemoryShort)
+
+
+def test_open_warm_ups_need_the_needs_held():
+    b = bench(1, ttfk_unknown_only=True, hold_known_needs=False)
+    b.submit("a", mem_mib=8000)
+    b.decide()
+    b.submit("b", mem_mib=8000)
+    assert b.placed() == {}  # nothing holds the first task's memory: CARMA's rule stays
+
+
+# ----------------------------------------------------------------- backfilling
+
+
+DURATIONS = {"short": 50.0, "long": 1000.0, "mid": 100.0, "huge": 5000.0}
+
+
+def by_name(task):
+    return DURATIONS.get(task.spec.name)
+
+
+def busy_with_a_waiting_pair(**config: object) -> Bench:
+    """Two GPUs each running a task alone (ends at 100 and 1000 s), and a two-GPU task at the head."""
+    b = bench(2, durations=by_name, policy="exclusive", **config)
+    b.submit("mid")
+    b.submit("long")
+    assert len(b.placed()) == 2
+    b.submit("pair", gpus=2)
+    return b
+
+
+def test_backfill_starts_a_later_task_that_ends_before_the_heads_reservation():
+    b = busy_with_a_waiting_pair(backfill=True)
+    short, huge = b.submit("short"), b.submit("huge")
+    b.advance(100)
+    b.exit(1)
+    assert b.placed() == {short.id: (0,)}  # 100 + 50 s <= 1000 s, when the pair can start
+    assert isinstance(b.sched.blocked(huge.id), WholeIdle)  # 5000 s would delay the pair
+    discipline = b.sched.discipline
+    assert isinstance(discipline, EasyBackfill)
+    assert discipline.reservation is not None and discipline.reservation.shadow_s == 1000.0
+
+
+def test_without_backfill_the_queue_stays_fifo():
+    b = busy_with_a_waiting_pair()
+    b.submit("short")
+    b.advance(100)
+    b.exit(1)
+    assert b.placed() == {}
+
+
+def test_a_task_of_unknown_duration_is_never_backfilled():
+    b = busy_with_a_waiting_pair(backfill=True)
+    b.submit("unknown")
+    b.advance(100)
+    b.exit(1)
+    assert b.placed() == {}
+
+
+def test_backfill_without_durations_is_strict_fifo():
+    b = Bench(2, backfill=True, policy="exclusive")  # no duration port: the daemon without history
+    assert not isinstance(b.sched.discipline, EasyBackfill)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2000), st.integers(1, 3), st.integers(1, 3000), st.booleans()),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_backfill_never_delays_the_heads_reserved_start(jobs):
+    """On whole GPUs with exact durations, every task starts no later than its first reservation's shadow time."""
+    gpus = 3
+    b = bench(gpus, durations=lambda task: float(task.spec.name.split(":")[1]), policy="exclusive", backfill=True)
+    submissions = sorted((at, i) for i, (at, *_rest) in enumerate(jobs))
+    events: list[tuple[float, int, int]] = [(float(at), 1, i) for at, i in submissions]  # (time, kind, ref)
+    heapq.heapify(events)
+    started: dict[int, float] = {}
+    promised: dict[int, float] = {}
+    while events:
+        now = events[0][0]
+        b.t = now
+        while events and events[0][0] == now:
+            _, kind, ref = heapq.heappop(events)
+            if kind == 0:  # an exit: its GPUs free at once
+                b.sched.record_exit(ref, ProcessExit(0), now)
+            else:
+                _, n, duration, _unused = jobs[ref]
+                b.sched.submit(TaskSpec(f"j{ref}:{duration}", min(n, gpus)), now)
+        for launch in b.sched.decide(now):
+            started[launch.task_id] = now
+            duration = float(b.sched.task(launch.task_id).spec.name.split(":")[1])
+            heapq.heappush(events, (now + duration, 0, launch.task_id))
+        reservation = b.sched.discipline.reservation
+        if reservation is not None:
+            promised.setdefault(reservation.task, reservation.shadow_s)
+    assert len(started) == len(jobs)
+    for task, shadow in promised.items():
+        assert started[task] <= shadow
+
+
+# ----------------------------------------------------------------- interference-aware pairing
+
+
+def test_pair_prefers_the_gpu_its_model_predicts_the_least_slowdown_on():
+    cost = {"light": 1.1, "heavy": 1.9}
+
+    def pairing(task, others):
+        return max((cost[o.spec.name] for o in others), default=1.0)
+
+    b = bench(2, pairing=pairing, policy="pair", prefer_idle=False, risk=_no_risk())
+    b.submit("heavy", mem_mib=1000)
+    b.submit("light", mem_mib=20000)
+    b.placed()
+    b.advance(60)
+    b.first_kernel(1)
+    b.first_kernel(2)
+    b.advance(31)
+    task = b.submit("new", mem_mib=1000)
+    # GPU 0 (heavy) has the most free memory, MAGM's choice; the model prefers the light co-runner's
+    assert b.placed() == {task.id: (1,)}
+
+
+def test_pair_without_a_model_orders_as_magm():
+    b = bench(2, policy="pair", prefer_idle=False, risk=_no_risk())
+    b.submit("a", mem_mib=1000)
+    b.submit("b", mem_mib=20000)
+    b.placed()
+    b.advance(60)
+    b.first_kernel(1)
+    b.first_kernel(2)
+    b.advance(31)
+    task = b.submit("new", mem_mib=1000)
+    assert b.placed() == {task.id: (0,)}
+
+
+def _no_risk() -> RiskConfig:
+    return RiskConfig(enabled=False)
