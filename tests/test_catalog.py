@@ -26,11 +26,11 @@ def test_a_known_row_carries_the_measured_figures(catalog):
     assert vgg.mem_mib == 6684
     assert vgg.gpus == 1
     assert (vgg.model, vgg.dataset, vgg.batch_size) == ("vgg16", "imagenet", 32)
-    assert dict(vgg.estimates) == {"horus": 21526, "faketensor": 3121, "gpumemnet": 16000}
+    assert dict(vgg.estimates) == {"horus": 21526, "faketensor": 3121, "gpumemnet": 16000, "xmem": 7358}
 
 
 def test_missing_estimates_are_none(catalog):
-    assert dict(catalog["dlrm"].estimates) == {"horus": None, "faketensor": None, "gpumemnet": None}
+    assert dict(catalog["dlrm"].estimates) == {"horus": None, "faketensor": None, "gpumemnet": None, "xmem": None}
 
 
 def test_two_gpu_tasks(catalog):

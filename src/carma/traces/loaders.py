@@ -34,7 +34,12 @@ from carma.traces.catalog import (
 )
 from carma.units import pluralize
 
-BUILTIN_TRACES = {"carma-t1": "t1.csv", "carma-heavy60": "heavy60.csv", "carma-mix90": "mix90.csv"}
+BUILTIN_TRACES = {
+    "carma-t1": "t1.csv",
+    "carma-t2": "t2.csv",
+    "carma-heavy60": "heavy60.csv",
+    "carma-mix90": "mix90.csv",
+}
 
 _SLEEP_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # as coreutils' sleep reads them
 _TASK_KEYS = {"at", "task", "repeat", "every"}
