@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import carma
-from carma.sim.experiment import PAPER_SWEEP
+from carma.sim.experiment import SWEEP
 from support import cli_env, run_carma
 
 RUN_FIELDS = {
@@ -24,7 +24,7 @@ RUN_FIELDS = {
 COMPARED = ("makespan_s", "energy_mj", "energy_per_task_kj", "jct_p95_s", "wait_p95_s", "exec_p95_s", "smact_mean",
             "smocc_mean", "mem_used_mean_mib")  # fmt: skip
 CHANGE_FIELDS = {f"{key}_change_pct" for key in COMPARED}
-SWEEP_LABELS = [c.label for c in PAPER_SWEEP]  # the literal list is checked in test_experiments
+SWEEP_LABELS = [c.label for c in SWEEP]  # the literal list is checked in test_experiments
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -110,7 +110,7 @@ def test_a_single_exclusive_run_has_the_same_fields_as_any_run():
     assert set(run) == RUN_FIELDS
 
 
-def test_sweep_json_runs_the_papers_15_configurations_against_exclusive(sweep_json):
+def test_sweep_json_runs_the_papers_15_configurations_and_carmas_own_against_exclusive(sweep_json):
     runs = sweep_json["runs"]
     assert [r["config"] for r in runs] == SWEEP_LABELS
     assert all(set(r) == RUN_FIELDS | CHANGE_FIELDS for r in runs)
@@ -128,7 +128,7 @@ def test_sweep_table_csv_and_charts(sweep_outputs, sweep_json):
     # CARMA's table has no estimate for some of trace 1's tasks (an estimator failed on them): said, once
     assert result.stderr == (
         "note: tasks without a recorded estimate run on a whole GPU: horus 4 of 60, faketensor 7 of 60, "
-        "gpumemnet 2 of 60\n"
+        "gpumemnet 2 of 60, xmem 6 of 60\n"
     )
     for label in SWEEP_LABELS:
         assert f"│ {label} " in result.stdout
@@ -136,7 +136,7 @@ def test_sweep_table_csv_and_charts(sweep_outputs, sweep_json):
 
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 15
+    assert len(rows) == len(SWEEP) == 16
     # the parallel sweep's CSV holds exactly the serial sweep's JSON figures
     as_text = [{k: "" if v is None else str(v) for k, v in run.items()} for run in sweep_json["runs"]]
     assert rows == as_text
@@ -238,7 +238,7 @@ def test_tasks_larger_than_every_gpu_fail_and_the_run_says_which_and_why_with_no
 
     sweep = run_carma("simulate", "--trace", "big.csv", "--sweep", cwd=tmp_path)
     assert sweep.returncode == 0, sweep.stderr
-    assert "note: task 2 (huge2) failed in 15 of 15 runs, e.g. Exclusive: out of memory alone" in sweep.stderr
+    assert "note: task 2 (huge2) failed in 16 of 16 runs, e.g. Exclusive: out of memory alone" in sweep.stderr
 
 
 # --- errors ------------------------------------------------------------------------------------------
@@ -283,19 +283,22 @@ def in_dir_with_bad_files(tmp_path):
 
 SWEEP_ONLY = "--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter"
 BAD_INPUTS = {
-    "policy": (["--policy", "fastest"], "--policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fastest'"),
+    "policy": (
+        ["--policy", "fastest"],
+        "--policy must be one of exclusive, rr, magm, lug, ff, bf, pair; got 'fastest'",
+    ),
     "policy-empty": (
         ["--policy", ""],
-        "--policy must be one of exclusive, rr, magm, lug, ff, bf; got ''",
+        "--policy must be one of exclusive, rr, magm, lug, ff, bf, pair; got ''",
     ),  # unset $VAR
     "sweep-policy-empty": (["--sweep", "--policy", ""], "--sweep runs the paper's configuration list"),
     "memory": (
         ["--memory", "guess"],
-        "--memory must be one of none, oracle, horus, faketensor, gpumemnet; got 'guess'",
+        "--memory must be one of none, oracle, horus, faketensor, gpumemnet, xmem; got 'guess'",
     ),
     "trace-name": (
-        ["--trace", "carma-t2"],
-        "no trace file 'carma-t2' (built-in traces: carma-t1, carma-heavy60, carma-mix90)",
+        ["--trace", "carma-t3"],
+        "no trace file 'carma-t3' (built-in traces: carma-t1, carma-t2, carma-heavy60, carma-mix90)",
     ),
     "gpu-type": (
         ["--gpus", "3xB200"],
@@ -327,7 +330,7 @@ BAD_INPUTS = {
     "config-key": (["--config", "unknown-key.toml"], "unknown key(s) gpu"),
     "config-value": (
         ["--config", "bad-policy.toml"],
-        "bad-policy.toml [scheduler]: policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'",
+        "bad-policy.toml [scheduler]: policy must be one of exclusive, rr, magm, lug, ff, bf, pair; got 'fast'",
     ),
     "config-weights": (["--config", "bad-weights.toml"], "risk weights must be non-negative and sum to 1"),
 }
@@ -439,7 +442,7 @@ def test_a_sweep_with_the_risk_filter_switched_off_in_the_config_runs_every_conf
     result = run_carma("simulate", "--sweep", "--config", "norisk.toml", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     runs = json.loads(result.stdout)["runs"]
-    assert [r["risk_filter"] for r in runs] == [False] * 14  # MAGM oracle without it is no longer a row of its own
+    assert [r["risk_filter"] for r in runs] == [False] * 15  # MAGM oracle without it is no longer a row of its own
     assert [r["config"] for r in runs][:3] == [
         "Exclusive",
         "RR recovery only, no risk filter",

@@ -129,11 +129,14 @@ def task_workload(trace, task):
     ),
     st.sampled_from([0, 512]),
     st.sampled_from([0, 2048]),
+    st.booleans(),
 )
-def test_exact_known_needs_without_fragmentation_never_oom(case, reserve_mib, margin_mib):
+def test_exact_known_needs_without_fragmentation_never_oom(case, reserve_mib, margin_mib, own):
+    """Also with carma's own decisions: warm-ups of known needs open to further tasks, and backfilling."""
     trace, run, twin = case
     scheduler = SchedulerConfig(reserve_mib=reserve_mib, margin_mib=margin_mib)
     twin = replace(twin, fragmentation=0.0, scheduler=scheduler)
+    run = replace(run, own=own)
     result = simulate(trace, run, twin)
     assert result.metrics.oom_crashes == 0
     assert all(t.state is TaskState.COMPLETED for t in result.tasks)

@@ -1,0 +1,39 @@
+"""What the twin tells the core beyond telemetry, as a server with history would know it: each task's expected
+duration (backfilling) and how much collocated tasks slow each other (interference-aware pairing).
+
+A duration is the workload's solo time from the trace's catalog, the figure a daemon's history of earlier runs
+of the same command gives; the interference model is the twin's own fitted one. The core receives both as
+ports (`carma.core.backfill.DurationOf`, `carma.core.policies.pair.PairingModel`) and imports nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from carma.core.backfill import DurationOf
+from carma.core.policies.pair import PairingModel
+from carma.core.types import Task
+from carma.sim.models import InterferenceModel, Load
+from carma.traces.catalog import Workload
+
+WorkloadOf = Callable[[Task], Workload]
+
+
+def durations(workload_of: WorkloadOf) -> DurationOf:
+    """Each task's solo time, launch to exit."""
+    return lambda task: workload_of(task).solo_s
+
+
+def pairing(model: InterferenceModel, sharing: str, workload_of: WorkloadOf) -> PairingModel:
+    """The rise in the summed slowdowns of a GPU's tasks when `task` joins them (1.0 on an idle GPU)."""
+
+    def load(task: Task) -> Load:
+        w = workload_of(task)
+        return Load(w.gract, w.smact, w.smocc, w.drama)
+
+    def cost(task: Task, others: Sequence[Task]) -> float:
+        loads = [load(t) for t in others]
+        before = sum(model.slowdowns(loads, sharing)) if loads else 0.0
+        return sum(model.slowdowns([*loads, load(task)], sharing)) - before
+
+    return cost
