@@ -5,12 +5,17 @@ The mix is MIGM's four models (VGG16, ResNet50, InceptionV3, BERT) from CARMA's 
 each, all submitted at once, interleaved; `small` takes the catalog's smallest batch of each (ResNet50, VGG16 and
 InceptionV3 at 32, BERT-large at 8), `large` its largest (128; BERT-base at 32).
 
-    python benchmarks/mig_mix.py [--mix small|large] [--copies 3] [--margin-mib 2048]
+`llm` is a mix whose memory grows: the small mix plus, per copy, two BERT-large-shaped jobs declared at 7.5 GB
+that grow to MIGM's Qwen2-7B peak (12.23 GB) by their end, linearly in their progress. The twin grows memory on
+MIG instances only, so this mix compares dynamic MIG with and without the growth prediction.
+
+    python benchmarks/mig_mix.py [--mix small|large|llm] [--copies 3] [--margin-mib 2048]
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from carma.core.config import SchedulerConfig
 from carma.sim.experiment import RunConfig, TwinConfig, simulate
@@ -21,19 +26,28 @@ from carma.traces.loaders import Trace, TraceEntry
 MIXES = {
     "small": ("vgg", "resnet", "Inception", "BERT_large"),
     "large": ("vgg3", "resnet3", "Inception3", "BERT_base"),
+    "llm": ("vgg", "llm", "resnet", "Inception", "llm", "BERT_large"),
 }
+GROWING = {"llm": 12230}  # MiB at the end of its run (MIGM: Qwen2-7B peaks at 12.23 GB)
 RUNS = (
     RunConfig("magm", "oracle", mig="dynamic", scheme="a"),
     RunConfig("magm", "oracle", mig="dynamic", scheme="b"),
     RunConfig("exclusive", "oracle"),
     RunConfig("magm", "oracle"),
 )
+LLM_RUNS = tuple(
+    RunConfig("magm", "oracle", mig="dynamic", scheme=scheme, predict=predict)
+    for scheme in ("a", "b")
+    for predict in (True, False)
+)
 
 
 def mix_trace(mix: str, copies: int) -> Trace:
-    catalog = load_catalog()
+    catalog = dict(load_catalog())
+    bert = catalog["BERT_large"]
+    catalog["llm"] = replace(bert, name="llm", mem_mib=7500, mem_first_mib=min(bert.mem_first_mib, 7500))
     names = MIXES[mix] * copies
-    return Trace(f"MIGM ML mix ({mix}, {copies} of each)", tuple(TraceEntry(0.0, catalog[n]) for n in names))
+    return Trace(f"MIGM ML mix ({mix}, {copies} copies)", tuple(TraceEntry(0.0, catalog[n]) for n in names))
 
 
 def main() -> None:
@@ -44,22 +58,23 @@ def main() -> None:
     args = parser.parse_args()
     trace = mix_trace(args.mix, args.copies)
     twin = TwinConfig(gpus=parse_gpus("1xA100-40GB"), scheduler=SchedulerConfig(margin_mib=args.margin_mib))
-    results = [simulate(trace, run, twin) for run in RUNS]
-    exclusive = next(r for r in results if r.config.policy == "exclusive").metrics
-    print(f"{trace.name} on 1xA100-40GB, margin {args.margin_mib} MiB")
+    results = [simulate(trace, run, twin, GROWING) for run in (LLM_RUNS if args.mix == "llm" else RUNS)]
+    baseline = next((r for r in results if r.config.policy == "exclusive"), results[0])
+    print(f"{trace.name} on 1xA100-40GB, margin {args.margin_mib} MiB; against {baseline.config.label}")
     print(
-        "| configuration | throughput (tasks/h) | makespan (h) | energy (MJ) | mean JCT (h) | OOM | reconfigurations |"
+        "| configuration | throughput (tasks/h) | makespan (h) | energy (MJ) | mean JCT (h) | OOM | early restarts |",
+        end="",
     )
-    print("|---|---|---|---|---|---|---|")
+    print(" reconfigurations |\n|---|---|---|---|---|---|---|---|")
     for r in results:
-        m = r.metrics
-        speedup = exclusive.makespan_s / m.makespan_s
-        energy = m.energy_mj / exclusive.energy_mj
+        m, row = r.metrics, r.row()
+        speedup = baseline.metrics.makespan_s / m.makespan_s
+        energy = m.energy_mj / baseline.metrics.energy_mj
         throughput = m.tasks_completed / (m.makespan_s / 3600)
         print(
             f"| {r.config.label} | {throughput:.2f} ({speedup:.2f}x) | {m.makespan_s / 3600:.2f} | "
-            f"{m.energy_mj:.2f} ({energy:.2f}x) | {(m.jct_mean_s or 0) / 3600:.2f} | {m.oom_crashes} | "
-            f"{'-' if r.reconfigurations is None else r.reconfigurations} |"
+            f"{m.energy_mj:.2f} ({energy:.2f}x) | {(m.jct_mean_s or 0) / 3600:.2f} | {row['oom_crashes']} | "
+            f"{row.get('early_restarts', '-')} | {row.get('reconfigurations', '-')} |"
         )
 
 

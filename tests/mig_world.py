@@ -31,8 +31,11 @@ class MigWorld:
         self.placed: dict[int, str] = {}  # task -> instance id
         self.log: list[object] = []
         self.exits: list[TaskExit] = []
+        self.mem: dict[int, int] = {}  # task -> the memory its instance reads (0 unless a test sets it)
 
-    def scheduler(self, config: SchedulerConfig | None = None, scheme: str = "b", min_mib: int = 4096) -> Scheduler:
+    def scheduler(
+        self, config: SchedulerConfig | None = None, scheme: str = "b", min_mib: int = 4096, early=None
+    ) -> Scheduler:
         placers: list[MigPlacer] = []
 
         def wrap(whole):  # type: ignore[no-untyped-def]
@@ -43,7 +46,7 @@ class MigWorld:
             return placers[0].profile_for(sched.task(task_id).spec.mem_mib)
 
         discipline = SizeGrouped(size, max_passes=2) if scheme == "a" else None
-        sched = Scheduler(self.gpus(), config, discipline=discipline, placer=wrap)
+        sched = Scheduler(self.gpus(), config, discipline=discipline, placer=wrap, early=early)
         return sched
 
     def loop(self, **kwargs) -> SchedulingLoop:  # type: ignore[no-untyped-def]
@@ -73,7 +76,9 @@ class MigWorld:
 
     def read(self, now: float) -> TelemetryReading:
         targets = self.gpus()
-        samples = [GpuSample(t.id, now, 0, t.total_mib, None, None, None) for t in targets]
+        samples = [
+            GpuSample(t.id, now, self.mem.get(self.on.get(t.id, -1), 0), t.total_mib, None, None, None) for t in targets
+        ]
         processes = {
             t.id: GpuProcesses(frozenset({self.on[t.id]}) if t.id in self.on else frozenset()) for t in targets
         }

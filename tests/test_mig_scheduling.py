@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.mig_world import MigWorld
 
-from carma.core import ProcessExit, Scheduler, SchedulerConfig, Target, TaskSpec, TaskState
+from carma.core import ExitKind, ProcessExit, Scheduler, SchedulerConfig, Target, TaskSpec, TaskState
 from carma.core.blocked import PassedOver, Preparing
+from carma.core.early import EARLY_RESTART, EarlyRestarts
 from carma.core.grouped import SizeGrouped
 from carma.core.queue import Queues
 from carma.core.types import MigSlot, Reconfigure
@@ -198,3 +199,35 @@ def test_each_mig_waiting_reason_has_words():
     assert reasons[0] == "tasks of another size went first 2 times (at most 3: scheme A)"
     assert reasons[2] == "waiting for its MIG instance 1g.5gb@6 on GPU GPU-0 to be ready"
     assert all(r and "\n" not in r for r in reasons)
+
+
+# ----------------------------------------------------------------- early restarts on predicted growth
+
+
+def test_a_task_predicted_to_outgrow_its_instance_restarts_early_on_a_larger_one():
+    world = MigWorld()
+    early = EarlyRestarts(remaining=lambda task, now: 100.0)
+    loop = world.loop(config=NO_MARGIN, early=early)
+    task = loop.submit(TaskSpec("growing", mem_mib=4000))
+    settle(loop, world, 2)
+    assert "1g.5gb" in world.placed[task.id]
+    for second in range(30):  # 3000 MiB, then 40 MiB more a second: 4864 MiB in 47 s, within the 100 s left
+        world.mem[task.id] = 3000 + 40 * second
+        settle(loop, world, 1)
+        if task.current is not None and task.current.number == 2:
+            break
+    first, second_attempt = task.attempts
+    assert first.message.startswith(EARLY_RESTART) and first.outcome is ExitKind.OOM
+    assert "1g.10gb" in second_attempt.gpus[0]  # the next larger profile, before any crash
+
+
+def test_a_flat_task_or_one_of_unknown_remaining_time_is_not_restarted():
+    for remaining, growth in ((100.0, 0), (None, 40)):
+        world = MigWorld()
+        loop = world.loop(config=NO_MARGIN, early=EarlyRestarts(remaining=lambda task, now, r=remaining: r))
+        task = loop.submit(TaskSpec("steady", mem_mib=4000))
+        settle(loop, world, 2)
+        for second in range(15):
+            world.mem[task.id] = 3000 + growth * second
+            settle(loop, world, 1)
+        assert len(task.attempts) == 1 and task.state is TaskState.RUNNING

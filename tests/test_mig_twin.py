@@ -4,6 +4,7 @@ figures `carma simulate --mig dynamic` adds."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -96,3 +97,28 @@ def test_simulate_refuses_a_sweep_with_mig_and_an_unknown_scheme():
     assert sweep.returncode != 0 and "drop --mig" in sweep.stderr
     bad = run_carma("simulate", "--mig", "dynamic", "--scheme", "c")
     assert bad.returncode != 0 and "--scheme must be one of a, b" in bad.stderr
+
+
+def growing_llm() -> Trace:
+    """A BERT-large-shaped job declared at 7.5 GB that grows to MIGM's Qwen2-7B peak, 12.23 GB, by its end."""
+    bert = load_catalog()["BERT_large"]
+    llm = replace(bert, name="llm", mem_mib=7500, mem_first_mib=min(bert.mem_first_mib, 7500))
+    return Trace("growing", (TraceEntry(0.0, llm),))
+
+
+@pytest.mark.parametrize("predict", [True, False])
+def test_a_growing_task_restarts_early_with_prediction_and_crashes_without(predict):
+    run = RunConfig("magm", "oracle", mig="dynamic", predict=predict)
+    result = simulate(growing_llm(), run, A100, growing={"llm": 12230})
+    (task,) = result.tasks
+    assert task.state is TaskState.COMPLETED
+    assert [profile_of(a.gpus[0]) for a in task.attempts] == ["1g.10gb", "3g.20gb"]  # 9548 MiB with the margin
+    row = result.row()
+    first = task.attempts[0]
+    if predict:
+        assert row["early_restarts"] == 1 and row["oom_crashes"] == 0
+        # restarted before its memory reached the 1g.10gb's 9856 MiB
+        assert first.message.startswith("restarted early")
+    else:
+        assert row["early_restarts"] == 0 and row["oom_crashes"] == 1
+        assert "out of memory" in first.message.lower()

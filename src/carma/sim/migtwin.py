@@ -6,14 +6,21 @@ PCIe shared by the GPU's busy instances) and fails out of memory when it allocat
 holds. A reconfiguration removes the instances it destroys at once and lists those it creates, which
 telemetry reads only after `reconfiguration_s(steps)`: no task is placed on one before. Timelines, power
 and energy stay per physical GPU (NVML reads power per GPU, not per instance).
+
+A workload named in `growing` has memory that grows during its run (LLM inference with a growing context,
+training with growing sequences): from its need after the warm-up, linearly in its progress, to the given
+peak at its end, one allocation every `GROWTH_STEP_S`; past its instance it fails out of memory, unless the
+scheduler's growth prediction (`carma.core.early`) restarted it on a larger instance first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from carma.core.config import SchedulerConfig
+from carma.core.early import EarlyRestarts
 from carma.core.grouped import DEFAULT_MAX_PASSES, SizeGrouped
 from carma.core.mig.geometry import Geometry, Profile
 from carma.core.mig.placer import DEFAULT_MIN_MIB, MigPlacer
@@ -39,6 +46,8 @@ from carma.sim.models import InterferenceModel, PowerModel
 from carma.sim.twin import TwinServer, _oom_exit, _SimGpu, target_id
 
 _NO_INTERFERENCE = InterferenceModel(0.0, 0.0, 0.0, 1.0)  # not read: `_slowdowns` is MIG's
+_GROW = 5  # an event of this twin's own: a growing task allocates more (above the base twin's kinds)
+GROWTH_STEP_S = 10.0
 
 
 @dataclass
@@ -72,11 +81,15 @@ class MigTwinServer(TwinServer):
         power: PowerModel,
         oracle_memory: bool,
         step_s: float = RECONFIGURATION_S,
+        growing: Mapping[str, int] | None = None,
     ) -> None:
         self.geometries = geometries(gpus)  # before the base class asks for the scheduler
         self._step_s = step_s
         self._instances: dict[TargetId, _Instance] = {}
         self._on: dict[TaskId, TargetId] = {}  # the instance each live task runs on
+        self._growing = dict(growing or {})  # workload name -> its memory at the end of its run
+        self._attempt: dict[TaskId, int] = {}  # each task's latest attempt (a growth event of an earlier one is stale)
+        self._history: dict[TaskId, list[tuple[float, int]]] = {}  # the attempt's memory over time, as read
         self.reconfigurations = 0
         for i, geometry in enumerate(self.geometries.values()):
             whole = geometry.sizing[-1]
@@ -93,6 +106,14 @@ class MigTwinServer(TwinServer):
     def _model(self, gpu: int) -> str:
         return self.geometries[target_id(gpu)].model
 
+    def expected_s(self, task_id: TaskId) -> float | None:
+        """How long a live task's run takes alone on its instance, by the speed model (None: not running)."""
+        iid = self._on.get(task_id)
+        if iid is None:
+            return None
+        inst, w = self._instances[iid], self._tasks[task_id].workload
+        return w.solo_s / speed_on(w, inst.profile, self.geometries[target_id(inst.gpu)])
+
     def read(self, now: float) -> TelemetryReading:
         whole = super().read(now)  # advances the 1 Hz grid; its per-GPU samples name no target here
         times = sorted({s.t for s in whole.samples})
@@ -101,12 +122,17 @@ class MigTwinServer(TwinServer):
             if inst.ready_s > now:
                 continue  # still being made: not read, so no task is placed on it
             ready = [t for t in times if t >= inst.ready_s]
-            used = self._gpus[inst.gpu].allocated.get(inst.task, 0) if inst.task is not None else 0
             total = inst.profile.memory_mib or 0
-            samples += [GpuSample(iid, t, used, total, None, None, None) for t in ready]
+            samples += [GpuSample(iid, t, self._used(inst.task, t), total, None, None, None) for t in ready]
             shown = inst.task is not None and inst.task in self._gpus[inst.gpu].allocated
             processes[iid] = GpuProcesses(frozenset({inst.task}) if shown and inst.task is not None else frozenset())
         return TelemetryReading(samples, processes)
+
+    def _used(self, task_id: TaskId | None, t: float) -> int:
+        """What the task on an instance held at `t`."""
+        history = self._history.get(task_id, []) if task_id is not None else []
+        at = bisect_right(history, (t, float("inf")))
+        return history[at - 1][1] if at else 0
 
     # ----------------------------------------------------------------- Executor
 
@@ -114,6 +140,8 @@ class MigTwinServer(TwinServer):
         (iid,) = launch.gpus
         self._instances[iid].task = task.id
         self._on[task.id] = iid
+        self._attempt[task.id] = launch.attempt
+        self._history[task.id] = []
         self._index[iid] = self._instances[iid].gpu
         super().launch(task, launch)
 
@@ -145,7 +173,28 @@ class MigTwinServer(TwinServer):
             self._end(task_id, _oom_exit(inst.gpu, total_mib - own, capacity, capacity - own))
             return False
         self._gpus[inst.gpu].allocated[task_id] = total_mib
+        self._history[task_id].append((self._now, total_mib))
         return True
+
+    def _full(self, task_id: TaskId) -> None:
+        super()._full(task_id)
+        if task_id in self._on and self._tasks[task_id].workload.name in self._growing:
+            self._push(self._now + GROWTH_STEP_S, _GROW, (task_id, self._attempt[task_id]), 0)
+
+    def _event(self, kind: int, payload: object, version: int) -> None:
+        assert kind == _GROW and isinstance(payload, tuple)
+        task_id, attempt = payload
+        if self._attempt.get(task_id) != attempt or task_id not in self._on:
+            return  # that attempt has ended
+        sim = self._tasks[task_id]
+        w = sim.workload
+        work_s = w.solo_s - w.ttfk_s - w.warmup_s
+        left_s = sim.remaining_s - sim.rate * (self._now - sim.since)
+        done = min(1.0, max(0.0, 1 - left_s / work_s)) if work_s > 0 else 1.0
+        mib = round(w.mem_mib + (self._growing[w.name] - w.mem_mib) * done)
+        if self._allocate(task_id, mib):
+            self._record(self._gpus[sim.gpus[0]])
+            self._push(self._now + GROWTH_STEP_S, _GROW, payload, 0)
 
     def _end(self, task_id: TaskId, exit: ProcessExit) -> None:
         iid = self._on.pop(task_id, None)
@@ -187,11 +236,15 @@ def mig_server(
     scheme: str,
     power: PowerModel,
     oracle_memory: bool,
+    predict: bool = True,
+    growing: Mapping[str, int] | None = None,
     max_passes: int = DEFAULT_MAX_PASSES,
     min_mib: int = DEFAULT_MIN_MIB,
 ) -> MigTwinServer:
-    """A dynamic MIG twin whose scheduler partitions every GPU by the task's need (`MigPlacer`) and orders the
-    queue by `scheme`."""
+    """A dynamic MIG twin whose scheduler partitions every GPU by the task's need (`MigPlacer`), orders the
+    queue by `scheme` and, with `predict`, restarts a task early when its memory is predicted to outgrow its
+    instance. The prediction's horizon is the time left of the run the twin's speed model gives on its
+    instance (what a history of earlier runs on that profile would say); its warm-up, the catalog's."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown MIG scheme {scheme!r} (choose from {', '.join(SCHEMES)})")
     placers: list[MigPlacer] = []
@@ -211,7 +264,14 @@ def mig_server(
             return placers[-1]
 
         discipline = SizeGrouped(size, max_passes) if scheme == "a" else StrictFifo()
-        return Scheduler(targets, config, estimator, discipline, placer=wrap)
+        early = EarlyRestarts(remaining, lambda task: server.workload(task.id).warmup_s) if predict else None
+        return Scheduler(targets, config, estimator, discipline, placer=wrap, early=early)
 
-    server = MigTwinServer(gpus, make_scheduler, power, oracle_memory)
+    def remaining(task: Task, now: float) -> float | None:
+        expected, attempt = server.expected_s(task.id), task.current
+        if expected is None or attempt is None:
+            return None
+        return max(0.0, expected - (now - attempt.dispatched_s))
+
+    server = MigTwinServer(gpus, make_scheduler, power, oracle_memory, growing=growing)
     return server
