@@ -20,7 +20,6 @@ from carma.core.mig.geometry import Geometry, Profile
 from carma.core.mig.partition import (
     CreateInstance,
     Instance,
-    InstanceKey,
     MigGpu,
     Plan,
     Refusal,
@@ -177,11 +176,6 @@ def reconfigure(p: Plan) -> Reconfigure:
     destroy = tuple(MigSlot(s.key.profile, s.key.start) for s in p.steps if not isinstance(s, CreateInstance))
     create = tuple(MigSlot(s.key.profile, s.key.start) for s in p.steps if isinstance(s, CreateInstance))
     return Reconfigure(p.instance.gpu, destroy, create)
-
-
-def instance_key(target: Target) -> InstanceKey | None:
-    """A MIG target's identity on its GPU, as the partition manager keys it."""
-    return None if target.slot is None else InstanceKey(target.parent, target.slot.start, target.slot.profile)
 
 
 def _find(gpus: Mapping[TargetId, Target], gpu: TargetId, slot: MigSlot) -> TargetId | None:
