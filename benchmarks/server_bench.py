@@ -24,8 +24,9 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
+from carma.core import GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
 from carma.server.client import Client, ClientError
 from options import machine_line
 
@@ -101,11 +102,22 @@ def bench_submit_and_queue(home: Path) -> None:
         stop_server(proc, home)
 
 
+def _gpus(n: int) -> tuple[list[Any], list[Any]]:
+    """`n` A100s as the core of either side of `--against` takes them, and the names samples give them: since
+    targets have identity, `Target`s by id; before, `GpuInfo`s by index."""
+    import carma.core
+
+    if hasattr(carma.core, "Target"):
+        ids = [f"GPU-{i}" for i in range(n)]
+        return [carma.core.Target(g, "A100-40GB", 40960) for g in ids], ids
+    return [carma.core.GpuInfo(i, "A100-40GB", 40960) for i in range(n)], list(range(n))
+
+
 def bench_decision() -> float:
     """decide() with 8 GPUs and 1,000 queued tasks, alternating placements and blocked heads; prints the
     figures and returns the median (s)."""
-    gpus = [GpuInfo(i, "A100-40GB", 40960) for i in range(8)]
-    sched = Scheduler(gpus, SchedulerConfig())
+    targets, gpus = _gpus(8)
+    sched = Scheduler(targets, SchedulerConfig())
     now = 0.0
     for task in range(1000):
         sched.submit(TaskSpec(f"t{task}", 1, None), now)
@@ -114,7 +126,7 @@ def bench_decision() -> float:
     while len(times) < 400:
         now += 1.0
         for g in gpus:
-            sched.record_sample(GpuSample(g.index, now, 8000, 40960, 0.4, 0.2, 0.2))
+            sched.record_sample(GpuSample(g, now, 8000, 40960, 0.4, 0.2, 0.2))
         for task_id in running:
             for gpu in sched.task(task_id).current.gpus:
                 sched.record_gpu_processes(gpu, [task_id], 0, now)

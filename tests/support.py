@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulerConfig, TaskSpec
+from carma.core import GpuSample, ProcessExit, Scheduler, SchedulerConfig, Target, TargetKind, TaskSpec
 from carma.core.memory import Estimator
 from carma.core.types import Launch, Task
 
@@ -79,21 +79,27 @@ class Bench:
     ) -> None:
         self.totals = totals or (total_mib,) * gpus
         gpus = len(self.totals)
-        infos = [GpuInfo(i, f"GPU-{total // 1024}GB", total, exclusive=i in mig) for i, total in enumerate(self.totals)]
-        self.sched = Scheduler(infos, SchedulerConfig(**config), estimator)
+        # a target's id is its index written out: the tests name GPUs by either
+        targets = [
+            Target(str(i), f"GPU-{total // 1024}GB", total, TargetKind.MIG, shareable=False)
+            if i in mig
+            else Target(str(i), f"GPU-{total // 1024}GB", total)
+            for i, total in enumerate(self.totals)
+        ]
+        self.sched = Scheduler(targets, SchedulerConfig(**config), estimator)
         self.t = 0.0
-        self.loads = {i: Load() for i in range(gpus)}
-        self.seen: dict[int, set[int]] = {i: set() for i in range(gpus)}
+        self.loads = {str(i): Load() for i in range(gpus)}
+        self.seen: dict[str, set[int]] = {str(i): set() for i in range(gpus)}
         self.sample()
 
-    def set(self, gpu: int, **values: float) -> None:
+    def set(self, gpu: int | str, **values: float) -> None:
         for key, value in values.items():
-            setattr(self.loads[gpu], key, value)
+            setattr(self.loads[str(gpu)], key, value)
 
     def sample(self) -> None:
         for gpu, load in self.loads.items():
             self.sched.record_sample(
-                GpuSample(gpu, self.t, load.used_mib, self.totals[gpu], load.smact, load.smocc, load.drama)
+                GpuSample(gpu, self.t, load.used_mib, self.totals[int(gpu)], load.smact, load.smocc, load.drama)
             )
 
     def advance(self, seconds: int) -> None:
@@ -109,8 +115,8 @@ class Bench:
         return self.sched.decide(self.t)
 
     def placed(self) -> dict[int, tuple[int, ...]]:
-        """Decide now; map of task id to its GPUs."""
-        return {launch.task_id: launch.gpus for launch in self.decide()}
+        """Decide now; map of task id to its GPUs' indices."""
+        return {launch.task_id: tuple(map(int, launch.gpus)) for launch in self.decide()}
 
     def first_kernel(self, task_id: int) -> None:
         for gpu in self.sched.task(task_id).current.gpus:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from carma.config import Config, ConfigError, load_config, parse_config
-from carma.core.config import RiskWeights
+from carma.core.risk import RiskWeights
 from carma.sim.gpus import parse_gpus
 from carma.sim.models import calibrated_power
 
@@ -198,7 +198,7 @@ def test_weights_must_sum_to_one(weights):
         ),
         (
             {"scheduler": {"policy": "fast"}},
-            "[scheduler]: policy must be one of exclusive, rr, magm, lug, ff, bf; got 'fast'",
+            "[scheduler]: policy must be one of exclusive, rr, magm, lug, ff, bf, pair; got 'fast'",
         ),
     ],
 )

@@ -1,6 +1,6 @@
 """The scheduling loop: the same step in both worlds, persisting every change before acting on it."""
 
-from carma.core import GpuInfo, GpuSample, ProcessExit, Scheduler, SchedulingLoop, TaskSpec, TaskState
+from carma.core import GpuSample, ProcessExit, Scheduler, SchedulingLoop, Target, TaskSpec, TaskState
 from carma.core.ports import GpuProcesses, TaskExit, TelemetryReading
 
 
@@ -17,10 +17,10 @@ class World:
         return self.t
 
     def gpus(self):  # type: ignore[no-untyped-def]
-        return [GpuInfo(0, "A100-40GB", 40960)]
+        return [Target("GPU-0", "A100-40GB", 40960)]
 
     def read(self, now):  # type: ignore[no-untyped-def]
-        return TelemetryReading([GpuSample(0, now, 0, 40960, 0.0, 0.0, 0.0)], {0: GpuProcesses(self.seen)})
+        return TelemetryReading([GpuSample("GPU-0", now, 0, 40960, 0.0, 0.0, 0.0)], {"GPU-0": GpuProcesses(self.seen)})
 
     def launch(self, task, launch) -> None:  # type: ignore[no-untyped-def]
         self.log.append(("launch", task.id))

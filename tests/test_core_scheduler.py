@@ -5,12 +5,14 @@ import pytest
 from carma.core import (
     POLICY_NAMES,
     ExitKind,
-    GpuInfo,
+    GpuSample,
     Kill,
     NeedKind,
     RiskConfig,
     Scheduler,
     SpecError,
+    Target,
+    TargetKind,
     TaskSpec,
     TaskState,
 )
@@ -93,7 +95,7 @@ def test_round_robin_cycles_without_preconditions():
     for _ in range(4):
         task = b.submit(mem_mib=30_000)
         (launch,) = b.decide()
-        placed.append(launch.gpus[0])
+        placed.append(int(launch.gpus[0]))
         b.first_kernel(task.id)
         b.advance(30)
     assert placed == [0, 1, 2, 0]
@@ -210,17 +212,17 @@ def test_risk_reflects_the_whole_window_not_only_the_latest_sample():
 
 
 def test_gpus_without_telemetry_are_never_used():
-    sched = Scheduler([GpuInfo(0, "GPU-40GB", TOTAL_MIB)])  # no reading yet
+    sched = Scheduler([Target("GPU-0", "GPU-40GB", TOTAL_MIB)])  # no reading yet
     sched.submit(TaskSpec("task"), 0.0)
     assert sched.decide(0.0) == []
 
 
 def test_foreign_processes_make_a_gpu_busy():
     b = Bench(gpus=1, policy="exclusive")
-    b.sched.record_gpu_processes(0, [], foreign=1, now=b.t)
+    b.sched.record_gpu_processes("0", [], foreign=1, now=b.t)
     b.submit()
     assert b.placed() == {}
-    b.sched.record_gpu_processes(0, [], foreign=0, now=b.t)
+    b.sched.record_gpu_processes("0", [], foreign=0, now=b.t)
     assert len(b.placed()) == 1
 
 
@@ -400,7 +402,7 @@ def test_a_process_of_someone_else_arriving_later_makes_the_task_no_longer_alone
     task = b.submit()
     assert b.placed() == {task.id: (0,)}
     b.first_kernel(task.id)
-    b.sched.record_gpu_processes(0, {task.id}, 1, b.t)
+    b.sched.record_gpu_processes("0", {task.id}, 1, b.t)
     assert task.current.shared and b.sched.take_changes()[-1] is task  # persisted: a restart keeps it
     b.oom(task.id)
     assert b.placed() == {task.id: (1,)} and task.state is TaskState.DISPATCHED
@@ -637,7 +639,7 @@ def test_restored_tasks_take_up_queues_and_gpus_as_they_were():
         after.sched.restore(task, after.t)
     assert after.sched.queue == [waiting.id] and after.sched.recovery_queue == [crashed.id]
     assert after.sched.submit(TaskSpec("new"), after.t).id == crashed.id + 1
-    status = {s.gpu.index: s for s in after.sched.gpu_status(after.t)}
+    status = {int(s.gpu.id): s for s in after.sched.gpu_status(after.t)}
     assert status[0].tasks == (running.id,) and not status[0].valid  # its TTFK window still runs
     after.t = running.current.first_kernel_s + 30
     assert after.sched.gpu_status(after.t)[0].valid
@@ -659,7 +661,7 @@ def test_a_waiting_task_a_server_restarted_with_fewer_gpus_cannot_run_fails_and_
     assert [t.id for t in after.sched.take_changes()] == [pair.id, crashed.id]  # for the world to persist
     assert after.sched.queue == [single.id]
     after.decide()
-    assert single.current.gpus == (0,)
+    assert single.current.gpus == ("0",)
 
 
 def test_a_restored_multi_gpu_task_counts_as_seen_only_where_it_is_seen_again():
@@ -668,7 +670,7 @@ def test_a_restored_multi_gpu_task_counts_as_seen_only_where_it_is_seen_again():
     b = Bench(gpus=2)
     pair = b.submit("pair", gpus=2)
     b.placed()
-    b.sched.record_gpu_processes(0, {pair.id}, 0, b.t)  # seen on GPU 0 only
+    b.sched.record_gpu_processes("0", {pair.id}, 0, b.t)  # seen on GPU 0 only
     b.advance(31)
     assert [s.valid for s in b.sched.gpu_status(b.t)] == [True, False]
     assert [s.awaiting_first_kernel for s in b.sched.gpu_status(b.t)] == [False, True]
@@ -676,7 +678,7 @@ def test_a_restored_multi_gpu_task_counts_as_seen_only_where_it_is_seen_again():
     after.t = b.t
     after.sched.restore(pair, after.t)
     assert [s.valid for s in after.sched.gpu_status(after.t)] == [False, False]
-    after.sched.record_gpu_processes(0, {pair.id}, 0, after.t)
+    after.sched.record_gpu_processes("0", {pair.id}, 0, after.t)
     after.advance(30)
     assert [s.valid for s in after.sched.gpu_status(after.t)] == [True, False]
 
@@ -685,7 +687,7 @@ def test_gpu_status_shows_samples_risk_and_waiting_for_a_first_kernel():
     b = Bench(gpus=1)
     busy(b, [0], used_mib=10_000, smact=0.9, smocc=0.5, drama=0.1)
     task = b.submit()
-    b.sched.record_gpu_processes(0, [], foreign=1, now=b.t)
+    b.sched.record_gpu_processes("0", [], foreign=1, now=b.t)
     (status,) = b.sched.gpu_status(b.t)
     assert status.latest.used_mib == 10_000 and status.excluded and status.foreign == 1
     assert status.risk.smact == pytest.approx(0.9)
@@ -716,12 +718,7 @@ def test_lug_ranks_gpus_of_unknown_smact_last():
 
 
 def test_mig_instances_take_one_task_each():
-    from carma.core import GpuInfo, Scheduler, SchedulerConfig
-
-    b = Bench(gpus=1)
-    b.sched = Scheduler([GpuInfo(0, "A100 MIG 3g.20gb", 20096, "MIG-x", exclusive=True)], SchedulerConfig())
-    b.totals = (20096,)
-    b.sample()
+    b = Bench(totals=(20096,), mig=(0,))
     first, second = b.submit(), b.submit()
     assert b.placed() == {first.id: (0,)}
     b.first_kernel(first.id)
@@ -739,16 +736,16 @@ def test_a_multi_gpu_task_takes_whole_gpus_never_mig_instances():
     assert b.placed() == {pair.id: (2, 3)}  # not the idle instances 0 and 1, which come first
     b.first_kernel(pair.id)
     b.exit(pair.id)
-    b.sched.record_gpu_processes(2, (), 1, b.t)  # someone else's process: the next run shares GPU 2
+    b.sched.record_gpu_processes("2", (), 1, b.t)  # someone else's process: the next run shares GPU 2
     b.advance(30)
     again = b.submit("again", gpus=2)
     assert b.placed() == {again.id: (2, 3)}
     b.first_kernel(again.id)
-    b.sched.record_gpu_processes(2, {again.id}, 1, b.t)  # the other process is still there
+    b.sched.record_gpu_processes("2", {again.id}, 1, b.t)  # the other process is still there
     assert b.oom(again.id) is ExitKind.OOM
     b.advance(1)
     assert b.placed() == {}  # recovery waits for two whole idle GPUs: the idle instances are none
-    b.sched.record_gpu_processes(2, (), 0, b.t)
+    b.sched.record_gpu_processes("2", (), 0, b.t)
     b.advance(1)
     assert b.placed() == {again.id: (2, 3)}
     with pytest.raises(SpecError, match="needs 3 GPUs but this server has 2 whole one"):
@@ -785,15 +782,52 @@ def test_a_task_out_of_memory_alone_is_relaunched_on_a_larger_gpu_until_none_is_
     b = Bench(totals=(32_768, 40_960, 81_920), policy="exclusive")
     task = b.submit("grows")
     assert b.placed() == {task.id: (0,)}
-    b.sched.record_gpu_processes(2, (), 1, b.t)  # another user's process holds the largest
+    b.sched.record_gpu_processes("2", (), 1, b.t)  # another user's process holds the largest
     b.oom(task.id)
     assert b.placed() == {task.id: (1,)}
     assert task.current.recovery and task.current.exclusive
     b.oom(task.id)
     assert b.placed() == {}
     assert waiting_reason(b.sched, task.id) == "recovery: waiting for 1 whole idle GPU larger than 40960 MiB"
-    b.sched.record_gpu_processes(2, (), 0, b.t)
+    b.sched.record_gpu_processes("2", (), 0, b.t)
     assert b.placed() == {task.id: (2,)}
     b.oom(task.id)
     b.decide()
     assert task.state is TaskState.FAILED and task.reason.startswith("out of memory alone on GPU 2: it needs more")
+
+
+def test_a_target_that_joins_takes_tasks_once_telemetry_has_read_it():
+    b = Bench(gpus=1)
+    b.set(0, used_mib=TOTAL_MIB)  # someone else's memory fills GPU 0
+    b.sched.record_gpu_processes("0", (), foreign=1, now=b.t)
+    b.advance(1)
+    task = b.submit(mem_mib=15_000)
+    assert b.placed() == {}
+    b.sched.add_target(Target("MIG-new", "A100 MIG 3g.20gb", 20_096, TargetKind.MIG, parent="0", shareable=False))
+    assert b.placed() == {}  # never read yet: no decision on a target never seen
+    b.sched.record_sample(GpuSample("MIG-new", b.t, 0, 20_096, None, None, None))
+    (launch,) = b.decide()
+    assert launch.gpus == ("MIG-new",) and launch.task_id == task.id
+    with pytest.raises(ValueError, match="already known"):
+        b.sched.add_target(Target("MIG-new", "A100 MIG 3g.20gb", 20_096))
+
+
+def test_only_an_idle_target_leaves_and_tasks_the_smaller_server_cannot_run_fail():
+    b = Bench(gpus=3)
+    running = b.submit()
+    (launch,) = b.decide()
+    busy_gpu = launch.gpus[0]
+    with pytest.raises(ValueError, match="only an idle target can be removed"):
+        b.sched.remove_target(busy_gpu, b.t)
+    wide = b.submit(gpus=3)  # waits: one of the three GPUs is taken
+    assert b.placed() == {}
+    idle = next(g for g in ("0", "1", "2") if g != busy_gpu)
+    b.sched.remove_target(idle, b.t)
+    assert [s.gpu.id for s in b.sched.gpu_status(b.t)] == [g for g in ("0", "1", "2") if g != idle]
+    assert wide.state is TaskState.FAILED and "needs 3 GPUs but this server has 2" in wide.reason
+    b.sched.record_sample(GpuSample(idle, b.t + 1, 0, TOTAL_MIB, 0.0, 0.0, 0.0))  # a late reading: ignored
+    b.sched.record_gpu_processes(idle, (), 1, b.t + 1)
+    b.first_kernel(running.id)
+    b.exit(running.id)
+    assert running.state is TaskState.COMPLETED
+    assert b.sched.position(idle) is None and b.sched.position(busy_gpu) is not None

@@ -9,7 +9,10 @@ from carma.core.ttfk import TtfkTable
 
 @pytest.fixture
 def table():
-    return TtfkTable([0, 1], window_s=30.0)
+    table = TtfkTable(window_s=30.0)
+    for gpu in (0, 1):
+        table.add(gpu)
+    return table
 
 
 def test_dispatch_invalidates_only_that_gpu(table):
@@ -50,6 +53,7 @@ class View:
     def __init__(self, *specs: tuple[int, int, float | None]) -> None:
         self._free = {gpu: free for gpu, free, _ in specs}
         self._smact = {gpu: smact for gpu, _, smact in specs}
+        self.gpus = dict.fromkeys(self._free)  # the server's targets, in its order
 
     def free_mib(self, gpu: int, hold: bool = True) -> int:
         return self._free[gpu]
@@ -72,21 +76,21 @@ VIEW = View((0, 10_000, 0.5), (1, 30_000, 0.7), (2, 30_000, 0.2), (3, 5_000, 0.2
     ],
 )
 def test_policy_orders(policy, expected):
-    assert POLICIES[policy]([0, 1, 2, 3]).order([0, 1, 2, 3], VIEW) == expected
+    assert POLICIES[policy]().order([0, 1, 2, 3], VIEW) == expected
 
 
 def test_lug_ranks_a_gpu_of_unknown_smact_last():
     view = View((0, 1, None), (1, 1, 0.9))
-    assert POLICIES["lug"]([0, 1]).order([0, 1], view) == [1, 0]
+    assert POLICIES["lug"]().order([0, 1], view) == [1, 0]
 
 
 def test_only_exclusive_keeps_to_idle_gpus_and_only_rr_skips_the_preconditions():
-    assert [name for name, make in POLICIES.items() if not make([0]).shares] == ["exclusive"]
-    assert [name for name, make in POLICIES.items() if not make([0]).checks_fit] == ["rr"]
+    assert [name for name, make in POLICIES.items() if not make().shares] == ["exclusive"]
+    assert [name for name, make in POLICIES.items() if not make().checks_fit] == ["rr"]
 
 
 def test_round_robin_continues_after_the_last_gpu_placed():
-    rr = POLICIES["rr"]([0, 1, 2])
+    rr = POLICIES["rr"]()
     assert rr.order([0, 1, 2], VIEW) == [0, 1, 2]
     rr.placed([0])
     assert rr.order([0, 2], VIEW) == [2, 0]  # GPU 1 not a candidate
@@ -97,6 +101,14 @@ def test_round_robin_continues_after_the_last_gpu_placed():
 
 
 def test_round_robin_pointer_moves_only_on_placement():
-    rr = POLICIES["rr"]([0, 1, 2])
+    rr = POLICIES["rr"]()
     for _ in range(3):
         assert rr.order([1, 2], VIEW)[0] == 1
+
+
+def test_round_robin_restarts_its_ring_when_the_last_gpu_placed_on_leaves():
+    rr = POLICIES["rr"]()
+    rr.placed([1])
+    assert rr.order([0, 1, 2], VIEW) == [2, 0, 1]
+    smaller = View((0, 1, 0.0), (2, 1, 0.0))  # GPU 1 left (a MIG instance destroyed, a node gone)
+    assert rr.order([0, 2], smaller) == [0, 2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from carma.core import SchedulerConfig, SpecError, TaskState
+from carma.core import SchedulerConfig, SpecError, TargetKind, TaskState
 from carma.server.auth import Caller, Tokens, primary_gid
 from carma.server.daemon import Daemon, DaemonClock
 from carma.server.metrics import Metrics
@@ -125,12 +125,55 @@ def test_a_cancel_survives_a_crash_of_the_daemon(home):
     second.close()
 
 
+class Reordered(FakeGpuBackend):
+    """The same fake GPUs, listed last first (a GPU moved to another slot), or without the first (`drop`)."""
+
+    def __init__(self, root, drop: bool = False) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(root)
+        self.drop = drop
+
+    def gpus(self):  # type: ignore[no-untyped-def]
+        first, second = super().gpus()
+        return [second] if self.drop else [second, first]
+
+    def read(self, now):  # type: ignore[no-untyped-def]
+        ids = [g.id for g in self.gpus()]
+        return sorted((r for r in super().read(now) if r.sample.gpu in ids), key=lambda r: ids.index(r.sample.gpu))
+
+
+def test_a_restart_follows_its_tasks_gpus_by_identity_and_refuses_when_one_is_gone(home):
+    first = daemon(home)
+    running = first.submit(job("sleep", "60"))
+    step_until(first, lambda: first.scheduler.task(running.id).state is TaskState.DISPATCHED)
+    (target,) = first.scheduler.task(running.id).current.gpus
+    assert first.shown(target) == 0
+    first.close()
+    env = fake_env(home.fake_gpus)
+    moved = Daemon(home, Reordered(home.fake_gpus), SchedulerConfig(), 10.0, env)
+    assert moved.scheduler.task(running.id).current.gpus == (target,) and moved.shown(target) == 1
+    assert [s.tasks for s in moved.scheduler.gpu_status(moved.clock.now())] == [(), (running.id,)]
+    moved.close()
+    with pytest.raises(
+        RuntimeError, match=rf"running tasks were placed on are gone .*: {target} \(task {running.id}\)"
+    ):
+        Daemon(home, Reordered(home.fake_gpus, drop=True), SchedulerConfig(), 10.0, env)
+    last = daemon(home)
+    last.loop.cancel(running.id)
+    step_until(last, lambda: last.scheduler.task(running.id).state is TaskState.CANCELLED)
+    last.close()
+
+
 class MigBackend(FakeGpuBackend):
     """Fake GPUs whose second one is a MIG instance (an exclusive target)."""
 
     def gpus(self):  # type: ignore[no-untyped-def]
         whole, instance = super().gpus()
-        return [whole, dataclasses.replace(instance, name="A100 MIG 3g.20gb", uuid="MIG-x", exclusive=True)]
+        return [
+            whole,
+            dataclasses.replace(
+                instance, name="A100 MIG 3g.20gb", kind=TargetKind.MIG, parent=whole.id, shareable=False
+            ),
+        ]
 
 
 def test_a_task_on_a_mig_instance_is_no_mps_client(home, tmp_path):
@@ -141,7 +184,10 @@ def test_a_task_on_a_mig_instance_is_no_mps_client(home, tmp_path):
     show = ("sh", "-c", "env | grep -c ^CUDA_MPS_PIPE_DIRECTORY || true")
     tasks = [d.submit(job(*show, mem_mib=4096)) for _ in range(2)]
     step_until(d, lambda: all(d.scheduler.task(t.id).state is TaskState.COMPLETED for t in tasks))
-    seen = {d.scheduler.task(t.id).attempts[0].gpus: d.executor.log_path(t.id, 1, "stdout").read_text() for t in tasks}
+    seen = {
+        tuple(map(d.shown, d.scheduler.task(t.id).attempts[0].gpus)): d.executor.log_path(t.id, 1, "stdout").read_text()
+        for t in tasks
+    }
     assert seen == {(0,): "1\n", (1,): "0\n"}
     d.close()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from carma.config import EstimateConfig
-from carma.core.types import GpuInfo, NeedKind, Task, TaskSpec
+from carma.core.types import NeedKind, Target, Task, TaskSpec
 from carma.estimate.base import Breakdown, Estimate, EstimateError
 from carma.server.estimates import Estimates, device_for, fingerprint
 from carma.server.spec import JobSpec
@@ -355,10 +355,10 @@ def test_history_with_device_constants_it_cannot_read_runs_recovery_only(tmp_pat
 
 def test_a_gpu_type_without_constants_takes_those_of_the_nearest_known_device_and_says_so(caplog):
     """Every estimate on an L40S server ran its whole capture, then failed on the unknown device."""
-    l40s = GpuInfo(0, "NVIDIA L40S", 46068, "GPU-1")
+    l40s = Target("GPU-1", "NVIDIA L40S", 46068)
     assert device_for([l40s]) == "a100-40gb"
     assert "use the constants of a100-40gb: `carma estimate calibrate --device nvidia-l40s-45gb`" in caplog.text
-    assert device_for([GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559, "GPU-2")]) == "h100-80gb"
+    assert device_for([Target("GPU-2", "NVIDIA H100 80GB HBM3", 81559)]) == "h100-80gb"
 
 
 def _end(store: Store, task: Task, outcome: str) -> None:

@@ -33,7 +33,6 @@ from carma.server.spec import JobSpec
 from support import wait_until
 
 PY = sys.executable
-UUIDS = {0: "GPU-aaaa", 1: "GPU-bbbb", 2: "GPU-cccc"}
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 NOBODY = 65534
 
@@ -87,10 +86,9 @@ class World:
 
     def restart(self, **options: Any) -> ProcessExecutor:
         """A fresh executor over the same home, as after a daemon restart."""
-        options = {"gpu_uuids": UUIDS, **options}
         return ProcessExecutor(self.home, self.jobs.__getitem__, on_spawn=self.spawned.append, **options)
 
-    def start(self, argv: tuple[str, ...], gpus: tuple[int, ...] = (0,), attempt: int = 1, **job: Any) -> int:
+    def start(self, argv: tuple[str, ...], gpus: tuple[str, ...] = ("GPU-aaaa",), attempt: int = 1, **job: Any) -> int:
         task_id = len(self.jobs) + 1
         job.setdefault("workdir", str(self.home))
         self.jobs[task_id] = JobSpec(f"job{task_id}", argv, gpus=len(gpus), **job)
@@ -156,7 +154,9 @@ def test_workdir_environment_and_gpus(make_world, tmp_path):
     workdir.mkdir()
     w = make_world(tmp_path / "home", extra_env={"SHARED": "daemon", "FAKE_GPU": "1"})
     code = "import json, os; print(json.dumps({'cwd': os.getcwd(), **os.environ}))"
-    task = w.start(py(code), gpus=(2, 0), attempt=3, workdir=str(workdir), env={"JOB": "x y", "SHARED": "job"})
+    task = w.start(
+        py(code), gpus=("GPU-cccc", "GPU-aaaa"), attempt=3, workdir=str(workdir), env={"JOB": "x y", "SHARED": "job"}
+    )
     assert one_exit(w).exit.exit_code == 0
     seen = json.loads(w.log(task, attempt=3))
     assert seen["cwd"] == str(workdir)

@@ -53,7 +53,7 @@ def live_pids() -> Iterator[Callable[[], int]]:
 
 
 def uuids(device: FakeDevice) -> list[str]:
-    return [g.uuid for g in device.gpus()]
+    return [g.id for g in device.gpus()]
 
 
 def used(device: FakeDevice, uuid: str) -> int:
@@ -67,12 +67,12 @@ def test_create_open_round_trip(tmp_path: Path) -> None:
     created = FakeDevice.create(tmp_path, parse_gpus("A100-40GB,H100-80GB"), sharing="timeslice", time_scale=60)
     opened = FakeDevice.open(tmp_path)
     assert opened.gpus() == created.gpus()
-    assert [(g.index, g.name, g.total_mib) for g in opened.gpus()] == [(0, "A100-40GB", 40960), (1, "H100-80GB", 81559)]
-    assert all(g.uuid.startswith(f"GPU-fake-{g.index}-") for g in opened.gpus())
+    assert [(g.name, g.total_mib) for g in opened.gpus()] == [("A100-40GB", 40960), ("H100-80GB", 81559)]
+    assert all(g.id.startswith(f"GPU-fake-{i}-") for i, g in enumerate(opened.gpus()))
     assert (opened.sharing, opened.time_scale, opened.fragmentation) == ("timeslice", 60.0, 0.05)
     description = json.loads((tmp_path / "device.json").read_text())
     assert description["gpus"][1]["idle_w"] == 70.0 and description["gpus"][1]["max_w"] == 700.0
-    assert created.index_of(created.gpus()[1].uuid) == 1
+    assert created.index_of(created.gpus()[1].id) == 1
     with pytest.raises(ValueError, match="not a GPU"):
         created.index_of("GPU-fake-7-0000")
 
@@ -186,7 +186,7 @@ def test_speed_and_sample_follow_the_calibrated_models(
     a, b = live_pids(), live_pids()
     assert device.allocate(a, [g0], 10000)[0] and device.allocate(b, [g0], 6000)[0]
     idle = device.sample(g0, 5.0)
-    assert (idle.gpu, idle.t, idle.used_mib, idle.total_mib, idle.smact) == (0, 5.0, 16000, TOTAL, 0.0)
+    assert (idle.gpu, idle.t, idle.used_mib, idle.total_mib, idle.smact) == (g0, 5.0, 16000, TOTAL, 0.0)
     assert idle.power_w == pytest.approx(A100.idle_w)
 
     device.set_load(a, BUSY)
@@ -240,7 +240,7 @@ def test_backend_reads_every_gpu_in_index_order(device: FakeDevice, live_pids: C
     backend = FakeGpuBackend(device.root)
     assert backend.gpus() == device.gpus()
     readings = backend.read(12.0)
-    assert [r.sample.gpu for r in readings] == [0, 1]
+    assert [r.sample.gpu for r in readings] == uuids(device)
     assert [r.processes for r in readings] == [(), (GpuProcess(a, 3000),)]
     assert readings[1].sample == replace(device.sample(g1, 12.0), energy_j=0.0)
     assert readings[0].sample.used_mib == 0 and readings[0].sample.t == 12.0

@@ -173,7 +173,7 @@ def test_a_root_daemons_fake_device_is_usable_by_any_users_job_and_forgeries_are
 
 
 def _use_as_nobody(device) -> None:  # type: ignore[no-untyped-def]
-    root, uuid = device.root, device.gpus()[0].uuid
+    root, uuid = device.root, device.gpus()[0].id
     # what a fake job does as its user (without Python: this machine's may be closed to others), and what it
     # may try: a FIFO for the daemon to wait on, a registration forged for root's process, pid 1
     job = (
@@ -206,7 +206,7 @@ def test_a_launch_that_meets_an_earlier_launchs_records_fails_and_leaves_them_as
 
     def launch(argv: tuple[str, ...]):  # type: ignore[no-untyped-def]
         executor = ProcessExecutor(tmp_path, {1: JobSpec("job", argv, workdir=str(tmp_path))}.__getitem__)
-        executor.launch(Task(1, TaskSpec("job", 1), 0.0), Launch(1, 1, (0,), exclusive=False))
+        executor.launch(Task(1, TaskSpec("job", 1), 0.0), Launch(1, 1, ("GPU-0",), exclusive=False))
         return wait_until(executor.poll_exits, 20, "the exit")
 
     (old,) = launch(("/bin/sh", "-c", "echo old"))

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
+from carma.core.types import TargetKind
 from carma.telemetry.dcgm import DcgmDmon, parse_dmon_line
 from carma.telemetry.nvml import NvmlBackend, NvmlUnavailable, load_nvml
 from support import wait_until
@@ -85,6 +86,12 @@ class FakeNvml:
         if i >= len(h["mig"]):
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
         return h["mig"][i]
+
+    def nvmlDeviceGetAttributes(self, h):
+        """A device's engine counts; NVML gives them for MIG device handles only."""
+        if "sms" not in h:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(multiprocessorCount=h["sms"])
 
     def nvmlDeviceGetArchitecture(self, h):
         return h.get("arch", self.NVML_DEVICE_ARCH_AMPERE)
@@ -163,7 +170,7 @@ def test_hopper_reads_profiling_metrics_from_gpm():
     nvml = FakeNvml([hopper(used=10 * GIB)], gpm_values={2: 45.0, 3: 20.0, 10: 30.0})
     backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
     (info,) = backend.gpus()
-    assert (info.name, info.total_mib, info.uuid, info.exclusive) == ("NVIDIA H100 80GB HBM3", 81920, "GPU-h", False)
+    assert (info.name, info.total_mib, info.id, info.shareable) == ("NVIDIA H100 80GB HBM3", 81920, "GPU-h", True)
     first = backend.read(1.0)[0].sample
     assert (first.smact, first.smocc, first.drama) == (None, None, None)  # GPM needs two samples
     second = backend.read(2.0)[0].sample
@@ -215,14 +222,14 @@ def test_a_dcgm_stream_that_died_leaves_the_metrics_missing_not_zero():
     """E.g. dcgmi is installed but no host engine runs: dmon exits at once."""
     backend = NvmlBackend(FakeNvml([ampere()]), dcgm_factory=Dmon)
     backend._dcgm.running = False
-    assert backend.missing() == {0: ("smact", "smocc", "drama")}
+    assert backend.missing() == {"GPU-a": ("smact", "smocc", "drama")}
     sample = backend.read(1.0)[0].sample
     assert (sample.smact, sample.smocc, sample.drama) == (None, None, None)
 
 
 def test_without_gpm_or_dcgm_the_metrics_are_reported_missing():
     backend = NvmlBackend(FakeNvml([ampere()]), dcgm_factory=no_dcgm)
-    assert backend.missing() == {0: ("smact", "smocc", "drama")}
+    assert backend.missing() == {"GPU-a": ("smact", "smocc", "drama")}
     sample = backend.read(1.0)[0].sample
     assert (sample.smact, sample.smocc, sample.drama) == (None, None, None)
 
@@ -236,16 +243,26 @@ def test_processes_include_mps_clients_and_leave_out_the_mps_server():
 
 def test_mig_instances_are_exclusive_targets():
     instances = [
-        {"name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb", "uuid": "MIG-1", "total": 20096 << 20, "used": 1 << 30},
-        {"name": "NVIDIA A100-SXM4-40GB MIG 2g.10gb", "uuid": "MIG-2", "total": 9856 << 20},
+        {
+            "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+            "uuid": "MIG-1",
+            "total": 20096 << 20,
+            "used": 1 << 30,
+            "sms": 42,
+        },
+        {"name": "NVIDIA A100-SXM4-40GB MIG 2g.10gb", "uuid": "MIG-2", "total": 9856 << 20, "sms": 28},
     ]
     nvml = FakeNvml([ampere(mig=instances), ampere(uuid="GPU-b", mig=None)])
     backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
-    targets = [(g.index, g.uuid, g.total_mib, g.exclusive) for g in backend.gpus()]
-    assert targets == [(0, "MIG-1", 20096, True), (1, "MIG-2", 9856, True), (2, "GPU-b", 40960, False)]
+    targets = [(g.id, g.kind, g.gpu, g.total_mib, g.compute, g.shareable) for g in backend.gpus()]
+    assert targets == [
+        ("MIG-1", TargetKind.MIG, "GPU-a", 20096, 42, False),
+        ("MIG-2", TargetKind.MIG, "GPU-a", 9856, 28, False),
+        ("GPU-b", TargetKind.GPU, "GPU-b", 40960, 0, True),
+    ]
     readings = backend.read(1.0)
     assert readings[0].sample.used_mib == 1024 and readings[0].sample.power_w is None
-    assert backend.missing() == {2: ("smact", "smocc", "drama")}  # instances need no metrics: never shared
+    assert backend.missing() == {"GPU-b": ("smact", "smocc", "drama")}  # instances need none: never shared
 
 
 def test_a_gpu_that_fails_to_read_is_skipped_with_a_warning(caplog):
@@ -253,7 +270,7 @@ def test_a_gpu_that_fails_to_read_is_skipped_with_a_warning(caplog):
     backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
     nvml.fail.add("GPU-b")
     readings = backend.read(1.0)
-    assert [r.sample.gpu for r in readings] == [0]
+    assert [r.sample.gpu for r in readings] == ["GPU-a"]
     assert "GPU is lost" in caplog.text
 
 
@@ -303,7 +320,7 @@ def test_a_gpu_nvml_counts_but_cannot_open_is_left_out_with_a_warning(caplog):
     nvml = FakeNvml([ampere(), ampere(uuid="GPU-b")])
     nvml.raises["nvmlDeviceGetHandleByIndex", "GPU-b"] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
     backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
-    assert [g.uuid for g in backend.gpus()] == ["GPU-a"]
+    assert [g.id for g in backend.gpus()] == ["GPU-a"]
     assert "GPU 1 left out: NVML cannot read it (Insufficient Permissions)" in caplog.text
     nvml.raises["nvmlDeviceGetHandleByIndex", "GPU-a"] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
     with pytest.raises(NvmlUnavailable, match=r"sees no GPU .* it can read"):
@@ -315,7 +332,7 @@ def test_an_nvml_without_gpm_or_a_gpu_count_is_no_traceback(caplog, monkeypatch)
     NVMLError out of `carma server`, which is no NvmlUnavailable and so printed a traceback."""
     nvml = FakeNvml([hopper()])
     monkeypatch.delattr(FakeNvml, "nvmlGpmQueryDeviceSupport")
-    assert NvmlBackend(nvml, dcgm_factory=no_dcgm).missing() == {0: ("smact", "smocc", "drama")}
+    assert NvmlBackend(nvml, dcgm_factory=no_dcgm).missing() == {"GPU-h": ("smact", "smocc", "drama")}
     assert "`pip uninstall pynvml`" in caplog.text
 
     def count(self):  # type: ignore[no-untyped-def]
@@ -366,7 +383,7 @@ def test_dcgm_without_a_host_engine_is_reported_missing_saying_why(monkeypatch, 
     with pytest.raises(OSError, match=r"^dcgmi dmon stopped at once: Error: unable to establish a connection"):
         DcgmDmon([0], binary=DCGMI)
     backend = NvmlBackend(FakeNvml([ampere()]), dcgm_factory=lambda gpus, ms: DcgmDmon(gpus, ms, binary=DCGMI))
-    assert backend.missing() == {0: ("smact", "smocc", "drama")}
+    assert backend.missing() == {"GPU-a": ("smact", "smocc", "drama")}
     assert "Unable to connect to host engine" in caplog.text
 
 

@@ -23,7 +23,7 @@ from carma.telemetry import DeviceReading
 from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
 
 
-def reading(gpu: int, t: float, used: int, smact: float | None, energy: float | None = None) -> DeviceReading:
+def reading(gpu: str, t: float, used: int, smact: float | None, energy: float | None = None) -> DeviceReading:
     sample = GpuSample(gpu, t, used, 40960, smact, smact, smact, 100.0 + used / 100, energy, 40.0 + t / 10)
     return DeviceReading(sample, ())
 
@@ -33,23 +33,25 @@ def test_the_archive_keeps_one_row_per_gpu_and_bucket(tmp_path):
     archive = SampleArchive(store, bucket_s=10)
     for t in range(0, 25):
         smact = None if t in (3, 4) else t / 100
-        archive.observe([reading(0, float(t), 1000 * (t % 7), smact, energy=float(t)), reading(1, float(t), 0, None)])
+        archive.observe(
+            [reading("G0", float(t), 1000 * (t % 7), smact, energy=float(t)), reading("G1", float(t), 0, None)]
+        )
     series = store.gpu_series(0.0)
-    gpu0, gpu1 = series[0], series[1]
+    gpu0, gpu1 = series["G0"], series["G1"]
     assert gpu0["t"] == [0.0, 10.0]  # the bucket starting at 20 is still open
     assert gpu0["used_mib"] == [6000, 6000]  # the most used in the bucket
     assert gpu0["smact"][0] == pytest.approx(sum(t / 100 for t in range(10) if t not in (3, 4)) / 8)  # gaps skipped
     assert gpu0["energy_j"] == [9.0, 19.0] and gpu0["temperature_c"] == [40.9, 41.9]
     assert gpu1["smact"] == [None, None]  # missing stays missing, never 0
-    assert store.gpu_series(5.0, 15.0)[0]["t"] == [10.0]
+    assert store.gpu_series(5.0, 15.0)["G0"]["t"] == [10.0]
 
 
 def test_the_archive_forgets_rows_older_than_it_keeps(tmp_path):
     store = Store(tmp_path / "carma.db")
     archive = SampleArchive(store, bucket_s=10, keep_s=100)
     for t in range(0, 300, 5):
-        archive.observe([reading(0, float(t), 100, 0.5)])
-    assert store.gpu_series(0.0)[0]["t"][0] == 180.0  # rows from before (last bucket 280) - 100 are gone
+        archive.observe([reading("G0", float(t), 100, 0.5)])
+    assert store.gpu_series(0.0)["G0"]["t"][0] == 180.0  # rows from before (last bucket 280) - 100 are gone
 
 
 class WithoutProfiling(FakeGpuBackend):
@@ -61,7 +63,7 @@ class WithoutProfiling(FakeGpuBackend):
         ]
 
     def missing(self):  # type: ignore[no-untyped-def]
-        return {g.index: ("smact", "smocc", "drama") for g in self.gpus()}
+        return {g.id: ("smact", "smocc", "drama") for g in self.gpus()}
 
 
 @pytest.fixture

@@ -450,7 +450,7 @@ def _executor(home: Path, argv: tuple[str, ...]):  # type: ignore[no-untyped-def
 def _launch(executor) -> None:  # type: ignore[no-untyped-def]
     from carma.core.types import Launch, Task
 
-    executor.launch(Task(1, TaskSpec("job", 1), 0.0), Launch(1, 1, (0,), exclusive=False))
+    executor.launch(Task(1, TaskSpec("job", 1), 0.0), Launch(1, 1, ("GPU-0",), exclusive=False))
 
 
 def test_a_launch_the_machine_refuses_for_a_while_starts_once_it_can(tmp_path, monkeypatch):

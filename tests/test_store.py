@@ -37,7 +37,7 @@ def test_states_attempts_and_processes_round_trip(path):
     (stored,) = store.load()
     task = stored.task
     need = MemoryNeed(NeedKind.KNOWN, 8192, "user")
-    task.attempts.append(Attempt(1, (0, 1), 10.0, exclusive=False, recovery=False, need=need, shared=True))
+    task.attempts.append(Attempt(1, ("GPU-a", "GPU-b"), 10.0, exclusive=False, recovery=False, need=need, shared=True))
     task.state = TaskState.DISPATCHED
     store.save([task])
     store.record_spawn(task_id, 1, Spawn(4242, 123456, "/state/tasks/1/1"))
@@ -57,7 +57,7 @@ def test_dropping_a_placement_that_never_started(path):
     store = Store(path)
     task_id = store.add(JOB, 0.0)
     task = store.load()[0].task
-    task.attempts.append(Attempt(1, (0,), 5.0, exclusive=True, recovery=False))
+    task.attempts.append(Attempt(1, ("GPU-a",), 5.0, exclusive=True, recovery=False))
     task.state = TaskState.DISPATCHED
     store.save([task])
     task.attempts.pop()
@@ -108,7 +108,7 @@ def test_estimates_keep_their_notes_and_older_databases_gain_the_column(path):
 
 def _ended(store: Store, task_id: int, state: TaskState, ended_s: float) -> None:
     task = next(s.task for s in store.load() if s.task.id == task_id)
-    task.attempts.append(Attempt(1, (0,), ended_s - 1, exclusive=True, recovery=False, ended_s=ended_s))
+    task.attempts.append(Attempt(1, ("GPU-a",), ended_s - 1, exclusive=True, recovery=False, ended_s=ended_s))
     task.state, task.ended_s = state, ended_s
     store.save([task])
 
@@ -138,3 +138,39 @@ def test_forgotten_tasks_leave_every_table_and_their_ids_are_not_reused(path):
     reopened = Store(path)  # every task forgotten: the next id still follows the last one given
     assert reopened.add(JOB, 40.0) == kept + 1
     assert reopened.forgotten() == {"completed": 2, "failed": 1, "cancelled": 1, "oom_crashes": 2}
+
+
+def test_a_database_of_the_release_before_targets_names_its_gpus_by_uuid(path):
+    """0.x kept attempts and samples by the GPU's index; opened now, each index becomes the UUID of the GPU its
+    daemon last started with at that index, and the tasks and history are all still there."""
+    store = Store(path)
+    task_id = store.add(JOB, 0.0)
+    task = store.load()[0].task
+    task.attempts.append(Attempt(1, ("x",), 5.0, exclusive=False, recovery=False, ended_s=9.0, outcome=ExitKind.OOM))
+    task.state = TaskState.RECOVERING
+    store.save([task])
+    store.set_meta("gpus", ["GPU-a", "GPU-b"])
+    store.close()
+    db = sqlite3.connect(path)  # as the release before wrote it: indices, and no schema version
+    db.execute("UPDATE attempts SET gpus = '[1, 0]'")
+    db.execute("DELETE FROM meta WHERE key = 'schema'")
+    db.execute("DROP TABLE gpu_samples")
+    db.execute(
+        "CREATE TABLE gpu_samples (gpu INTEGER NOT NULL, t REAL NOT NULL, used_mib INTEGER NOT NULL, total_mib "
+        "INTEGER NOT NULL, smact REAL, smocc REAL, drama REAL, power_w REAL, energy_j REAL, temperature_c REAL, "
+        "PRIMARY KEY (t, gpu))"
+    )
+    db.execute("INSERT INTO gpu_samples (gpu, t, used_mib, total_mib) VALUES (1, 60.0, 100, 40960)")
+    db.execute("INSERT INTO gpu_samples (gpu, t, used_mib, total_mib) VALUES (7, 60.0, 5, 40960)")  # never was
+    db.commit()
+    db.close()
+
+    store = Store(path)
+    (stored,) = store.load()
+    assert stored.task.id == task_id and stored.task.state is TaskState.RECOVERING
+    assert stored.task.attempts[0].gpus == ("GPU-b", "GPU-a")
+    assert [run["gpus"] for run in store.history()] == [["GPU-b", "GPU-a"]]
+    assert store.gpu_series(0.0)["GPU-b"]["used_mib"] == [100]
+    assert set(store.gpu_series(0.0)) == {"GPU-b", "gpu-index-7"}
+    store.close()
+    assert Store(path).load()[0].task.attempts[0].gpus == ("GPU-b", "GPU-a")  # migrated once, kept

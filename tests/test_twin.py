@@ -149,9 +149,12 @@ def test_a_task_too_large_for_the_first_idle_gpu_completes_on_a_larger_one(tmp_p
     mixed = TwinConfig(gpus=parse_gpus("1xV100-32GB,1xA100-40GB"))
     (task,) = simulate(trace, RunConfig("exclusive"), mixed).tasks
     assert task.state is TaskState.COMPLETED
-    assert [(a.gpus, a.outcome) for a in task.attempts] == [((0,), ExitKind.OOM), ((1,), ExitKind.SUCCESS)]
+    assert [(a.gpus, a.outcome) for a in task.attempts] == [
+        (("SIM-GPU-0",), ExitKind.OOM),
+        (("SIM-GPU-1",), ExitKind.SUCCESS),
+    ]
     (task,) = simulate(trace, RunConfig("bf", "oracle"), mixed).tasks
-    assert [(a.gpus, a.outcome) for a in task.attempts] == [((1,), ExitKind.SUCCESS)]
+    assert [(a.gpus, a.outcome) for a in task.attempts] == [(("SIM-GPU-1",), ExitKind.SUCCESS)]
 
 
 def test_multi_gpu_task_runs_at_the_pace_of_its_busiest_gpu(tmp_path):
@@ -161,7 +164,7 @@ def test_multi_gpu_task_runs_at_the_pace_of_its_busiest_gpu(tmp_path):
     twin = TwinConfig(gpus=parse_gpus("2xA100-40GB"), interference=MODEL, power=LINEAR)
     _, pair_task = simulate(trace, RunConfig("magm", risk_filter=False), twin).tasks
     attempt = pair_task.attempts[0]
-    assert attempt.gpus == (0, 1) and attempt.dispatched_s == 40  # waits for the hog's TTFK window
+    assert attempt.gpus == ("SIM-GPU-0", "SIM-GPU-1") and attempt.dispatched_s == 40  # waits for the hog's TTFK window
     # on the hog's GPU: MPS keeps half of 0.6 * 0.9 = 0.54, but SMs are oversubscribed (0.5 + 0.7 = 1.2)
     slowdown = min(1 + 0.54, max(1 + 0.27, 1.2))
     assert pair_task.ended_s == pytest.approx(attempt.dispatched_s + 10 + 5 + 1000 * slowdown)
@@ -239,5 +242,5 @@ def test_telemetry_feeds_the_core_1hz_samples_without_gaps_or_repeats(golden):
             assert samples[-1] == now and len(samples) <= 30
             assert samples[0] == prev + 1 or samples[0] == now - 29  # contiguous, or a full fresh window
             prev = samples[-1]
-    seen = {now: procs[0].tasks for now, _, procs in fed}
+    seen = {now: procs["SIM-GPU-0"].tasks for now, _, procs in fed}
     assert seen[10] == {1} and seen[50] == {1, 2} and seen[146] == frozenset()

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from carma.core.config import RiskConfig, RiskWeights, SchedulerConfig
+from carma.core.config import SchedulerConfig
+from carma.core.risk import RiskConfig, RiskWeights
 from carma.sim.experiment import TwinConfig
 from carma.sim.gpus import parse_gpus
 from carma.sim.models import PowerModel

@@ -4,20 +4,25 @@ queue listing, a task's page, the API and the twin's stall message say.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from carma.core.blocked import (
     Blocked,
     Estimating,
     HeadOfLine,
     MemoryShort,
+    PassedOver,
+    Preparing,
     RecoveryPriority,
     RiskFiltered,
     TtfkWait,
     Undecided,
     WholeIdle,
 )
+from carma.core.mig.placer import AwaitingInstance, NoInstance
 from carma.core.risk import Exclusion
 from carma.core.scheduler import Scheduler
-from carma.core.types import TaskId
+from carma.core.types import TargetId, TaskId
 from carma.units import inflect, pluralize
 
 ESTIMATING = "waiting for its memory estimate"
@@ -29,10 +34,21 @@ RECOVERY_FIRST = "recovery queue has priority"
 def waiting_reason(scheduler: Scheduler, task_id: TaskId) -> str | None:
     """Why a waiting task was not placed at the last decision; None for a task that does not wait."""
     blocked = scheduler.blocked(task_id)
-    return None if blocked is None else render(blocked)
+    return None if blocked is None else render(blocked, target_label(scheduler))
 
 
-def render(blocked: Blocked) -> str:
+def target_label(scheduler: Scheduler) -> Callable[[TargetId], str]:
+    """How users know a target: by its position in the server's list (`carma gpus`), by its id once gone."""
+
+    def label(target: TargetId) -> str:
+        position = scheduler.position(target)
+        return target if position is None else str(position)
+
+    return label
+
+
+def render(blocked: Blocked, label: Callable[[TargetId], str]) -> str:
+    """The words for `blocked`; `label` names a target as users know it (`target_label`)."""
     match blocked:
         case Estimating():
             return ESTIMATING
@@ -48,10 +64,18 @@ def render(blocked: Blocked) -> str:
             return f"needs {pluralize(n, 'GPU')}; {valid} shareable and not awaiting a first kernel (TTFK)"
         case MemoryShort():
             return _memory(blocked)
+        case PassedOver(times=times, bound=bound):
+            return f"tasks of another size went first {pluralize(times, 'time')} (at most {bound}: scheme A)"
+        case Preparing():
+            return "a MIG instance is being made for it"
+        case AwaitingInstance(gpu=gpu, instance=instance):
+            return f"waiting for its MIG instance {instance} on GPU {label(gpu)} to be ready"
+        case NoInstance(detail=detail):
+            return f"no MIG instance of its size can be had now: {detail}"
         case RiskFiltered(gpus=n, passing=passing, excluded=excluded):
             passes = inflect(passing, "passes", "pass")
             reason = f"needs {pluralize(n, 'GPU')}; only {passing} with enough memory {passes} the risk filter"
-            return f"{reason} ({_risky(excluded)})"
+            return f"{reason} ({_risky(excluded, label)})"
     raise TypeError(f"no words for {blocked!r}")
 
 
@@ -80,12 +104,12 @@ def _memory(b: MemoryShort) -> str:
     return reason + (f" ({'; '.join(asides)})" if asides else "")
 
 
-def _risky(excluded: tuple[tuple[int, Exclusion], ...]) -> str:
+def _risky(excluded: tuple[tuple[TargetId, Exclusion], ...], label: Callable[[TargetId], str]) -> str:
     """Why GPUs fail the risk filter, each by its scores (as `carma gpus` shows them), or for more than two
     (a line of `carma queue`) their indices."""
     if len(excluded) > 2:
-        return f"GPUs {', '.join(str(g) for g, _ in excluded)}: `carma gpus` shows their risk"
-    return "; ".join(f"GPU {g}: {_exclusion(e)}" for g, e in excluded)
+        return f"GPUs {', '.join(label(g) for g, _ in excluded)}: `carma gpus` shows their risk"
+    return "; ".join(f"GPU {label(g)}: {_exclusion(e)}" for g, e in excluded)
 
 
 def _exclusion(e: Exclusion) -> str:

@@ -141,13 +141,16 @@ def server_cmd(
     missing = scheduler.risk.missing
     for gpu, names in backend.missing().items():
         effect = "kept out of collocation" if missing == "risky" else "judged without them"
-        err.print(f"warning: GPU {gpu} reports no {', '.join(names)}: {effect} ([scheduler.risk] missing = {missing})")
+        err.print(
+            f"warning: GPU {daemon.shown(gpu)} reports no {', '.join(names)}: {effect} "
+            f"([scheduler.risk] missing = {missing})"
+        )
     if daemon.executor.run_as_owner and (closed := closed_to_others()) is not None:
         err.print(
             f"warning: only root's tasks can start: {closed} is closed to other users, and each task runs as its "
             "owner with this Python (install carma where every user can read it, e.g. a virtual environment in /opt)"
         )
-    gpus = ", ".join(f"{g.index}:{g.name}" for g in daemon.gpus)
+    gpus = ", ".join(f"{i}:{g.name}" for i, g in enumerate(daemon.gpus))
     out.print(
         f"carma server listening on {paths.socket}{' and http://' + tcp + ' (dashboard)' if tcp else ''}; "
         f"policy {daemon.scheduler.config.policy}; GPUs {gpus}"

@@ -43,7 +43,7 @@ def simulate_cmd(
         str, typer.Option(help=f"Built-in trace ({', '.join(BUILTIN_TRACES)}) or a trace file path.")
     ] = "carma-t1",
     policy: Annotated[
-        str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
+        str | None, typer.Option(help="exclusive, rr, magm, lug, ff, bf or pair (default: magm, or the config's).")
     ] = None,
     memory: Annotated[str, typer.Option(help=f"Memory-need source: {', '.join(MEMORY_SOURCES)}.")] = "none",
     no_risk_filter: Annotated[bool, typer.Option("--no-risk-filter", help="Switch the risk filter off.")] = False,
@@ -79,6 +79,16 @@ def simulate_cmd(
         typer.Option("--bounds", help="Also print what no policy can beat, and each run's share of that gain."),
     ] = False,
     jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
+    mig: Annotated[
+        str, typer.Option(help="off, or dynamic: carma partitions every GPU into MIG instances per task.")
+    ] = "off",
+    scheme: Annotated[
+        str, typer.Option(help="With --mig dynamic: a groups the queue by size (bounded), b is FIFO.")
+    ] = "b",
+    no_predict: Annotated[
+        bool,
+        typer.Option("--no-predict", help="With --mig dynamic: no early restart on predicted memory growth."),
+    ] = False,
     config: Annotated[Path | None, typer.Option(help="TOML configuration file.", **PATH_VALUE)] = None,
 ) -> None:
     """Run a trace through the digital twin of a GPU server."""
@@ -88,7 +98,8 @@ def simulate_cmd(
     from carma.reports.plots import plot_sweep
     from carma.reports.record import from_run_result, write_records
     from carma.reports.tables import run_table, sweep_rows, sweep_table, write_csv
-    from carma.sim.experiment import RunConfig, simulate
+    from carma.sim.experiment import MIG_MODES, RunConfig, simulate
+    from carma.sim.migtwin import SCHEMES
     from carma.sim.twin import SimulationStalled
     from carma.traces.catalog import load_catalog
     from carma.traces.loaders import TraceError, load_trace
@@ -117,6 +128,8 @@ def simulate_cmd(
         if loaded.skipped:
             err.print(loaded.skipped_note())
         if sweep_all:
+            if mig != "off":
+                raise UsageError("--sweep runs the paper's configurations on whole GPUs; drop --mig")
             if policy is not None or memory != "none" or no_risk_filter:
                 raise UsageError("--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter")
             results = _run_sweep(loaded, twin, jobs, quiet=as_json or csv_out)
@@ -124,7 +137,14 @@ def simulate_cmd(
         else:
             chosen = choice(policy, POLICY_NAMES, "--policy") if policy is not None else None
             risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
-            run = RunConfig(chosen or twin.scheduler.policy, choice(memory, MEMORY_SOURCES, "--memory"), risk_filter)
+            run = RunConfig(
+                chosen or twin.scheduler.policy,
+                choice(memory, MEMORY_SOURCES, "--memory"),
+                risk_filter,
+                mig=choice(mig, MIG_MODES, "--mig"),
+                scheme=choice(scheme, SCHEMES, "--scheme"),
+                predict=not no_predict,
+            )
             results = [simulate(loaded, run, twin)]
             _note_missing_estimates(loaded, [run.memory])
         rows = sweep_rows(results) if sweep_all else [r.row() for r in results]

@@ -1,21 +1,24 @@
 """The decision core: pure Python, no I/O, no wall clock. Worlds drive it through `carma.core.ports`."""
 
 from carma.core.blocked import Blocked
-from carma.core.config import RiskConfig, RiskWeights, SchedulerConfig
+from carma.core.config import SchedulerConfig
 from carma.core.loop import SchedulingLoop
 from carma.core.placer import Placement, Placer
 from carma.core.policies import POLICY_NAMES
+from carma.core.risk import RiskConfig, RiskWeights
 from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import (
     Action,
     ExitKind,
-    GpuInfo,
     GpuSample,
     Kill,
     Launch,
     MemoryNeed,
     NeedKind,
     ProcessExit,
+    Target,
+    TargetId,
+    TargetKind,
     Task,
     TaskSpec,
     TaskState,
@@ -26,7 +29,6 @@ __all__ = [
     "Action",
     "Blocked",
     "ExitKind",
-    "GpuInfo",
     "GpuSample",
     "Kill",
     "Launch",
@@ -41,6 +43,9 @@ __all__ = [
     "SchedulerConfig",
     "SchedulingLoop",
     "SpecError",
+    "Target",
+    "TargetId",
+    "TargetKind",
     "Task",
     "TaskSpec",
     "TaskState",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from carma.core.risk import Exclusion
+from carma.core.types import Action, TargetId
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,22 @@ class HeadOfLine(Blocked):
 @dataclass(frozen=True)
 class RecoveryPriority(Blocked):
     """In the main queue while the recovery queue holds tasks: those go first."""
+
+
+@dataclass(frozen=True)
+class PassedOver(Blocked):
+    """Tasks of another size went first (scheme A groups the queue by size); after `bound` passes none may."""
+
+    times: int
+    bound: int
+
+
+@dataclass(frozen=True)
+class Preparing(Blocked):
+    """Its target must be made first (a MIG instance created for it): the scheduler hands `actions` to the world,
+    and the task is placed at a later decision, once the target is there."""
+
+    actions: tuple[Action, ...]
 
 
 @dataclass(frozen=True)
@@ -80,4 +97,4 @@ class RiskFiltered(Blocked):
 
     gpus: int
     passing: int
-    excluded: tuple[tuple[int, Exclusion], ...]  # the GPUs with enough memory it excludes, and why
+    excluded: tuple[tuple[TargetId, Exclusion], ...]  # the GPUs with enough memory it excludes, and why

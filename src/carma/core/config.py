@@ -5,53 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from carma.core.policies import POLICY_NAMES
+from carma.core.risk import RiskConfig
 
 MIN_SAMPLE_INTERVAL_S = 0.1  # NVML's utilization counters update every 1/6 s to 1 s
 MAX_SAMPLE_INTERVAL_S = 60.0  # the first sample, which a placement needs, comes after one interval
 MAX_WINDOW_SAMPLES = 3600  # an hour of 1-second samples; every decision and risk score reads the whole window
-
-
-@dataclass(frozen=True)
-class RiskWeights:
-    """How the risk score mixes window statistics.
-
-    The public CARMA code weighs mean 0.2, median 0.2, p95 0.3, p50 0.1 and EMA 0.2; its median and p50 are
-    the same statistic, so the default folds them into median 0.3.
-    """
-
-    mean: float = 0.2
-    median: float = 0.3
-    p95: float = 0.3
-    ema: float = 0.2
-
-    def __post_init__(self) -> None:
-        values = {"mean": self.mean, "median": self.median, "p95": self.p95, "ema": self.ema}
-        if any(w < 0 for w in values.values()) or abs(sum(values.values()) - 1.0) > 1e-6:
-            given = ", ".join(f"{name} {w:g}" for name, w in values.items())
-            raise ValueError(
-                f"risk weights must be non-negative and sum to 1, got {given} (sum {sum(values.values()):g})"
-            )
-
-
-@dataclass(frozen=True)
-class RiskConfig:
-    """A GPU is excluded from collocation when SMACT >= t and (SMOCC >= t or DRAMA >= t), on risk scores."""
-
-    enabled: bool = True
-    smact: float = 0.80
-    smocc: float = 0.45
-    drama: float = 0.40
-    weights: RiskWeights = field(default_factory=RiskWeights)
-    # when a GPU's telemetry lacks SMACT, SMOCC or DRAMA: "risky" keeps it out of collocation, "skip"
-    # judges it by the metrics it has (no metric at all: not excluded)
-    missing: str = "risky"
-
-    def __post_init__(self) -> None:
-        for name in ("smact", "smocc", "drama"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"risk threshold {name} must be a fraction in [0, 1], got {getattr(self, name):g}")
-        if self.missing not in ("risky", "skip"):
-            raise ValueError(f"risk missing must be 'risky' or 'skip', got {self.missing!r}")
 
 
 @dataclass(frozen=True)
@@ -75,6 +33,13 @@ class SchedulerConfig:
     # shows free and those needs leave (carma's own; CARMA's reference reads the free memory alone, so a task
     # whose memory grows after its TTFK window, a data loader starting say, can be collocated into an OOM).
     hold_known_needs: bool = True
+    # carma's own: a task whose need is known in MiB (declared, estimated) holds it from its launch
+    # (`hold_known_needs`), so its time to first kernel need not close its GPUs; only tasks of unknown need
+    # keep CARMA's TTFK rule (a GPU takes no further task until the window after their first kernel).
+    ttfk_unknown_only: bool = False
+    # carma's own: EASY backfilling (`carma.core.backfill`). While the head of the queue waits, a later task
+    # of known duration may start where it cannot delay the head's reserved start; off: strict FIFO.
+    backfill: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:

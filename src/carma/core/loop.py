@@ -14,7 +14,7 @@ from typing import assert_never
 
 from carma.core.ports import Clock, Executor, Journal, Telemetry
 from carma.core.scheduler import Scheduler
-from carma.core.types import Action, Kill, Launch, Task, TaskId, TaskSpec
+from carma.core.types import Action, Kill, Launch, Reconfigure, Task, TaskId, TaskSpec
 
 
 class JournalError(Exception):
@@ -110,5 +110,10 @@ class SchedulingLoop:
                     self.executor.launch(self.scheduler.task(action.task_id), action)
                 case Kill():
                     self.executor.kill(action.task_id)
+                case Reconfigure():
+                    self.executor.reconfigure(action)
+                    # the instances destroyed leave the scheduler and those created join it: the task a plan
+                    # was made for is placed on its instance once telemetry has read it (a later decision)
+                    self.scheduler.sync_targets(self.telemetry.gpus(), self.clock.now())
                 case _:
                     assert_never(action)

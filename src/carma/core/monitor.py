@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from carma.core.config import RiskWeights
-from carma.core.risk import Risk, risk_score
+from carma.core.risk import Risk, RiskWeights, risk_score
 from carma.core.types import GpuSample
 
 

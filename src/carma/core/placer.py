@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from carma.core.blocked import Blocked, MemoryShort, RiskFiltered, TtfkWait, WholeIdle
 from carma.core.config import SchedulerConfig
 from carma.core.policies import Policy
-from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskState
+from carma.core.types import ExitKind, MemoryNeed, NeedKind, Target, TargetId, TargetKind, Task, TaskState
 from carma.core.view import View
 
 
@@ -23,7 +23,7 @@ from carma.core.view import View
 class Placement:
     """The GPUs a task takes, in the order the rule chose them (the attempt lists them sorted)."""
 
-    gpus: tuple[int, ...]
+    gpus: tuple[TargetId, ...]
 
 
 class Placer:
@@ -39,7 +39,7 @@ class Placer:
         n = task.spec.gpus
         idle = self._whole(for_tasks_of(n, view.idle_gpus(), view.gpus), need, n, view)
         if not policy.shares or need.kind is NeedKind.WHOLE_GPU:
-            if len(idle) >= n:  # in the policy's order too (Exclusive's is the index)
+            if len(idle) >= n:  # in the policy's order too (Exclusive's is the server's)
                 return Placement(tuple(policy.order(idle, view)[:n]))
             return WholeIdle(n, self._whole_mib(need, n, view))
         if cfg.prefer_idle and len(idle) >= n:
@@ -72,6 +72,11 @@ class Placer:
                     return RiskFiltered(n, len(gpus), tuple((g, risks[g].exclusion(cfg.risk)) for g in risky))
         return Placement(tuple(policy.order(gpus, view)[:n]))
 
+    def room_mib(self, target: Target) -> int:
+        """The most memory a task on `target` can ever be given: its own (a dynamic MIG GPU's instance can be
+        remade larger: `carma.core.mig.placer`)."""
+        return target.total_mib
+
     def _relaunch(self, task: Task, view: View) -> Placement | Blocked:
         """A relaunch after an OOM crash: whole idle GPUs; after running out alone, the largest idle ones larger
         than those it outgrew; with a need known in MiB when first placed, ones that hold it with the margin."""
@@ -94,7 +99,7 @@ class Placer:
         known in MiB with the margin, or the n largest GPUs' for a need larger; None for a need not known."""
         return None if need.mib is None else min(need.mib + self.config.margin_mib, view.usable_mib(n))
 
-    def _whole(self, gpus: list[int], need: MemoryNeed, n: int, view: View) -> list[int]:
+    def _whole(self, gpus: list[TargetId], need: MemoryNeed, n: int, view: View) -> list[TargetId]:
         """The GPUs among `gpus` an `n`-GPU task may have whole (`_whole_mib`): on a smaller one it would only
         run out of memory alone."""
         required = self._whole_mib(need, n, view)
@@ -102,21 +107,21 @@ class Placer:
             return gpus
         return [g for g in gpus if _total(g, view) - self.config.reserve_mib >= required]
 
-    def _shareable(self, gpu: int, view: View) -> bool:
+    def _shareable(self, gpu: TargetId, view: View) -> bool:
         """Whether another task may join `gpu`: not a MIG instance, nor (with `exclusive_relaunch`) holding a
         relaunch after an OOM crash, which then keeps its GPUs to itself so that the crash cannot recur."""
-        if view.gpus[gpu].exclusive:
+        if not view.gpus[gpu].shareable:
             return False
         return not (self.config.exclusive_relaunch and view.holds_relaunch(gpu))
 
 
-def for_tasks_of(n: int, gpus: list[int], info: Mapping[int, GpuInfo]) -> list[int]:
+def for_tasks_of(n: int, gpus: list[TargetId], info: Mapping[TargetId, Target]) -> list[TargetId]:
     """The GPUs among `gpus` an `n`-GPU task may take: a process sees one MIG instance at most (CUDA
     enumerates a single one), so a multi-GPU task takes whole GPUs only."""
-    return gpus if n == 1 else [g for g in gpus if not info[g].exclusive]
+    return gpus if n == 1 else [g for g in gpus if info[g].kind is TargetKind.GPU]
 
 
-def outgrown_mib(task: Task, info: Mapping[int, GpuInfo]) -> int:
+def outgrown_mib(task: Task, info: Mapping[TargetId, Target]) -> int:
     """The memory (MiB) of the largest GPUs the task ran out of memory on while alone (0: none): a relaunch
     can only help on larger ones. Of a multi-GPU attempt's GPUs, the smallest counts."""
     return max(
@@ -129,5 +134,5 @@ def outgrown_mib(task: Task, info: Mapping[int, GpuInfo]) -> int:
     )
 
 
-def _total(gpu: int, view: View) -> int:
+def _total(gpu: TargetId, view: View) -> int:
     return view.gpus[gpu].total_mib

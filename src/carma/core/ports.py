@@ -12,7 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from carma.core.types import GpuInfo, GpuSample, Launch, MemoryNeed, ProcessExit, Task, TaskId
+from carma.core.types import (
+    GpuSample,
+    Launch,
+    MemoryNeed,
+    ProcessExit,
+    Reconfigure,
+    Target,
+    TargetId,
+    Task,
+    TaskId,
+)
 
 
 class Clock(Protocol):
@@ -30,11 +40,13 @@ class GpuProcesses:
 @dataclass(frozen=True)
 class TelemetryReading:
     samples: Sequence[GpuSample] = ()  # new samples since the previous reading, oldest first
-    processes: Mapping[int, GpuProcesses] = field(default_factory=dict)
+    processes: Mapping[TargetId, GpuProcesses] = field(default_factory=dict)
 
 
 class Telemetry(Protocol):
-    def gpus(self) -> Sequence[GpuInfo]: ...
+    def gpus(self) -> Sequence[Target]:
+        """The targets the world has now, in its order."""
+        ...
 
     def read(self, now: float) -> TelemetryReading: ...
 
@@ -59,6 +71,12 @@ class Executor(Protocol):
     def launch(self, task: Task, launch: Launch) -> None: ...
 
     def kill(self, task_id: TaskId) -> None: ...
+
+    def reconfigure(self, action: Reconfigure) -> None:
+        """Destroy and create a MIG GPU's instances; afterwards `Telemetry.gpus` lists the new layout (an instance
+        still being made is listed but not read, so no task is placed on it until it is). A world without
+        dynamic MIG raises ValueError, one line."""
+        ...
 
     def poll_exits(self) -> Sequence[TaskExit]: ...
 

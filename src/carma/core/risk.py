@@ -3,11 +3,52 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
-from carma.core.config import RiskConfig, RiskWeights
+from dataclasses import dataclass, field
 
 METRICS = ("smact", "smocc", "drama")  # the metrics the risk rule reads
+
+
+@dataclass(frozen=True)
+class RiskWeights:
+    """How the risk score mixes window statistics.
+
+    The public CARMA code weighs mean 0.2, median 0.2, p95 0.3, p50 0.1 and EMA 0.2; its median and p50 are
+    the same statistic, so the default folds them into median 0.3.
+    """
+
+    mean: float = 0.2
+    median: float = 0.3
+    p95: float = 0.3
+    ema: float = 0.2
+
+    def __post_init__(self) -> None:
+        values = {"mean": self.mean, "median": self.median, "p95": self.p95, "ema": self.ema}
+        if any(w < 0 for w in values.values()) or abs(sum(values.values()) - 1.0) > 1e-6:
+            given = ", ".join(f"{name} {w:g}" for name, w in values.items())
+            raise ValueError(
+                f"risk weights must be non-negative and sum to 1, got {given} (sum {sum(values.values()):g})"
+            )
+
+
+@dataclass(frozen=True)
+class RiskConfig:
+    """A GPU is excluded from collocation when SMACT >= t and (SMOCC >= t or DRAMA >= t), on risk scores."""
+
+    enabled: bool = True
+    smact: float = 0.80
+    smocc: float = 0.45
+    drama: float = 0.40
+    weights: RiskWeights = field(default_factory=RiskWeights)
+    # when a GPU's telemetry lacks SMACT, SMOCC or DRAMA: "risky" keeps it out of collocation, "skip"
+    # judges it by the metrics it has (no metric at all: not excluded)
+    missing: str = "risky"
+
+    def __post_init__(self) -> None:
+        for name in ("smact", "smocc", "drama"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"risk threshold {name} must be a fraction in [0, 1], got {getattr(self, name):g}")
+        if self.missing not in ("risky", "skip"):
+            raise ValueError(f"risk missing must be 'risky' or 'skip', got {self.missing!r}")
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

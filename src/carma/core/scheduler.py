@@ -9,15 +9,19 @@ structure (`carma.core.blocked`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
-from carma.core.blocked import Blocked, Estimating
+from carma.core.backfill import DurationOf, EasyBackfill
+from carma.core.blocked import Blocked, Estimating, Preparing
 from carma.core.config import SchedulerConfig
+from carma.core.early import EarlyRestarts
 from carma.core.memory import RECOVERY_NEED, resolve_need
 from carma.core.monitor import MonitorWindow
 from carma.core.placer import Placement, Placer, for_tasks_of, outgrown_mib
 from carma.core.policies import POLICIES
+from carma.core.policies.pair import PairingModel
 from carma.core.ports import Estimator
 from carma.core.queue import QueueDiscipline, Queues, StrictFifo
 from carma.core.recovery import classify_exit, oom_message
@@ -28,17 +32,21 @@ from carma.core.types import (
     Action,
     Attempt,
     ExitKind,
-    GpuInfo,
     GpuSample,
     Kill,
     Launch,
     MemoryNeed,
+    NeedKind,
     ProcessExit,
+    Target,
+    TargetId,
+    TargetKind,
     Task,
     TaskId,
     TaskSpec,
     TaskState,
 )
+from carma.core.view import View
 from carma.units import cut, pluralize
 
 
@@ -46,7 +54,7 @@ from carma.units import cut, pluralize
 class GpuStatus:
     """What the scheduler knows of one GPU: its latest sample, risk, TTFK validity and tasks."""
 
-    gpu: GpuInfo
+    gpu: Target
     latest: GpuSample | None
     risk: Risk | None
     excluded: bool
@@ -60,6 +68,17 @@ class GpuStatus:
 REASON_CHARS = 300  # a failed task's reason is one line of the queue's listing: its log holds the rest
 
 
+class PlacerPort(Protocol):
+    """What the scheduler asks of a placer (`carma.core.placer.Placer`, or one wrapping it, as the dynamic MIG
+    placer does)."""
+
+    def place(self, task: Task, need: MemoryNeed, view: View) -> Placement | Blocked: ...
+
+    def room_mib(self, target: Target) -> int:
+        """The most memory a task on `target` can ever be given (what a need and an OOM are measured against)."""
+        ...
+
+
 class SpecError(ValueError):
     """A task specification this server can never run."""
 
@@ -67,39 +86,111 @@ class SpecError(ValueError):
 class Scheduler:
     def __init__(
         self,
-        gpus: Sequence[GpuInfo],
+        targets: Sequence[Target],
         config: SchedulerConfig | None = None,
         estimator: Estimator | None = None,
         discipline: QueueDiscipline | None = None,
+        placer: Callable[[Placer], PlacerPort] | None = None,
+        durations: DurationOf | None = None,
+        pairing: PairingModel | None = None,
+        early: EarlyRestarts | None = None,
     ) -> None:
-        if not gpus:
+        """`placer` wraps the whole-GPU placer the configuration makes (dynamic MIG: `carma.core.mig.placer`).
+        `durations` (how long a task is expected to run) lets `backfill` pass a waiting head; `pairing` (the
+        world's interference model) lets the `pair` policy rank GPUs; without them neither has an effect.
+        `early` restarts a task alone on a MIG instance before it outgrows it (`carma.core.early`)."""
+        if not targets:
             raise ValueError("a scheduler needs at least one GPU")
         self.config = config or SchedulerConfig()
         self.estimator = estimator
-        self.gpus: dict[int, GpuInfo] = {g.index: g for g in gpus}
-        indices = sorted(self.gpus)
-        # The memory, less the reserve, of the n-th largest GPU (index n - 1): the most an n-GPU task can have
-        # (a one-GPU task any target's, a multi-GPU task whole GPUs': see `for_tasks_of`).
-        self._usable_mib = sorted((g.total_mib - self.config.reserve_mib for g in gpus), reverse=True)
-        self._usable_whole_mib = sorted(
-            (g.total_mib - self.config.reserve_mib for g in gpus if not g.exclusive), reverse=True
-        )
-        self._indices = tuple(indices)
-        self._windows = {g: MonitorWindow(self.config.window_samples, self.config.risk.weights) for g in indices}
-        self._ttfk = TtfkTable(indices, self.config.window_s)
-        self.policy = POLICIES[self.config.policy](indices)
-        self.placer = Placer(self.config, self.policy)
-        self.discipline: QueueDiscipline = discipline or StrictFifo()
+        # The targets in the server's order (ties in every policy go to the earliest); a topology change
+        # keeps the order of those that stay.
+        self.gpus: dict[TargetId, Target] = {}
+        self._windows: dict[TargetId, MonitorWindow] = {}
+        self._ttfk = TtfkTable(self.config.window_s)
+        self._on_gpu: dict[TargetId, set[TaskId]] = {}
+        self._foreign: dict[TargetId, int] = {}
+        self._usable_mib: list[int] = []
+        self._usable_whole_mib: list[int] = []
+        self.policy = POLICIES[self.config.policy]()
+        whole = Placer(self.config, self.policy)
+        self.placer: PlacerPort = whole if placer is None else placer(whole)
+        self.discipline: QueueDiscipline
         self._tasks: dict[TaskId, Task] = {}
         self._queues = Queues()
         self._crashed: list[TaskId] = []  # OOM-crashed, awaiting the recovery scan
-        self._on_gpu: dict[int, set[TaskId]] = {g: set() for g in indices}
-        self._foreign: dict[int, int] = dict.fromkeys(indices, 0)
         self._needs: dict[TaskId, MemoryNeed] = {}  # resolved once, at the head of the queue, until placed
         self._blocked: dict[TaskId, Blocked] = {}
         self._changed: set[TaskId] = set()  # tasks changed since the world last took the changes to persist
+        self.early = early
+        self._restarting: dict[TaskId, str] = {}  # tasks killed to restart early, with why
         self._next_id = 1
-        self._view = _SchedulerView(self)
+        self._view = _SchedulerView(self, pairing)
+        if discipline is None and self.config.backfill and durations is not None:
+            discipline = EasyBackfill(self._view, self.task, durations)
+        self.discipline = discipline or StrictFifo()
+        for target in targets:
+            self.add_target(target)
+
+    # ----------------------------------------------------------------- topology
+
+    def add_target(self, target: Target) -> None:
+        """A target joins the server (at start, a MIG instance created, a node's GPU); it is no candidate until
+        telemetry has read it."""
+        if target.id in self.gpus:
+            raise ValueError(f"target {target.id} is already known")
+        self.gpus[target.id] = target
+        self._windows[target.id] = MonitorWindow(self.config.window_samples, self.config.risk.weights)
+        self._ttfk.add(target.id)
+        self._on_gpu[target.id] = set()
+        self._foreign[target.id] = 0
+        self._capacity_changed()
+
+    def remove_target(self, target_id: TargetId, now: float) -> None:
+        """A target leaves the server. Only an idle one may be removed (a MIG reconfiguration touches idle
+        instances only): a task on it is the world's to end first, and its exit frees the target. Waiting tasks
+        the smaller server can no longer run fail, as after a restart with fewer GPUs."""
+        if target_id not in self.gpus:
+            raise ValueError(f"no target {target_id}")
+        if self._on_gpu[target_id]:
+            tasks = ", ".join(map(str, sorted(self._on_gpu[target_id])))
+            raise ValueError(f"target {target_id} runs task(s) {tasks}: only an idle target can be removed")
+        if len(self.gpus) == 1:
+            raise ValueError("a scheduler needs at least one GPU: the last target cannot be removed")
+        del self.gpus[target_id], self._windows[target_id], self._on_gpu[target_id], self._foreign[target_id]
+        self._ttfk.remove(target_id)
+        self._capacity_changed()
+        for task_id in [*self._queues.main, *self._queues.recovery, *self._crashed]:
+            task = self._tasks[task_id]
+            try:
+                self.check(task.spec)
+            except SpecError as e:
+                self._queues.drop(task_id)
+                if task_id in self._crashed:
+                    self._crashed.remove(task_id)
+                self._finish(task, TaskState.FAILED, now, f"{e} since a GPU left it")
+
+    def sync_targets(self, targets: Sequence[Target], now: float) -> None:
+        """Match the world's targets after its topology changed (a MIG reconfiguration): new ones join, in the
+        world's order, and idle ones it no longer lists leave. One that still runs a task stays until its exit
+        frees it (a reconfiguration only destroys idle instances)."""
+        listed = {t.id for t in targets}
+        for target in targets:
+            if target.id not in self.gpus:
+                self.add_target(target)
+        for gone in [g for g in self.gpus if g not in listed and not self._on_gpu[g]]:
+            self.remove_target(gone, now)
+
+    def _capacity_changed(self) -> None:
+        """The memory, less the reserve, of the n-th largest target (index n - 1): the most an n-GPU task can have
+        (a one-GPU task any target's, a multi-GPU task whole GPUs': see `for_tasks_of`); needs resolved against
+        the old capacities are resolved again."""
+        reserve = self.config.reserve_mib
+        self._usable_mib = sorted((self.placer.room_mib(g) - reserve for g in self.gpus.values()), reverse=True)
+        self._usable_whole_mib = sorted(
+            (g.total_mib - reserve for g in self.gpus.values() if g.kind is TargetKind.GPU), reverse=True
+        )
+        self._needs.clear()
 
     # ----------------------------------------------------------------- inputs from a world
 
@@ -156,9 +247,11 @@ class Scheduler:
             self._crashed.append(task.id)
         elif task.state in ACTIVE_STATES:
             attempt = _current(task)
-            for gpu in attempt.gpus:
+            # a target gone since (a GPU removed while the server was down) holds nothing: the task's exit
+            # still comes from the world that started it
+            for gpu in (g for g in attempt.gpus if g in self.gpus):
                 self._on_gpu[gpu].add(task.id)
-                self._ttfk.dispatched(gpu, task.id, attempt.dispatched_s)
+                self._ttfk.dispatched(gpu, task.id, attempt.dispatched_s, self._closes(attempt.need))
                 # a multi-GPU task's first kernel is kept for the task, not per GPU: each of its GPUs waits to
                 # see it again in the next process list, rather than counting as seen where it never was
                 if attempt.first_kernel_s is not None and len(attempt.gpus) == 1:
@@ -197,10 +290,19 @@ class Scheduler:
         return []
 
     def record_sample(self, sample: GpuSample) -> None:
-        self._windows[sample.gpu].add(sample)
+        window = self._windows.get(sample.gpu)
+        if window is not None:  # else a sample taken before its target left
+            window.add(sample)
+            if self.early is not None and not self.gpus[sample.gpu].shareable and len(self._on_gpu[sample.gpu]) == 1:
+                task = self._tasks[next(iter(self._on_gpu[sample.gpu]))]  # alone on it: its reading is the task's
+                attempt = _current(task)
+                if attempt.first_kernel_s is not None and sample.t >= attempt.first_kernel_s:
+                    self.early.observe(task.id, attempt.number, sample.t, sample.used_mib)
 
-    def record_gpu_processes(self, gpu: int, tasks: Iterable[TaskId], foreign: int, now: float) -> None:
-        """What a GPU's process list shows: carma tasks on it (first kernels) and other processes."""
+    def record_gpu_processes(self, gpu: TargetId, tasks: Iterable[TaskId], foreign: int, now: float) -> None:
+        """What a target's process list shows: carma tasks on it (first kernels) and other processes."""
+        if gpu not in self.gpus:
+            return  # a reading taken before the target left
         self._foreign[gpu] = foreign
         if foreign:  # someone else's process: the tasks here no longer run alone (an OOM may not be theirs)
             for task_id in self._on_gpu[gpu]:
@@ -223,18 +325,23 @@ class Scheduler:
             return None
         attempt = _current(task)
         kind = classify_exit(exit, killed_by_request=task.cancel_requested)
+        early = self._restarting.pop(task_id, None)
+        if self.early is not None:
+            self.early.forget(task_id)
+        if early is not None and not task.cancel_requested:  # stopped before it outgrew its instance: relaunched
+            kind, exit = ExitKind.OOM, replace(exit, log_tail=early)
         attempt.ended_s = now
         attempt.outcome = kind
         self._changed.add(task_id)
         for gpu in attempt.gpus:
-            self._on_gpu[gpu].discard(task_id)
+            self._on_gpu.get(gpu, set()).discard(task_id)
         self._ttfk.ended(task_id)
         if kind is ExitKind.KILLED:
             self._finish(task, TaskState.CANCELLED, now, "cancelled by request")
         elif kind is ExitKind.SUCCESS:
             self._finish(task, TaskState.COMPLETED, now, "")
         elif kind is ExitKind.OOM:
-            attempt.message = oom_message(exit)
+            attempt.message = early or oom_message(exit)
             task.state = TaskState.OOM_CRASHED
             self._crashed.append(task_id)
         else:
@@ -250,19 +357,23 @@ class Scheduler:
         self._blocked.clear()
         view = self._view
         view.now = now
-        actions: list[Action] = []
+        actions: list[Action] = self._early_restarts(now)
 
-        def attempt(task_id: TaskId) -> Placement | Blocked:
+        def attempt(task_id: TaskId, avoid: frozenset[TargetId] = frozenset()) -> Placement | Blocked:
             task = self._tasks[task_id]
             recovery = task.state is TaskState.RECOVERING
             need = RECOVERY_NEED if recovery else self._need(task)
             if need is None:
                 self._blocked[task_id] = Estimating()  # it waits at the head: the queue stays FIFO
                 return self._blocked[task_id]
+            view.placing, view.avoid = task, avoid
             outcome = self.placer.place(task, need, view)
+            view.avoid = frozenset()
             if isinstance(outcome, Placement):
                 actions.append(self._launch(task, outcome, need, now, recovery))
             else:
+                if isinstance(outcome, Preparing):  # it waits for what the world is asked to prepare for it
+                    actions.extend(outcome.actions)
                 self._blocked[task_id] = outcome
             return outcome
 
@@ -293,6 +404,10 @@ class Scheduler:
     def recovery_queue(self) -> list[TaskId]:
         return list(self._queues.recovery)
 
+    def position(self, target: TargetId) -> int | None:
+        """Where `target` is in the server's order (None for one not, or no longer, there)."""
+        return self._view.position(target) if target in self.gpus else None
+
     def pending(self) -> bool:
         """Whether any task waits for a placement (or for the recovery scan)."""
         return bool(self._queues.main or self._queues.recovery or self._crashed)
@@ -309,10 +424,7 @@ class Scheduler:
                     # a MIG instance is never collocated, so never filtered: its missing metrics (NVML has none
                     # per instance) are no risk
                     excluded=bool(
-                        risk
-                        and self.config.risk.enabled
-                        and not self.gpus[g].exclusive
-                        and risk.excluded(self.config.risk)
+                        risk and self.config.risk.enabled and self.gpus[g].shareable and risk.excluded(self.config.risk)
                     ),
                     valid=self._ttfk.valid(g, now),
                     awaiting_first_kernel=self._ttfk.awaiting(g),
@@ -338,10 +450,11 @@ class Scheduler:
             task = self._tasks[task_id]
             attempt = _current(task)
             relaunches = sum(1 for a in task.attempts if a.recovery)
-            gpus = ",".join(map(str, attempt.gpus))
+            gpus = ",".join(str(self.position(g)) if g in self.gpus else g for g in attempt.gpus)
             outgrown = outgrown_mib(task, self.gpus)
             n = task.spec.gpus
-            if sum(self.gpus[g].total_mib > outgrown for g in for_tasks_of(n, list(self.gpus), self.gpus)) < n:
+            room = self.placer.room_mib
+            if sum(room(self.gpus[g]) > outgrown for g in for_tasks_of(n, list(self.gpus), self.gpus)) < n:
                 reason = f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             elif relaunches >= self.config.max_relaunches:
@@ -357,6 +470,25 @@ class Scheduler:
                 self._changed.add(task_id)
         self._crashed.clear()
 
+    def _early_restarts(self, now: float) -> list[Action]:
+        """Kill the tasks alone on a MIG instance predicted to outgrow it; their exits relaunch them."""
+        if self.early is None:
+            return []
+        kills: list[Action] = []
+        for g, target in self.gpus.items():
+            tasks = self._on_gpu[g]
+            if target.shareable or len(tasks) != 1 or next(iter(tasks)) in self._restarting:
+                continue
+            task = self._tasks[next(iter(tasks))]
+            attempt = _current(task)
+            if task.state is not TaskState.RUNNING or task.cancel_requested:
+                continue
+            found = self.early.check(task, attempt.number, target.total_mib, self.placer.room_mib(target), now)
+            if found is not None:
+                self._restarting[task.id] = found.message
+                kills.append(Kill(task.id, attempt.number))
+        return kills
+
     def _need(self, task: Task) -> MemoryNeed | None:
         """The head task's need, resolved once and kept until it is placed; None while its estimate is not
         ready."""
@@ -371,7 +503,7 @@ class Scheduler:
         """The most memory (MiB, less the reserve) each GPU of an `n`-GPU task can have."""
         return self._usable_mib[0] if n == 1 else self._usable_whole_mib[n - 1]
 
-    def _free_mib(self, gpu: int, hold: bool = True) -> int:
+    def _free_mib(self, gpu: TargetId, hold: bool = True) -> int:
         """What a new task may take on `gpu`, less the reserve: the memory telemetry shows free, and (with
         `hold_known_needs`, unless `hold` is False) no more than the needs known in MiB of the tasks on it leave,
         whether or not they have allocated them yet. Their margin is not held: what a task uses beyond its
@@ -383,7 +515,7 @@ class Scheduler:
             free = min(free, latest.total_mib - self._held_mib(gpu))
         return max(0, free - self.config.reserve_mib)
 
-    def _held_mib(self, gpu: int) -> int:
+    def _held_mib(self, gpu: TargetId) -> int:
         """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task): one too large for a
         GPU with the margin, placed on whole GPUs, is held too, or others join it once its window passes."""
         attempts = (self._tasks[t].current for t in self._on_gpu[gpu])
@@ -398,10 +530,10 @@ class Scheduler:
             for other in self._on_gpu[g]:
                 _current(self._tasks[other]).shared = True
             self._on_gpu[g].add(task.id)
-            self._ttfk.dispatched(g, task.id, now)
+            self._ttfk.dispatched(g, task.id, now, self._closes(need))
         attempt = Attempt(
             number=len(task.attempts) + 1,
-            gpus=tuple(sorted(gpus)),
+            gpus=tuple(sorted(gpus, key=self._view.position)),
             dispatched_s=now,
             exclusive=not shared,
             recovery=recovery,
@@ -414,6 +546,14 @@ class Scheduler:
         if not recovery:
             self.policy.placed(gpus)
         return Launch(task.id, attempt.number, attempt.gpus, attempt.exclusive, recovery)
+
+    def _closes(self, need: MemoryNeed | None) -> bool:
+        """Whether a task placed with `need` closes its GPUs for its TTFK window: always, but with
+        `ttfk_unknown_only` a need known in MiB and held (`hold_known_needs`) leaves them open to further tasks,
+        which fit beside what it holds."""
+        cfg = self.config
+        known = need is not None and need.kind is NeedKind.KNOWN and need.mib is not None
+        return not (cfg.ttfk_unknown_only and cfg.hold_known_needs and known)
 
     def _finish(self, task: Task, state: TaskState, now: float, reason: str) -> None:
         task.state = state
@@ -449,10 +589,12 @@ class _SchedulerView:
     in a decision shows in the answers for the next task offered. One per scheduler, moved to each
     decision's time (a decision is a tight loop: it binds what it reads once)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, pairing: PairingModel | None) -> None:
         self.now = 0.0
-        self.gpus: Mapping[int, GpuInfo] = scheduler.gpus
-        self._indices = scheduler._indices  # ascending: ties go to the lowest index
+        self.placing: Task | None = None  # the task offered to the placer
+        self.avoid: frozenset[TargetId] = frozenset()  # targets it may not take (held for the head: backfilling)
+        self._pairing = pairing
+        self.gpus: Mapping[TargetId, Target] = scheduler.gpus  # in the server's order: ties go to the earliest
         self.free_mib = scheduler._free_mib
         self.usable_mib = scheduler._usable
         self._windows = scheduler._windows
@@ -461,19 +603,35 @@ class _SchedulerView:
         self._tasks = scheduler._tasks
         self._ttfk = scheduler._ttfk
 
-    def idle_gpus(self) -> list[int]:
-        on_gpu, foreign, windows = self._on_gpu, self._foreign, self._windows
-        return [g for g in self._indices if not on_gpu[g] and not foreign[g] and windows[g].latest is not None]
+    def position(self, gpu: TargetId) -> int:
+        """Where `gpu` is in the server's order."""
+        return list(self.gpus).index(gpu)
 
-    def reported_gpus(self) -> list[int]:
-        windows = self._windows
-        return [g for g in self._indices if windows[g].latest is not None]
+    def idle_gpus(self) -> list[TargetId]:
+        on_gpu, foreign, windows, avoid = self._on_gpu, self._foreign, self._windows, self.avoid
+        return [
+            g
+            for g in self.gpus
+            if not on_gpu[g] and not foreign[g] and windows[g].latest is not None and g not in avoid
+        ]
 
-    def holds_relaunch(self, gpu: int) -> bool:
+    def reported_gpus(self) -> list[TargetId]:
+        windows, avoid = self._windows, self.avoid
+        return [g for g in self.gpus if windows[g].latest is not None and g not in avoid]
+
+    def holds_relaunch(self, gpu: TargetId) -> bool:
         return any(_current(self._tasks[t]).recovery for t in self._on_gpu[gpu])
 
-    def valid(self, gpu: int) -> bool:
+    def valid(self, gpu: TargetId) -> bool:
         return self._ttfk.valid(gpu, self.now)
 
-    def risk(self, gpu: int) -> Risk:
+    def risk(self, gpu: TargetId) -> Risk:
         return self._windows[gpu].risk()
+
+    def tasks_on(self, gpu: TargetId) -> list[Task]:
+        return [self._tasks[t] for t in sorted(self._on_gpu[gpu])]
+
+    def pairing_cost(self, gpu: TargetId) -> float | None:
+        if self._pairing is None or self.placing is None:
+            return None
+        return self._pairing(self.placing, self.tasks_on(gpu))

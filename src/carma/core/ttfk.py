@@ -10,21 +10,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from carma.core.types import TaskId
+from carma.core.types import TargetId, TaskId
 
 
 @dataclass
 class _Entry:
     dispatched_s: float
     first_kernel_s: float | None = None
+    closes: bool = True  # whether its window keeps the GPU from further tasks (`valid`)
 
 
 class TtfkTable:
-    def __init__(self, gpu_indices: list[int], window_s: float) -> None:
+    def __init__(self, window_s: float) -> None:
         self._window_s = window_s
-        self._entries: dict[int, dict[TaskId, _Entry]] = {g: {} for g in gpu_indices}
+        self._entries: dict[TargetId, dict[TaskId, _Entry]] = {}
 
-    def dispatched(self, gpu: int, task: TaskId, now: float) -> None:
+    def add(self, gpu: TargetId) -> None:
+        self._entries[gpu] = {}
+
+    def remove(self, gpu: TargetId) -> None:
+        del self._entries[gpu]
+
+    def dispatched(self, gpu: TargetId, task: TaskId, now: float, closes: bool = True) -> None:
+        """Record a task dispatched to `gpu`; one that does not `close` it (its need is known and held, with
+        `ttfk_unknown_only`) is tracked for its first kernel but leaves the GPU open to further tasks."""
         entries = self._entries[gpu]
         # the tasks whose windows have passed count no more (time only moves on): a GPU that runs many tasks
         # keeps only those dispatched since it was last valid, and `valid` reads no more
@@ -32,9 +41,9 @@ class TtfkTable:
             t for t, e in entries.items() if e.first_kernel_s is not None and now >= e.first_kernel_s + self._window_s
         ]:
             del entries[old]
-        entries[task] = _Entry(dispatched_s=now)
+        entries[task] = _Entry(dispatched_s=now, closes=closes)
 
-    def seen(self, gpu: int, task: TaskId, now: float) -> bool:
+    def seen(self, gpu: TargetId, task: TaskId, now: float) -> bool:
         """Record the task's first kernel on `gpu`; True if this is the first sighting."""
         entry = self._entries[gpu].get(task)
         if entry is None or entry.first_kernel_s is not None:
@@ -46,14 +55,16 @@ class TtfkTable:
         for entries in self._entries.values():
             entries.pop(task, None)
 
-    def awaiting(self, gpu: int) -> bool:
+    def awaiting(self, gpu: TargetId) -> bool:
         """Whether a task dispatched to `gpu` has not yet been seen on it (a multi-GPU task seen on another
         of its GPUs included)."""
         return any(entry.first_kernel_s is None for entry in self._entries[gpu].values())
 
-    def valid(self, gpu: int, now: float) -> bool:
+    def valid(self, gpu: TargetId, now: float) -> bool:
         """Whether `gpu` may take another task now: every task dispatched to it was seen a window ago."""
         for entry in self._entries[gpu].values():
+            if not entry.closes:
+                continue
             if entry.first_kernel_s is None or now < entry.first_kernel_s + self._window_s:
                 return False
         return True

@@ -1,4 +1,4 @@
-"""Domain types of the decision core: tasks, their attempts, GPUs and telemetry samples.
+"""Domain types of the decision core: tasks, their attempts, placement targets and telemetry samples.
 
 Values that travel between the core and a world (specs, samples, actions, exits) are frozen;
 `Task` and `Attempt` are the core's own mutable records.
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 TaskId = int
+TargetId = str  # a placement target's stable identity: the GPU's UUID, or the MIG instance's
 
 
 class TaskState(StrEnum):
@@ -62,23 +63,40 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: memory need must be positive, got {self.mem_mib} MiB")
 
 
-@dataclass(frozen=True)
-class GpuInfo:
-    """A placement target: a whole GPU, or a MIG instance (`exclusive`: one task at a time, no collocation)."""
+class TargetKind(StrEnum):
+    GPU = "gpu"  # a whole GPU
+    MIG = "mig"  # a MIG instance: its own memory and compute slices, one CUDA device to a process
 
-    index: int
-    name: str
+
+@dataclass(frozen=True)
+class Target:
+    """Where a task can be placed. Its `id` outlives restarts and reconfigurations (the store keys attempts,
+    samples and history by it), unlike its position in a server's list, which changes when a MIG layout or a
+    node's GPUs change."""
+
+    id: TargetId
+    name: str  # the model, e.g. "NVIDIA A100-SXM4-40GB" or "A100-40GB 3g.20gb"
     total_mib: int
-    uuid: str = ""
-    exclusive: bool = False
+    kind: TargetKind = TargetKind.GPU
+    parent: TargetId = ""  # the GPU a MIG instance is carved from ("" for a whole GPU: its own parent)
+    node: str = ""  # the host it is on ("" for this server)
+    compute: int = 0  # streaming multiprocessors (a GPU) or compute slices (a MIG instance); 0: not known
+    shareable: bool = True  # whether tasks may be collocated on it (a MIG instance: one task at a time)
+    slot: MigSlot | None = None  # a MIG instance's profile and first memory slice on its parent
+
+    @property
+    def gpu(self) -> TargetId:
+        """The physical GPU it belongs to (energy and board power are read per physical GPU)."""
+        return self.parent or self.id
 
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One 1 Hz reading of one GPU. Utilization metrics are fractions in [0, 1]; None where the backend
-    cannot read them (the risk rule then follows `RiskConfig.missing`, never a made-up zero)."""
+    """One 1 Hz reading of one target (`gpu` is its id). Utilization metrics are fractions in [0, 1]; None
+    where the backend cannot read them (the risk rule then follows `RiskConfig.missing`, never a made-up
+    zero)."""
 
-    gpu: int
+    gpu: TargetId
     t: float
     used_mib: int
     total_mib: int
@@ -106,11 +124,11 @@ class ProcessExit:
 
 @dataclass(frozen=True)
 class Launch:
-    """An action: start `task_id` (attempt `attempt`) on `gpus`."""
+    """An action: start `task_id` (attempt `attempt`) on the targets `gpus`."""
 
     task_id: TaskId
     attempt: int
-    gpus: tuple[int, ...]
+    gpus: tuple[TargetId, ...]
     exclusive: bool
     recovery: bool = False
 
@@ -123,14 +141,40 @@ class Kill:
     attempt: int
 
 
+@dataclass(frozen=True, order=True)
+class MigSlot:
+    """Where a MIG instance sits on its GPU: its profile (as nvidia-smi names it) and first memory slice."""
+
+    profile: str
+    start: int
+
+    def __str__(self) -> str:
+        return f"{self.profile}@{self.start}"
+
+
+@dataclass(frozen=True)
+class Reconfigure:
+    """An action: on the MIG GPU `gpu`, destroy the idle instances `destroy`, then create `create` (a partition
+    plan's steps, in order). The instances created join the server as targets once the world lists them."""
+
+    gpu: TargetId
+    destroy: tuple[MigSlot, ...]
+    create: tuple[MigSlot, ...]
+
+    @property
+    def steps(self) -> int:
+        """Instances destroyed plus created: what its duration scales with."""
+        return len(self.destroy) + len(self.create)
+
+
 # What the core asks a world to do; the scheduling loop hands each to the executor by its type.
-Action = Launch | Kill
+Action = Launch | Kill | Reconfigure
 
 
 @dataclass
 class Attempt:
     number: int
-    gpus: tuple[int, ...]
+    gpus: tuple[TargetId, ...]
     dispatched_s: float
     exclusive: bool
     recovery: bool

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # the configuration validates policy names, and the policies read views: no import cycle
     from carma.core.risk import Risk
-    from carma.core.types import GpuInfo
+    from carma.core.types import Target, TargetId
 
 
 class View(Protocol):
@@ -21,32 +21,32 @@ class View(Protocol):
         ...
 
     @property
-    def gpus(self) -> Mapping[int, GpuInfo]:
-        """The server's GPUs (and MIG instances) by index."""
+    def gpus(self) -> Mapping[TargetId, Target]:
+        """The server's targets (GPUs and MIG instances) by id, in the server's order."""
         ...
 
-    def idle_gpus(self) -> list[int]:
-        """The GPUs with no task and no other process that telemetry has read, in index order."""
+    def idle_gpus(self) -> list[TargetId]:
+        """The GPUs with no task and no other process that telemetry has read, in the server's order."""
         ...
 
-    def reported_gpus(self) -> list[int]:
-        """The GPUs telemetry has read at least once, in index order: no decision is made on one never seen."""
+    def reported_gpus(self) -> list[TargetId]:
+        """The GPUs telemetry has read at least once, in the server's order: no decision is made on one never seen."""
         ...
 
-    def holds_relaunch(self, gpu: int) -> bool:
+    def holds_relaunch(self, gpu: TargetId) -> bool:
         """Whether a task on `gpu` is a relaunch after an OOM crash."""
         ...
 
-    def valid(self, gpu: int) -> bool:
+    def valid(self, gpu: TargetId) -> bool:
         """Whether `gpu` is past the TTFK windows of the tasks dispatched to it."""
         ...
 
-    def free_mib(self, gpu: int, hold: bool = True) -> int:
+    def free_mib(self, gpu: TargetId, hold: bool = True) -> int:
         """What a new task may take on `gpu`, less the reserve; with `hold`, no more than the needs known in
         MiB of its tasks leave (`hold_known_needs`)."""
         ...
 
-    def risk(self, gpu: int) -> Risk:
+    def risk(self, gpu: TargetId) -> Risk:
         """The risk scores of `gpu`'s monitor window (it has been read)."""
         ...
 

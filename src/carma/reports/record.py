@@ -146,6 +146,7 @@ def _segment_series(segments: Sequence[Segment], start_s: float, end_s: float) -
 def from_run_result(result: RunResult, source: str = "digital twin") -> RunRecord:
     """A twin run: its metrics as figures, its tasks, its per-GPU timelines as step series."""
     from carma.sim.gpus import GPU_TYPES
+    from carma.sim.twin import target_index
 
     start = min(t.submit_s for t in result.tasks)
     end = start + result.metrics.makespan_s
@@ -157,7 +158,9 @@ def from_run_result(result: RunResult, source: str = "digital twin") -> RunRecor
             t.ended_s,
             t.state.value,
             tuple(
-                AttemptRecord(a.gpus, a.dispatched_s, a.ended_s, a.outcome.value if a.outcome else None)
+                AttemptRecord(
+                    tuple(map(target_index, a.gpus)), a.dispatched_s, a.ended_s, a.outcome.value if a.outcome else None
+                )
                 for a in t.attempts
             ),
         )

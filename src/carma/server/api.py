@@ -31,7 +31,7 @@ from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
-from carma.server.views import gpu_view, status_view, task_summary, task_view
+from carma.server.views import gpu_views, status_view, task_summary, task_view
 from carma.units import parse_mib
 
 LOG_CHUNK = 1 << 20
@@ -224,7 +224,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     @app.get("/v1/gpus", responses=errors())
     async def gpus(_: Who) -> list[dict[str, Any]]:
-        return [gpu_view(status) for status in daemon.scheduler.gpu_status(daemon.clock.now())]
+        return gpu_views(daemon)
 
     @app.post(
         "/v1/tasks",

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from carma.core.types import GpuSample, TaskId
+from carma.core.types import GpuSample, TargetId, TaskId
 from carma.server.store import Store
 from carma.telemetry import DeviceReading
 
@@ -58,11 +58,11 @@ class SampleArchive:
         self._store = store
         self.bucket_s = bucket_s
         self._keep_s = keep_s
-        self._open: dict[int, _Bucket] = {}
+        self._open: dict[TargetId, _Bucket] = {}
 
     def observe(self, readings: Sequence[DeviceReading], owner_of: Mapping[int, TaskId] | None = None) -> None:
         """Add one reading per GPU; buckets that are over are written, all in one transaction."""
-        done: list[tuple[int, float, dict[str, float | None]]] = []
+        done: list[tuple[TargetId, float, dict[str, float | None]]] = []
         for r in readings:
             s = r.sample
             start = math.floor(s.t / self.bucket_s) * self.bucket_s

@@ -19,17 +19,16 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from carma.config import EstimateConfig
 from carma.core.config import SchedulerConfig
 from carma.core.loop import JournalError, SchedulingLoop
-from carma.core.ports import GpuProcesses, TelemetryReading
 from carma.core.scheduler import Scheduler, SpecError
-from carma.core.types import ACTIVE_STATES, GpuInfo, Launch, NeedKind, Task, TaskId, TaskState
-from carma.server import proctree
+from carma.core.types import ACTIVE_STATES, Launch, NeedKind, TargetId, Task, TaskId, TaskState
+from carma.server.adapters import BackendTelemetry, Journal, RunRecorder
 from carma.server.archive import SampleArchive
 from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
@@ -39,13 +38,12 @@ from carma.server.mps import MpsControl, MpsError, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
 from carma.server.state import Backups, open_store
-from carma.server.store import Observation, Spawn, Store, no_space_left
-from carma.telemetry import DeviceReading, GpuBackend
+from carma.server.store import Spawn, Store, no_space_left
+from carma.telemetry import GpuBackend
 from carma.units import pluralize
 
 log = logging.getLogger("carma.server")
 
-METRICS = ("smact", "smocc", "drama")
 OBSERVATIONS_SAVE_S = 60.0  # how often what telemetry saw of live tasks is saved (wall seconds; and at a stop)
 PEAK_SAVE_S = 5.0  # sooner when a live task's peak grew: a kill -9 lost the peak of tasks that ended meanwhile
 FORGET_EVERY_S = 60.0  # how often ended tasks past their retention are looked for (the daemon's clock seconds)
@@ -91,121 +89,6 @@ class DaemonClock:
         return self._origin + (wall_s - self._origin_wall) * self.scale
 
 
-class RunRecorder:
-    """Per live task: the most GPU memory its processes held on one GPU, and the metrics it ran under
-    (running sums: a task of weeks costs no more than one of minutes).
-
-    Seen from telemetry once the task shows on its GPUs. What was seen so far is saved now and then and
-    when the daemon stops (`live`), and taken up again after a restart (`resume`).
-    """
-
-    def __init__(self) -> None:
-        self._peak: dict[TaskId, int] = {}
-        self._sums: dict[TaskId, dict[str, list[float]]] = {}  # metric -> [sum, samples with a value]
-
-    def observe(self, readings: Sequence[DeviceReading], owner_of: Mapping[int, TaskId]) -> None:
-        used: dict[TaskId, dict[int, int]] = {}
-        for r in readings:
-            for p in r.processes:
-                if p.pid in owner_of:
-                    per_gpu = used.setdefault(owner_of[p.pid], {})
-                    per_gpu[r.sample.gpu] = per_gpu.get(r.sample.gpu, 0) + p.used_mib
-        samples = {r.sample.gpu: r.sample for r in readings}
-        for task_id, per_gpu in used.items():
-            self._peak[task_id] = max(self._peak.get(task_id, 0), *per_gpu.values())
-            sums = self._sums.setdefault(task_id, {m: [0.0, 0] for m in METRICS})
-            for gpu in per_gpu:
-                for metric in METRICS:
-                    value = getattr(samples[gpu], metric)
-                    if value is not None:
-                        sums[metric][0] += value
-                        sums[metric][1] += 1
-
-    def resume(self, task_id: TaskId, seen: Observation) -> None:
-        """Go on from what an earlier daemon saw of the task's live attempt."""
-        self._peak[task_id] = seen.peak_mib
-        means = (seen.smact_mean, seen.smocc_mean, seen.drama_mean)
-        self._sums[task_id] = {
-            m: [0.0, 0] if v is None else [v * seen.samples, seen.samples] for m, v in zip(METRICS, means, strict=True)
-        }
-
-    def peaks(self) -> dict[TaskId, int]:
-        """Each live task's peak memory so far (MiB), without the means `live` works out."""
-        return dict(self._peak)
-
-    def live(self) -> dict[TaskId, Observation]:
-        """What has been seen so far of each live task."""
-        return {task_id: self._seen(task_id) for task_id in self._peak}
-
-    def finish(self, task_id: TaskId) -> Observation | None:
-        """What was seen of the task's attempt that just ended (None if it never showed on a GPU)."""
-        if task_id not in self._peak:
-            return None
-        seen = self._seen(task_id)
-        del self._peak[task_id], self._sums[task_id]
-        return seen
-
-    def _seen(self, task_id: TaskId) -> Observation:
-        sums = self._sums[task_id]
-        means = [total / n if n else None for total, n in (sums[m] for m in METRICS)]
-        return Observation(self._peak[task_id], *means, max(int(n) for _, n in sums.values()))
-
-
-class Journal:
-    """The core's Journal port: the store, plus each ended attempt's observation (in the same transaction,
-    and kept until it is written: a save that failed is retried with it)."""
-
-    def __init__(self, store: Store, recorder: RunRecorder) -> None:
-        self._store = store
-        self._recorder = recorder
-        self._ended: dict[tuple[TaskId, int], Observation] = {}
-        self.fault: BaseException | None = None  # why the last save failed
-
-    def save(self, tasks: Sequence[Task]) -> None:
-        for task in tasks:
-            attempt = task.current
-            if attempt is not None and attempt.ended_s is not None:
-                seen = self._recorder.finish(task.id)
-                if seen is not None:
-                    self._ended[task.id, attempt.number] = seen
-        try:
-            self._store.save(tasks, self._ended)
-        except WORLD_FAULTS as e:  # a full disk: the loop keeps the changes and saves them again later
-            self.fault = e
-            raise JournalError(str(e)) from e
-        self._ended.clear()
-
-
-Observer = Callable[[Sequence[DeviceReading], Mapping[int, TaskId]], None]
-
-
-class BackendTelemetry:
-    """The core's Telemetry port over a GPU backend: GPU pids resolved to tasks through the process tree.
-    Each reading is also shown to the observers (the run recorder, the sample archive)."""
-
-    def __init__(
-        self, backend: GpuBackend, owners: Callable[[], Mapping[int, TaskId]], observers: Sequence[Observer]
-    ) -> None:
-        self._backend = backend
-        self._owners = owners
-        self._observers = observers
-
-    def gpus(self) -> list[GpuInfo]:
-        return list(self._backend.gpus())
-
-    def read(self, now: float) -> TelemetryReading:
-        readings = self._backend.read(now)
-        owner_of = proctree.owners([p.pid for r in readings for p in r.processes], self._owners())
-        for observe in self._observers:
-            observe(readings, owner_of)
-        processes = {}
-        for r in readings:
-            tasks = frozenset(owner_of[p.pid] for p in r.processes if p.pid in owner_of)
-            foreign = sum(1 for p in r.processes if p.pid not in owner_of)
-            processes[r.sample.gpu] = GpuProcesses(tasks, foreign)
-        return TelemetryReading([r.sample for r in readings], processes)
-
-
 class Daemon:
     def __init__(
         self,
@@ -238,7 +121,6 @@ class Daemon:
         self.executor = ProcessExecutor(
             home=paths.home,
             jobs=self.jobs.__getitem__,
-            gpu_uuids={g.index: g.uuid for g in self.gpus},
             to_clock=self.clock.to_clock,
             extra_env=extra_env,
             run_as_owner=os.geteuid() == 0,
@@ -310,17 +192,27 @@ class Daemon:
             self.store.set_meta("draining", value)
         self._draining = value
 
+    def shown(self, target: TargetId) -> int | str:
+        """A target as users see it named: its position in `carma gpus`, or its id once it has left."""
+        position = self.scheduler.position(target)
+        return target if position is None else position
+
     def _check_gpus(self) -> None:
-        """A restarted daemon must see the GPUs its placements refer to."""
-        uuids = [g.uuid for g in self.gpus]
-        known = self.store.meta("gpus")
-        if known is not None and known != uuids:
-            held = placements_held(self.store)
-            if held:
-                raise RuntimeError(
-                    f"the GPUs changed since the last start ({len(known)} before, {len(uuids)} now) while "
-                    f"those still hold {pluralize(held, 'task')}; restore the GPUs or start with a new CARMA_HOME"
-                )
+        """A restarted daemon must see the targets its live placements are on. Others may come, go or change
+        places: tasks and history are kept by target id, not by position."""
+        uuids = [g.id for g in self.gpus]
+        gone: dict[TargetId, list[TaskId]] = {}
+        for stored in self.store.load():
+            if stored.task.state in ACTIVE_STATES and stored.task.current is not None:
+                for target in stored.task.current.gpus:
+                    if target not in uuids:
+                        gone.setdefault(target, []).append(stored.task.id)
+        if gone:
+            held = "; ".join(f"{target} (task {', '.join(map(str, ids))})" for target, ids in gone.items())
+            raise RuntimeError(
+                f"GPUs that running tasks were placed on are gone since the last start: {held}; restore them or "
+                "start with a new CARMA_HOME"
+            )
         self.store.set_meta("gpus", uuids)
 
     def _restore(self) -> None:
@@ -379,7 +271,7 @@ class Daemon:
         carma's one control daemon, started seeing every GPU, could not serve (CUDA enumerates one instance
         per process, MPS servers included)."""
         assert self.mps is not None
-        if any(self.scheduler.gpus[g].exclusive for g in launch.gpus):
+        if any(not self.scheduler.gpus[g].shareable for g in launch.gpus):
             return {}
         self._keep_mps_up()
         need = task.current.need

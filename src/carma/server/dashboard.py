@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from carma import __version__
 from carma.core.types import ACTIVE_STATES, TERMINAL_STATES
 from carma.server.daemon import Daemon
-from carma.server.views import gpu_view, status_view, task_summary
+from carma.server.views import gpu_views, status_view, task_summary
 
 SNAPSHOT_TASKS = 500  # tasks in a live event: the queue table's rows; `carma queue` lists every one
 
@@ -58,7 +58,7 @@ def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
                     "attempt": a.number,
                     "name": job.name,
                     "user": job.user,
-                    "gpus": list(a.gpus),
+                    "gpus": [daemon.shown(g) for g in a.gpus],
                     "start_s": a.dispatched_s,
                     "first_kernel_s": a.first_kernel_s,
                     "end_s": a.ended_s,
@@ -79,7 +79,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
         "tick": daemon.tick,
         "now_s": daemon.clock.now(),
         "status": status_view(daemon),
-        "gpus": [gpu_view(s) for s in daemon.scheduler.gpu_status(daemon.clock.now())],
+        "gpus": gpu_views(daemon),
         "tasks": [task_summary(daemon, t) for t in shown],
         "tasks_not_shown": len(live) - len(shown),
     }
@@ -116,7 +116,7 @@ def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
         """Archived per-GPU samples of the last `minutes`, one per bucket, as columns."""
         since = daemon.clock.now() - minutes * 60
         gpus = daemon.store.gpu_series(since)
-        return {"bucket_s": daemon.archive.bucket_s, "gpus": {str(g): s for g, s in gpus.items()}}
+        return {"bucket_s": daemon.archive.bucket_s, "gpus": {str(daemon.shown(g)): s for g, s in gpus.items()}}
 
     def encoded() -> bytes:
         if cache["tick"] != daemon.tick:  # one encoding per step, whatever the number of viewers

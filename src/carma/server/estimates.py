@@ -30,7 +30,7 @@ from pathlib import Path
 
 from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
-from carma.core.types import ExitKind, GpuInfo, MemoryNeed, NeedKind, Task, TaskId
+from carma.core.types import ExitKind, MemoryNeed, NeedKind, Target, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
 from carma.estimate.runner import estimate_script, kill_group
 from carma.estimate.script import interpreter, is_python, parse_argv
@@ -69,7 +69,7 @@ log = logging.getLogger("carma.estimate")
 Runner = Callable[..., Estimate]  # carma.estimate.runner.estimate_script's signature
 
 
-def device_for(gpus: list[GpuInfo]) -> str:
+def device_for(gpus: list[Target]) -> str:
     """The estimator's device for this server: its largest GPU's type. A type carma has no constants for
     (an L40S, say, until `carma estimate calibrate` has measured it) takes those of the known device
     nearest in memory, said once: without, every estimate would fail after its capture."""

@@ -37,7 +37,7 @@ from typing import BinaryIO, Literal
 
 import carma
 from carma.core.ports import TaskExit
-from carma.core.types import Launch, ProcessExit, Task, TaskId
+from carma.core.types import Launch, ProcessExit, Reconfigure, Task, TaskId
 from carma.server import proctree
 from carma.server.shim import (
     ABANDONED,
@@ -99,7 +99,6 @@ class ProcessExecutor:
         home: Path,
         jobs: Callable[[TaskId], JobSpec],
         *,
-        gpu_uuids: Mapping[int, str] | None = None,
         to_clock: Callable[[float], float] = lambda wall: wall,
         extra_env: Mapping[str, str] | None = None,
         run_as_owner: bool = False,
@@ -109,7 +108,6 @@ class ProcessExecutor:
     ) -> None:
         self.home = Path(home).absolute()  # the shim runs in the job's workdir: its RUN_DIR must be absolute
         self.jobs = jobs
-        self.gpu_uuids = dict(gpu_uuids or {})
         self.to_clock = to_clock
         self.extra_env = dict(extra_env or {})
         self.run_as_owner = run_as_owner
@@ -167,6 +165,10 @@ class ProcessExecutor:
             return
         if self._signal(run, signal.SIGTERM):
             run.sigkill_at = time.monotonic() + self.grace_s
+
+    def reconfigure(self, action: Reconfigure) -> None:
+        """The daemon does not partition MIG GPUs yet (`--mig dynamic` is the twin's): it lists existing instances."""
+        raise ValueError(f"carma server cannot reconfigure MIG GPU {action.gpu}: dynamic MIG runs in the twin only")
 
     def poll_exits(self) -> Sequence[TaskExit]:
         """The exits since the last poll, each once; also escalates cancels whose grace period is over."""
@@ -242,10 +244,10 @@ class ProcessExecutor:
     # --- launching ------------------------------------------------------------------------------------
 
     def _environment(self, job: JobSpec, task: Task, launch: Launch) -> dict[str, str]:
-        """The job's environment, the daemon's additions, the task's identity and its GPUs (by UUID, so
-        the task sees exactly its GPUs whatever the device order; the index when a GPU has no UUID), and
-        PWD its workdir, as a shell's `cd` sets it (the submitter's was where `carma submit` ran)."""
-        devices = ",".join(self.gpu_uuids.get(gpu) or str(gpu) for gpu in launch.gpus)
+        """The job's environment, the daemon's additions, the task's identity and its GPUs (by their ids, the
+        GPUs' and MIG instances' UUIDs, so that the task sees exactly its targets whatever the device order),
+        and PWD its workdir, as a shell's `cd` sets it (the submitter's was where `carma submit` ran)."""
+        devices = ",".join(launch.gpus)
         return {
             **job.env,
             **self.extra_env,

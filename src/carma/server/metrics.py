@@ -75,8 +75,8 @@ class DaemonCollector(Collector):
             "carma_gpu_risk_excluded", "1 when the risk filter keeps the GPU out of collocation", labels=LABELS
         )
         tasks_on = GaugeMetricFamily("carma_gpu_tasks", "carma tasks placed on the GPU", labels=LABELS)
-        for status in statuses:
-            labels = [str(status.gpu.index), status.gpu.name, status.gpu.uuid]
+        for index, status in enumerate(statuses):  # `gpu` is its position in `carma gpus`, `uuid` its id
+            labels = [str(index), status.gpu.name, status.gpu.id]
             sample = status.latest
             if sample is not None:
                 for name, _, attribute, scale in GPU_GAUGES:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, Task, TaskId, TaskState
+from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, TargetId, Task, TaskId, TaskState
 from carma.estimate.base import Breakdown, Estimate
 from carma.server.faults import FaultLog, no_space, one_line
 from carma.server.spec import JobSpec
@@ -91,7 +91,7 @@ CREATE TABLE IF NOT EXISTS task_estimates (
     fingerprint TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
-    gpu INTEGER NOT NULL,
+    gpu TEXT NOT NULL,
     t REAL NOT NULL,
     used_mib INTEGER NOT NULL,
     total_mib INTEGER NOT NULL,
@@ -115,6 +115,7 @@ ADDED_COLUMNS = {
     },
     "estimates": {"notes": "TEXT NOT NULL DEFAULT '[]'"},
 }
+SCHEMA_VERSION = 2  # 2: attempts and samples name their targets by id (1: by the GPU's index at the time)
 SERIES_FIELDS = ("used_mib", "total_mib", "smact", "smocc", "drama", "power_w", "energy_j", "temperature_c")
 
 
@@ -306,6 +307,10 @@ class Store:
             for name, kind in columns.items():
                 if name not in have:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+        if int(self.meta("schema", 1)) < 2:  # type: ignore[call-overload]
+            with self._transaction() as db:
+                _name_targets(db, self.meta("gpus", []))  # type: ignore[arg-type]
+                self._set_meta(db, "schema", SCHEMA_VERSION)
 
     def close(self) -> None:
         self._db.close()
@@ -391,7 +396,9 @@ class Store:
             (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, seen.samples, task_id, attempt),
         )
 
-    def add_gpu_samples(self, rows: Sequence[tuple[int, float, dict[str, float | None]]], keep_after_s: float) -> None:
+    def add_gpu_samples(
+        self, rows: Sequence[tuple[TargetId, float, dict[str, float | None]]], keep_after_s: float
+    ) -> None:
         """Archive (gpu, t, values) rows, and forget those from before `keep_after_s`."""
         columns = ", ".join(SERIES_FIELDS)
         marks = ", ".join("?" for _ in SERIES_FIELDS)
@@ -525,9 +532,9 @@ class Store:
             )
         return out
 
-    def gpu_series(self, since_s: float, until_s: float | None = None) -> dict[int, dict[str, list]]:
-        """Per GPU, the archived samples in [since_s, until_s] as columns: {"t": [...], "used_mib": [...], ...}."""
-        out: dict[int, dict[str, list]] = {}
+    def gpu_series(self, since_s: float, until_s: float | None = None) -> dict[TargetId, dict[str, list]]:
+        """Per target, the archived samples in [since_s, until_s] as columns: {"t": [...], "used_mib": [...], ...}."""
+        out: dict[TargetId, dict[str, list]] = {}
         rows = self._db.execute(
             f"SELECT gpu, t, {', '.join(SERIES_FIELDS)} FROM gpu_samples WHERE t >= ? AND t <= ? ORDER BY t, gpu",
             (since_s, until_s if until_s is not None else float("inf")),
@@ -605,6 +612,24 @@ def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:
     return attempt, spawn, observed
 
 
+def _name_targets(db: sqlite3.Connection, uuids: Sequence[str]) -> None:
+    """Name the GPUs of a first-release database by id: its attempts and samples give the GPU's index, which
+    `uuids` (the GPUs its daemon last started with, in index order) turns into that GPU's UUID. An index
+    beyond them (none in a database the daemon wrote) keeps a name that says what it was."""
+
+    def target(index: int) -> TargetId:
+        return uuids[index] if 0 <= index < len(uuids) else f"gpu-index-{index}"
+
+    for task_id, number, gpus in db.execute("SELECT task_id, number, gpus FROM attempts").fetchall():
+        named = [target(g) if isinstance(g, int) else g for g in json.loads(gpus)]
+        db.execute(
+            "UPDATE attempts SET gpus = ? WHERE task_id = ? AND number = ?", (json.dumps(named), task_id, number)
+        )
+    rows = db.execute("SELECT rowid, gpu FROM gpu_samples WHERE typeof(gpu) = 'integer'").fetchall()
+    for rowid, gpu in rows:
+        db.execute("UPDATE gpu_samples SET gpu = ? WHERE rowid = ?", (target(gpu), rowid))
+
+
 def _last_time(task: Task) -> float:
     if task.ended_s is not None:
         return task.ended_s
@@ -617,7 +642,7 @@ def _last_time(task: Task) -> float:
 def _event_detail(task: Task) -> str:
     a = task.current
     if task.state is TaskState.DISPATCHED and a:
-        return f"attempt {a.number} on GPU {','.join(map(str, a.gpus))}" + (" (recovery)" if a.recovery else "")
+        return f"attempt {a.number} on GPU {','.join(a.gpus)}" + (" (recovery)" if a.recovery else "")
     if task.state is TaskState.OOM_CRASHED and a:
         return a.message
     return task.reason

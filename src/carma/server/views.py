@@ -8,8 +8,9 @@ from typing import Any
 from carma import __version__
 from carma.core.blocked import Estimating
 from carma.core.memory import RECOVERY_NEED, given_need
+from carma.core.scheduler import GpuStatus
 from carma.core.types import ACTIVE_STATES, MemoryNeed, Task, TaskState
-from carma.reasons import render
+from carma.reasons import render, target_label
 from carma.server.client import DRAINING
 from carma.server.daemon import Daemon
 
@@ -32,7 +33,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "gpus": len(daemon.gpus),
         "mps": daemon.mps is not None,
         "tcp": daemon.tcp,
-        "missing_metrics": {str(gpu): list(names) for gpu, names in daemon.backend.missing().items()},
+        "missing_metrics": {str(daemon.shown(gpu)): list(names) for gpu, names in daemon.backend.missing().items()},
         "tasks": counts,
     }
 
@@ -49,7 +50,7 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "mem_mib": job.mem_mib,
         "estimate": job.estimator,
         **_need_view(daemon, task),
-        "gpus": list(a.gpus) if a and a.ended_s is None else [],
+        "gpus": [daemon.shown(g) for g in a.gpus] if a and a.ended_s is None else [],
         "submit_s": task.submit_s,
         "start_s": a.dispatched_s if a else None,  # the latest attempt's: a relaunch's run starts anew
         "ended_s": task.ended_s,
@@ -79,7 +80,8 @@ def _waiting_reason(daemon: Daemon, task: Task) -> str | None:
     if blocked is None:
         return None
     progress = daemon.estimates.progress(task.id) if isinstance(blocked, Estimating) else None
-    return f"{render(blocked)} ({daemon.jobs[task.id].estimator}: {progress})" if progress else render(blocked)
+    words = render(blocked, target_label(daemon.scheduler))
+    return f"{words} ({daemon.jobs[task.id].estimator}: {progress})" if progress else words
 
 
 def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
@@ -111,7 +113,8 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
         "attempt_list": [
             {
                 "number": a.number,
-                "gpus": list(a.gpus),
+                "gpus": [daemon.shown(g) for g in a.gpus],
+                "targets": list(a.gpus),  # their ids: a GPU's UUID, or a MIG instance's
                 "dispatched_s": a.dispatched_s,
                 "first_kernel_s": a.first_kernel_s,
                 "ended_s": a.ended_s,
@@ -129,14 +132,22 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
     }
 
 
-def gpu_view(status) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    s, r = status.latest, status.risk
+def gpu_views(daemon: Daemon) -> list[dict[str, Any]]:
+    """Every target as `carma gpus` lists it, in the server's order (its position is its index)."""
+    return [gpu_view(i, status) for i, status in enumerate(daemon.scheduler.gpu_status(daemon.clock.now()))]
+
+
+def gpu_view(index: int, status: GpuStatus) -> dict[str, Any]:
+    s, r, target = status.latest, status.risk, status.gpu
     return {
-        "index": status.gpu.index,
-        "name": status.gpu.name,
-        "uuid": status.gpu.uuid,
-        "total_mib": status.gpu.total_mib,
-        "exclusive": status.gpu.exclusive,  # a MIG instance: one task at a time
+        "index": index,
+        "name": target.name,
+        "uuid": target.id,  # its identity: what attempts and samples are kept by
+        "kind": target.kind.value,
+        "parent": target.gpu,  # the physical GPU (itself for a whole GPU)
+        "compute": target.compute or None,  # SMs, or a MIG instance's; None: not known
+        "total_mib": target.total_mib,
+        "exclusive": not target.shareable,  # a MIG instance: one task at a time
         "used_mib": s.used_mib if s else None,
         "held_mib": status.held_mib,  # its tasks' known needs: no other task is placed into them
         "smact": s.smact if s else None,

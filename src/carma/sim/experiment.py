@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 from carma.core.config import SchedulerConfig
+from carma.core.early import EARLY_RESTART
 from carma.core.memory import estimated
 from carma.core.scheduler import Scheduler
-from carma.core.types import GpuInfo, MemoryNeed, Task
+from carma.core.types import MemoryNeed, Target, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
+from carma.sim.hints import durations, pairing
+from carma.sim.migtwin import SCHEMES, MigTwinServer, mig_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
 from carma.sim.twin import TwinServer
 from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES, Workload
 from carma.traces.loaders import Trace
 
 MEMORY_MODES = MEMORY_SOURCES
-_MEMORY_LABELS = {"none": "recovery only", "oracle": "oracle", "horus": "Horus", "faketensor": "FakeTensor"}
+MIG_MODES = ("off", "dynamic")
+_MEMORY_LABELS = {
+    "none": "recovery only",
+    "oracle": "oracle",
+    "horus": "Horus",
+    "faketensor": "FakeTensor",
+    "xmem": "xMem",
+}
+# carma's own decisions (`carma.core.config`): tasks of known need leave their GPUs open during their warm-up,
+# and later tasks backfill past a waiting head (docs/policy.md)
+OWN = {"ttfk_unknown_only": True, "backfill": True}
 
 
 @dataclass(frozen=True)
@@ -30,18 +43,33 @@ class RunConfig:
     policy: str  # a registered policy's name
     memory: str = "none"
     risk_filter: bool = True
+    mig: str = "off"  # "dynamic": every GPU partitioned per task (`carma.sim.migtwin`); the policy is not used
+    scheme: str = "b"  # with dynamic MIG, MIGM's scheme: "a" groups the queue by size, "b" is FIFO
+    predict: bool = True  # with dynamic MIG, restart a task early when its memory will outgrow its instance
+    own: bool = False  # carma's own decisions (`OWN`) on top of the policy
 
     def __post_init__(self) -> None:
         if self.memory not in MEMORY_MODES:
             raise ValueError(f"unknown memory mode {self.memory!r} (choose from {', '.join(MEMORY_MODES)})")
+        if self.mig not in MIG_MODES:
+            raise ValueError(f"unknown MIG mode {self.mig!r} (choose from {', '.join(MIG_MODES)})")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown MIG scheme {self.scheme!r} (choose from {', '.join(SCHEMES)})")
 
     @property
     def label(self) -> str:
+        if self.mig == "dynamic":
+            memory = _MEMORY_LABELS.get(self.memory, "GPUMemNet")
+            return f"MIG scheme {self.scheme.upper()} {memory}" + ("" if self.predict else ", no prediction")
         if self.policy == "exclusive":
             return "Exclusive"
         policy = self.policy.upper()
         memory = _MEMORY_LABELS.get(self.memory, "GPUMemNet")
-        return f"{policy} {memory}" + ("" if self.risk_filter else ", no risk filter")
+        return (
+            f"{policy} {memory}"
+            + ("" if self.risk_filter else ", no risk filter")
+            + (", carma's own" if self.own else "")
+        )
 
 
 # The paper's configurations for trace 1 (CARMA, section 3 and figure 2).
@@ -59,13 +87,19 @@ PAPER_SWEEP: tuple[RunConfig, ...] = (
 )
 
 
+# carma's own combination (docs/policy.md): xMem's estimates (a whole GPU where it has none), interference-aware
+# pairing, open warm-ups for known needs and backfilling; the sweep's last row
+OWN_RUN = RunConfig("pair", "xmem", own=True)
+SWEEP: tuple[RunConfig, ...] = (*PAPER_SWEEP, OWN_RUN)
+
+
 def paper_sweep(risk_filter: bool = True) -> tuple[RunConfig, ...]:
-    """The paper's configurations; with the risk filter switched off (the configuration file's
+    """The paper's configurations and carma's own; with the risk filter switched off (the configuration file's
     `[scheduler.risk] enabled = false`), every one runs without it, and the one that differed only there
     is dropped."""
     if risk_filter:
-        return PAPER_SWEEP
-    return tuple(dict.fromkeys(replace(run, risk_filter=False) for run in PAPER_SWEEP))
+        return SWEEP
+    return tuple(dict.fromkeys(replace(run, risk_filter=False) for run in SWEEP))
 
 
 @dataclass(frozen=True)
@@ -97,6 +131,7 @@ class RunResult:
     tasks: tuple[Task, ...]
     timelines: tuple[tuple[Segment, ...], ...]
     gpus: tuple[str, ...]
+    reconfigurations: int | None = None  # MIG layout changes (dynamic MIG runs only)
 
     def row(self) -> dict[str, object]:
         """The run as one flat record (the `--json` and CSV row)."""
@@ -123,6 +158,20 @@ class RunResult:
             "mem_used_mean_mib": round(m.mem_used_mean_mib, 1),
             "tasks_completed": m.tasks_completed,
             "tasks_failed": m.tasks_failed,
+        } | (self._mig_row() if self.reconfigurations is not None else {})
+
+    def _mig_row(self) -> dict[str, object]:
+        m = self.metrics
+        hours = m.makespan_s / 3600
+        early = sum(a.message.startswith(EARLY_RESTART) for t in self.tasks for a in t.attempts)
+        return {
+            "mig": self.config.mig,
+            "scheme": self.config.scheme,
+            "predict": self.config.predict,
+            "oom_crashes": m.oom_crashes - early,  # the metrics count an early restart's stop as an OOM
+            "reconfigurations": self.reconfigurations,
+            "early_restarts": early,
+            "throughput_tasks_per_h": round(m.tasks_completed / hours, 2) if hours else None,
         }
 
 
@@ -138,12 +187,16 @@ class RecordedEstimator:
         return estimated(self.name, self._workload_of(task).estimates.get(self.name))
 
 
-def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> RunResult:
+def simulate(
+    trace: Trace, run: RunConfig, twin: TwinConfig | None = None, growing: Mapping[str, int] | None = None
+) -> RunResult:
+    """Run `trace`; with dynamic MIG, the workloads named in `growing` grow to that memory (MiB) by their end."""
     twin = twin or TwinConfig()
     config = replace(
         twin.scheduler,
         policy=run.policy,
         risk=replace(twin.scheduler.risk, enabled=run.risk_filter),
+        **(OWN if run.own else {}),
     )
     # Asked once a task is submitted, so the server knows its entry's workload (two entries of one name may
     # differ in their recorded estimates).
@@ -153,22 +206,41 @@ def simulate(trace: Trace, run: RunConfig, twin: TwinConfig | None = None) -> Ru
         else None
     )
 
-    def make_scheduler(gpus: list[GpuInfo]) -> Scheduler:
-        return Scheduler(gpus, config, estimator)
+    def workload_of(task: Task) -> Workload:
+        return server.workload(task.id)
 
-    server = TwinServer(
-        twin.gpus,
-        make_scheduler,
-        twin.interference,
-        twin.sharing,
-        twin.power,
-        twin.fragmentation,
-        oracle_memory=run.memory == "oracle",
+    def make_scheduler(gpus: list[Target]) -> Scheduler:
+        hints = {"durations": durations(workload_of), "pairing": pairing(twin.interference, twin.sharing, workload_of)}
+        return Scheduler(gpus, config, estimator, **hints)
+
+    server = (
+        mig_server(
+            twin.gpus,
+            config,
+            estimator,
+            run.scheme,
+            twin.power,
+            oracle_memory=run.memory == "oracle",
+            predict=run.predict,
+            growing=growing,
+        )
+        if run.mig == "dynamic"
+        else TwinServer(
+            twin.gpus,
+            make_scheduler,
+            twin.interference,
+            twin.sharing,
+            twin.power,
+            twin.fragmentation,
+            oracle_memory=run.memory == "oracle",
+        )
     )
     server.run(trace)
     tasks = tuple(server.loop.scheduler.tasks)
     timelines = tuple(tuple(t) for t in server.timelines)
-    return RunResult(run, compute_metrics(tasks, timelines), tasks, timelines, tuple(g.name for g in twin.gpus))
+    reconfigurations = server.reconfigurations if isinstance(server, MigTwinServer) else None
+    metrics = compute_metrics(tasks, timelines)
+    return RunResult(run, metrics, tasks, timelines, tuple(g.name for g in twin.gpus), reconfigurations)
 
 
 def _simulate_args(args: tuple[Trace, RunConfig, TwinConfig]) -> RunResult:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from carma.core.loop import SchedulingLoop
 from carma.core.ports import GpuProcesses, TaskExit, TelemetryReading
 from carma.core.scheduler import Scheduler, SpecError
-from carma.core.types import GpuInfo, GpuSample, Launch, ProcessExit, Task, TaskId, TaskSpec
+from carma.core.types import GpuSample, Launch, ProcessExit, Reconfigure, Target, TargetId, Task, TaskId, TaskSpec
 from carma.metrics.timeline import Segment
 from carma.reasons import waiting_reason
 from carma.sim.gpus import GpuType
@@ -43,8 +43,9 @@ class SimulationStalled(RuntimeError):
 
 @dataclass
 class _SimGpu:
-    index: int
+    index: int  # its position in the server (the twin's own handle)
     kind: GpuType
+    id: TargetId  # the scheduler's name for it
     allocated: dict[TaskId, int] = field(default_factory=dict)  # processes shown on the GPU, with their memory
     running: set[TaskId] = field(default_factory=set)  # those past their warm-up, computing
     segments: list[Segment] = field(default_factory=list)
@@ -72,14 +73,15 @@ class TwinServer:
     def __init__(
         self,
         gpus: Sequence[GpuType],
-        scheduler_factory: Callable[[list[GpuInfo]], Scheduler],
+        scheduler_factory: Callable[[list[Target]], Scheduler],
         interference: InterferenceModel,
         sharing: str,
         power: PowerModel,
         fragmentation: float,
         oracle_memory: bool,
     ) -> None:
-        self._gpus = [_SimGpu(i, kind) for i, kind in enumerate(gpus)]
+        self._gpus = [_SimGpu(i, kind, target_id(i)) for i, kind in enumerate(gpus)]
+        self._index = {g.id: g.index for g in self._gpus}
         self._interference = interference
         self._sharing = sharing
         self._power = power
@@ -107,8 +109,8 @@ class TwinServer:
 
     # ----------------------------------------------------------------- Telemetry
 
-    def gpus(self) -> list[GpuInfo]:
-        return [GpuInfo(g.index, g.kind.name, g.kind.total_mib, f"SIM-GPU-{g.index}") for g in self._gpus]
+    def gpus(self) -> list[Target]:
+        return [Target(g.id, g.kind.name, g.kind.total_mib) for g in self._gpus]
 
     def read(self, now: float) -> TelemetryReading:
         first = max(self._last_read + self._interval, now - (self._window - 1) * self._interval)
@@ -116,12 +118,12 @@ class TwinServer:
         k1 = math.floor(now / self._interval + 1e-9)
         self._last_read = k1 * self._interval
         samples = [self._sample(g, k * self._interval) for k in range(k0, k1 + 1) for g in self._gpus]
-        processes = {g.index: GpuProcesses(frozenset(g.allocated)) for g in self._gpus}
+        processes = {g.id: GpuProcesses(frozenset(g.allocated)) for g in self._gpus}
         return TelemetryReading(samples, processes)
 
     def _sample(self, gpu: _SimGpu, t: float) -> GpuSample:
         seg = gpu.segments[bisect_right(gpu.starts, t) - 1]
-        return GpuSample(gpu.index, t, seg.used_mib, gpu.kind.total_mib, seg.smact, seg.smocc, seg.drama, seg.power_w)
+        return GpuSample(gpu.id, t, seg.used_mib, gpu.kind.total_mib, seg.smact, seg.smocc, seg.drama, seg.power_w)
 
     def workload(self, task_id: TaskId) -> Workload:
         """The workload of a submitted task: its trace entry's."""
@@ -132,13 +134,17 @@ class TwinServer:
     def launch(self, task: Task, launch: Launch) -> None:
         sim = self._tasks[task.id]
         sim.version += 1
-        sim.gpus = launch.gpus
+        sim.gpus = tuple(self._index[g] for g in launch.gpus)
         self._push(self._now + sim.workload.ttfk_s, _SEEN, task.id, sim.version)
 
     def kill(self, task_id: TaskId) -> None:
         sim = self._tasks[task_id]
         sim.version += 1
         self._end(task_id, ProcessExit(exit_code=None, signal=9, log_tail="Killed"))
+
+    def reconfigure(self, action: Reconfigure) -> None:
+        """Whole GPUs have no MIG layout to change (the dynamic MIG twin is `carma.sim.migtwin`)."""
+        raise ValueError(f"GPU {action.gpu} is not a dynamic MIG GPU: simulate with --mig dynamic")
 
     def poll_exits(self) -> list[TaskExit]:
         exits, self._exits = self._exits, []
@@ -159,6 +165,8 @@ class TwinServer:
                 continue
             if kind == _SUBMIT:
                 self._submit(payload)
+            elif kind > _TICK:
+                self._event(kind, payload, version)
             elif self._tasks[payload].version != version:
                 continue  # stale: the attempt was killed or its rate changed
             elif kind == _SEEN:
@@ -177,6 +185,10 @@ class TwinServer:
                 f"{pluralize(len(stuck), 'task')} never finished on the idle server: {names}; the scheduler says: "
                 f"{why} (check the [scheduler] settings)"
             )
+
+    def _event(self, kind: int, payload: object, version: int) -> None:
+        """An event of a kind a subclass adds (numbered above the base's): the MIG twin's memory growth."""
+        raise ValueError(f"no event of kind {kind}")
 
     @property
     def timelines(self) -> list[list[Segment]]:
@@ -321,6 +333,16 @@ class TwinServer:
             gpu.segments.append(seg)
             gpu.starts.append(self._now)
         self._last_change[gpu.index] = self._now
+
+
+def target_id(index: int) -> TargetId:
+    """The id of the twin's GPU at `index` (a simulated GPU's UUID)."""
+    return f"SIM-GPU-{index}"
+
+
+def target_index(target: TargetId) -> int:
+    """The index of the twin's GPU `target` names."""
+    return int(target.removeprefix("SIM-GPU-"))
 
 
 def _oom_exit(gpu: int, need_mib: int, total_mib: int, free_mib: int) -> ProcessExit:

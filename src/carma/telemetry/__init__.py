@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from carma.core.types import GpuInfo, GpuSample
+from carma.core.types import GpuSample, Target, TargetId
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,16 @@ class DeviceReading:
 
 
 class GpuBackend(Protocol):
-    def gpus(self) -> Sequence[GpuInfo]: ...
-
-    def read(self, now: float) -> Sequence[DeviceReading]:
-        """One reading per GPU, in index order, stamped `now` (the daemon's clock)."""
+    def gpus(self) -> Sequence[Target]:
+        """The placement targets (whole GPUs, MIG instances), in the order users see them listed."""
         ...
 
-    def missing(self) -> Mapping[int, Sequence[str]]:
-        """Per GPU index, the profiling metrics the backend cannot read (reported, never faked)."""
+    def read(self, now: float) -> Sequence[DeviceReading]:
+        """One reading per target, in the order of `gpus`, stamped `now` (the daemon's clock)."""
+        ...
+
+    def missing(self) -> Mapping[TargetId, Sequence[str]]:
+        """Per target, the profiling metrics the backend cannot read (reported, never faked)."""
         ...
 
     def close(self) -> None: ...

@@ -35,7 +35,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from carma.core.types import GpuInfo, GpuSample
+from carma.core.types import GpuSample, Target
 from carma.sim.gpus import GpuType
 from carma.sim.models import SHARING_MODES, Load, calibrated_interference, calibrated_power
 from carma.telemetry import DeviceReading, GpuProcess
@@ -132,10 +132,8 @@ class FakeDevice:
 
     # ----------------------------------------------------------------- what the device is
 
-    def gpus(self) -> list[GpuInfo]:
-        return [
-            GpuInfo(i, k.name, k.total_mib, u) for i, (k, u) in enumerate(zip(self._kinds, self._uuids, strict=True))
-        ]
+    def gpus(self) -> list[Target]:
+        return [Target(u, k.name, k.total_mib) for k, u in zip(self._kinds, self._uuids, strict=True)]
 
     def index_of(self, uuid: str) -> int:
         try:
@@ -221,7 +219,7 @@ class FakeDevice:
         drama = min(1.0, sum(load.drama * s for load, s in computing))
         used = sum(r.mib[uuid] for r in holders)
         power = calibrated_power().power_w(kind, smact)
-        return GpuSample(index, now, used, kind.total_mib, smact, smocc, drama, power)
+        return GpuSample(uuid, now, used, kind.total_mib, smact, smocc, drama, power)
 
     # ----------------------------------------------------------------- the registry
 
@@ -270,9 +268,9 @@ class FakeGpuBackend:
 
     def __init__(self, root: str | Path) -> None:
         self.device = FakeDevice.open(root)
-        self._energy: dict[int, tuple[float, float, float]] = {}  # gpu -> (time, power, joules) at last read
+        self._energy: dict[str, tuple[float, float, float]] = {}  # gpu -> (time, power, joules) at last read
 
-    def gpus(self) -> list[GpuInfo]:
+    def gpus(self) -> list[Target]:
         return self.device.gpus()
 
     def read(self, now: float) -> list[DeviceReading]:
@@ -288,7 +286,7 @@ class FakeGpuBackend:
             stamped.append(DeviceReading(replace(s, energy_j=joules), r.processes))
         return stamped
 
-    def missing(self) -> dict[int, tuple[str, ...]]:
+    def missing(self) -> dict[str, tuple[str, ...]]:
         """Nothing: the fake device models every metric."""
         return {}
 

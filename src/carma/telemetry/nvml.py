@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from carma.core.types import GpuInfo, GpuSample
+from carma.core.types import GpuSample, Target, TargetKind
 from carma.telemetry import DeviceReading, GpuProcess
 
 METRICS = ("smact", "smocc", "drama")
@@ -97,7 +97,7 @@ class _Gpm:
 class _Target:
     """A placement target: a whole GPU, or a MIG instance of one (`physical` is the GPU's NVML index)."""
 
-    info: GpuInfo
+    info: Target
     handle: Any
     physical: int
     gpu_handle: Any  # the whole GPU (power, energy and temperature are per GPU, not per instance)
@@ -118,7 +118,7 @@ class NvmlBackend:
         self._nvml = nvml if nvml is not None else load_nvml()
         self._targets = self._discover()
         self._dcgm = self._start_dcgm(dcgm_factory, round(interval_s * 1000))
-        self._failing: set[tuple[int, str]] = set()  # (target, reading) whose failure is logged already
+        self._failing: set[tuple[str, str]] = set()  # (target, reading) whose failure is logged already
         self._queries = {  # per process list, the function this driver has (see `_processes`)
             name: getattr(self._nvml, name)
             for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses")
@@ -135,33 +135,41 @@ class NvmlBackend:
             raise NvmlUnavailable(f"NVML cannot count the GPUs ({e})") from None
         for physical in range(count):
             try:  # NVML counts GPUs it may not open (NoPermission under a cgroup's device list, GpuIsLost)
-                targets += self._targets_of(physical, len(targets))
+                targets += self._targets_of(physical)
             except nvml.NVMLError as e:
                 log.warning("GPU %d left out: NVML cannot read it (%s)", physical, e)
         if not targets:
             raise NvmlUnavailable("NVML sees no GPU (and no MIG instance) it can read on this machine")
         return targets
 
-    def _targets_of(self, physical: int, first: int) -> list[_Target]:
-        """The GPU of this NVML index as a placement target, or its MIG instances; `first` numbers them."""
+    def _targets_of(self, physical: int) -> list[_Target]:
+        """The GPU of this NVML index as a placement target, or its MIG instances."""
         nvml = self._nvml
         handle = nvml.nvmlDeviceGetHandleByIndex(physical)
         if not self._mig_enabled(handle):
-            return [_Target(self._info(first, handle), handle, physical, handle, self._gpm(handle))]
+            return [_Target(self._info(handle), handle, physical, handle, self._gpm(handle))]
+        parent = self._info(handle).id
         found: list[_Target] = []
         for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except nvml.NVMLError:
                 continue  # an empty slot
-            found.append(_Target(self._info(first + len(found), mig, exclusive=True), mig, physical, handle))
+            found.append(_Target(self._info(mig, parent), mig, physical, handle))
         return found
 
-    def _info(self, index: int, handle: Any, exclusive: bool = False) -> GpuInfo:
+    def _info(self, handle: Any, parent: str = "") -> Target:
+        """The target of a GPU's handle, or of a MIG instance's (`parent`: its GPU's UUID)."""
         nvml = self._nvml
         total = nvml.nvmlDeviceGetMemoryInfo(handle).total // MIB
         name, uuid = _text(nvml.nvmlDeviceGetName(handle)), _text(nvml.nvmlDeviceGetUUID(handle))
-        return GpuInfo(index, name, total, uuid, exclusive)
+        if not parent:
+            return Target(uuid, name, total)
+        try:  # NVML gives a device's attributes for MIG device handles only
+            sms = nvml.nvmlDeviceGetAttributes(handle).multiprocessorCount
+        except nvml.NVMLError:
+            sms = 0
+        return Target(uuid, name, total, TargetKind.MIG, parent=parent, compute=sms, shareable=False)
 
     def _mig_enabled(self, handle: Any) -> bool:
         nvml = self._nvml
@@ -188,7 +196,7 @@ class NvmlBackend:
 
     def _start_dcgm(self, factory: Callable[[Iterable[int], int], Any] | None, interval_ms: int) -> Any:
         """DCGM for the whole GPUs GPM does not cover; None when there are none or DCGM is absent."""
-        needy = sorted({t.physical for t in self._targets if t.gpm is None and not t.info.exclusive})
+        needy = sorted({t.physical for t in self._targets if t.gpm is None and t.info.shareable})
         if not needy:
             return None
         if factory is None:
@@ -203,13 +211,13 @@ class NvmlBackend:
 
     # ----------------------------------------------------------------- the GpuBackend protocol
 
-    def gpus(self) -> list[GpuInfo]:
+    def gpus(self) -> list[Target]:
         return [t.info for t in self._targets]
 
-    def missing(self) -> dict[int, tuple[str, ...]]:
+    def missing(self) -> dict[str, tuple[str, ...]]:
         """Per shared GPU, the profiling metrics with no source (MIG instances need none: never shared)."""
         dcgm = self._dcgm is not None and self._dcgm.alive()
-        return {t.info.index: METRICS for t in self._targets if not t.info.exclusive and t.gpm is None and not dcgm}
+        return {t.info.id: METRICS for t in self._targets if t.info.shareable and t.gpm is None and not dcgm}
 
     def read(self, now: float) -> list[DeviceReading]:
         readings = []
@@ -226,10 +234,10 @@ class NvmlBackend:
         nvml = self._nvml
         memory = nvml.nvmlDeviceGetMemoryInfo(target.handle)
         metrics = self._metrics(target, now)
-        whole = not target.info.exclusive
+        whole = target.info.kind is TargetKind.GPU
         gpu = target.gpu_handle
         sample = GpuSample(
-            gpu=target.info.index,
+            gpu=target.info.id,
             t=now,
             used_mib=memory.used // MIB,
             total_mib=memory.total // MIB,
@@ -255,15 +263,15 @@ class NvmlBackend:
         try:
             return read()
         except self._nvml.NVMLError as e:
-            if (target.info.index, reading) not in self._failing:
-                self._failing.add((target.info.index, reading))
+            if (target.info.id, reading) not in self._failing:
+                self._failing.add((target.info.id, reading))
                 log.warning("%s gives no %s (%s): it is left unknown", target.info.name, reading, e)
             return None
 
     def _metrics(self, target: _Target, now: float) -> dict[str, float | None]:
         if (gpm := target.gpm) is not None:
             return self._optional(target, "GPM metrics (SMACT/SMOCC/DRAMA)", lambda: gpm.read(now)) or {}
-        if self._dcgm is not None and not target.info.exclusive:
+        if self._dcgm is not None and target.info.shareable:
             return self._dcgm.latest(target.physical) or {}
         return {}
 

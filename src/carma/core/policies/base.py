@@ -1,8 +1,8 @@
 """The placement-policy protocol: which candidate GPUs a policy accepts, how it orders them, and what it
 remembers after a placement. The placer takes as many GPUs as the task needs from the front of its order.
 
-Candidates arrive in GPU-index order, and every ordering here is a stable sort, so ties go to the lowest
-index.
+Candidates arrive in the server's order of its targets, and every ordering here is a stable sort, so ties go
+to the earliest.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
+from carma.core.types import TargetId
 from carma.core.view import View
 
 
@@ -21,11 +22,11 @@ class Policy(Protocol):
     # Whether a GPU it shares must pass the memory precondition and the risk filter (RR: TTFK validity only).
     checks_fit: ClassVar[bool]
 
-    def order(self, gpus: Sequence[int], view: View) -> list[int]:
-        """`gpus` (the candidates, in index order) in the order the policy would take them."""
+    def order(self, gpus: Sequence[TargetId], view: View) -> list[TargetId]:
+        """`gpus` (the candidates, in the server's order) in the order the policy would take them."""
         ...
 
-    def placed(self, gpus: Sequence[int]) -> None:
+    def placed(self, gpus: Sequence[TargetId]) -> None:
         """A task was placed on `gpus` (in this policy's order) from the main queue: remember what it needs to."""
         ...
 
@@ -38,11 +39,8 @@ class BasePolicy(ABC):
     shares: ClassVar[bool] = True
     checks_fit: ClassVar[bool] = True
 
-    def __init__(self, gpus: Sequence[int]) -> None:  # noqa: B027 (a default: most need nothing)
-        """Every policy is made for a server's GPU indices; most need none of them."""
-
     @abstractmethod
-    def order(self, gpus: Sequence[int], view: View) -> list[int]: ...
+    def order(self, gpus: Sequence[TargetId], view: View) -> list[TargetId]: ...
 
-    def placed(self, gpus: Sequence[int]) -> None:  # noqa: B027 (a default: most remember nothing)
+    def placed(self, gpus: Sequence[TargetId]) -> None:  # noqa: B027 (a default: most remember nothing)
         """Nothing to remember."""

@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from carma.core.policies.base import BasePolicy
+from carma.core.types import TargetId
 from carma.core.view import View
 
 
 class LeastUtilized(BasePolicy):
     name = "lug"
 
-    def order(self, gpus: Sequence[int], view: View) -> list[int]:
+    def order(self, gpus: Sequence[TargetId], view: View) -> list[TargetId]:
         return sorted(gpus, key=lambda g: _smact(view, g))
 
 
-def _smact(view: View, gpu: int) -> float:
+def _smact(view: View, gpu: TargetId) -> float:
     smact = view.risk(gpu).smact
     return float("inf") if smact is None else smact
