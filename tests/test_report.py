@@ -340,7 +340,8 @@ def test_a_saved_sweep_keeps_every_configuration(tmp_path):
     saved = run_carma("simulate", "--trace", "tiny.csv", "--sweep", "--save", "sweep.json", cwd=tmp_path)
     assert saved.returncode == 0, saved.stderr
     records = from_json((tmp_path / "sweep.json").read_text())
-    assert len(records) == 15 and records[0].label == "Exclusive"
+    assert len(records) == 16 and records[0].label == "Exclusive"  # CARMA's 15 and carma's own
+    assert records[-1].label == "PAIR xMem, carma's own"
     assert all(r.source == "carma simulate, trace tiny on 3xA100-40GB (MPS)" for r in records)
 
 
