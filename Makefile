@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # One worker per core of CI's two: timing-sensitive end-to-end tests (a replay within 10% of the twin) need the room.
 TEST_WORKERS ?= 2
 FAST_TESTS := tests/test_core_*.py tests/test_properties.py tests/test_twin.py tests/test_config.py tests/test_traces.py \
-	tests/test_units.py
+	tests/test_units.py tests/test_mig_*.py tests/test_growth.py
 
 .PHONY: setup demo test test-fast bench clean
 
