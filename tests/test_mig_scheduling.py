@@ -231,3 +231,22 @@ def test_a_flat_task_or_one_of_unknown_remaining_time_is_not_restarted():
             world.mem[task.id] = 3000 + growth * second
             settle(loop, world, 1)
         assert len(task.attempts) == 1 and task.state is TaskState.RUNNING
+
+
+def test_the_mig_placer_keeps_nothing_for_tasks_that_ended():
+    """A task cancelled while its instance is made, and one that completed, leave no entry behind: a daemon of
+    months would gather one per task."""
+    world = MigWorld()
+    loop = world.loop(config=NO_MARGIN)
+    waiting = loop.submit(TaskSpec("small", mem_mib=4000))
+    loop.step()  # its instance is being made for it
+    placer = loop.scheduler.placer
+    assert waiting.id in placer._reserved
+    loop.cancel(waiting.id)
+    done = loop.submit(TaskSpec("other", mem_mib=4000))
+    settle(loop, world)
+    world.end(done.id, ProcessExit(0))
+    settle(loop, world, 1)
+    assert loop.scheduler.task(done.id).state is TaskState.COMPLETED
+    kept = (placer._reserved, placer._offered, placer._ran_on)
+    assert all(waiting.id not in k and done.id not in k for k in kept)

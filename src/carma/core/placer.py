@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from carma.core.blocked import Blocked, MemoryShort, RiskFiltered, TtfkWait, WholeIdle
 from carma.core.config import SchedulerConfig
 from carma.core.policies import Policy
-from carma.core.types import ExitKind, MemoryNeed, NeedKind, Target, TargetId, TargetKind, Task, TaskState
+from carma.core.types import ExitKind, MemoryNeed, NeedKind, Target, TargetId, TargetKind, Task, TaskId, TaskState
 from carma.core.view import View
 
 
@@ -76,6 +76,9 @@ class Placer:
         """The most memory a task on `target` can ever be given: its own (a dynamic MIG GPU's instance can be
         remade larger: `carma.core.mig.placer`)."""
         return target.total_mib
+
+    def ended(self, task_id: TaskId) -> None:
+        """Nothing kept per task."""
 
     def _relaunch(self, task: Task, view: View) -> Placement | Blocked:
         """A relaunch after an OOM crash: whole idle GPUs; after running out alone, the largest idle ones larger

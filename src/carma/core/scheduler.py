@@ -78,6 +78,10 @@ class PlacerPort(Protocol):
         """The most memory a task on `target` can ever be given (what a need and an OOM are measured against)."""
         ...
 
+    def ended(self, task_id: TaskId) -> None:
+        """`task_id` reached a terminal state: a placer forgets what it kept for it."""
+        ...
+
 
 class SpecError(ValueError):
     """A task specification this server can never run."""
@@ -560,6 +564,7 @@ class Scheduler:
         task.reason = reason
         task.ended_s = now
         self._needs.pop(task.id, None)
+        self.placer.ended(task.id)
         self._changed.add(task.id)
 
 

@@ -79,6 +79,13 @@ class MigPlacer:
         geometry = self.geometries.get(target.parent) if target.slot is not None else None
         return target.total_mib if geometry is None else max(p.memory_mib or 0 for p in geometry.sizing)
 
+    def ended(self, task_id: TaskId) -> None:
+        """An ended task (completed, failed, cancelled while it waited) holds no reservation and needs no profile
+        to grow from: a daemon running for months keeps nothing for it."""
+        for kept in (self._reserved, self._offered, self._ran_on):
+            kept.pop(task_id, None)
+        self.whole.ended(task_id)
+
     def place(self, task: Task, need: MemoryNeed, view: View) -> Placement | Blocked:
         mig = [g for g, t in view.gpus.items() if self._dynamic(t)]
         want = self.want_mib(task, need) if task.spec.gpus == 1 and mig else None
