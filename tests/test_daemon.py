@@ -146,11 +146,11 @@ def test_a_restart_follows_its_tasks_gpus_by_identity_and_refuses_when_one_is_go
     running = first.submit(job("sleep", "60"))
     step_until(first, lambda: first.scheduler.task(running.id).state is TaskState.DISPATCHED)
     (target,) = first.scheduler.task(running.id).current.gpus
-    assert first.shown(target) == 0
+    assert first.scheduler.shown(target) == 0
     first.close()
     env = fake_env(home.fake_gpus)
     moved = Daemon(home, Reordered(home.fake_gpus), SchedulerConfig(), 10.0, env)
-    assert moved.scheduler.task(running.id).current.gpus == (target,) and moved.shown(target) == 1
+    assert moved.scheduler.task(running.id).current.gpus == (target,) and moved.scheduler.shown(target) == 1
     assert [s.tasks for s in moved.scheduler.gpu_status(moved.clock.now())] == [(), (running.id,)]
     moved.close()
     with pytest.raises(
@@ -184,8 +184,9 @@ def test_a_task_on_a_mig_instance_is_no_mps_client(home, tmp_path):
     show = ("sh", "-c", "env | grep -c ^CUDA_MPS_PIPE_DIRECTORY || true")
     tasks = [d.submit(job(*show, mem_mib=4096)) for _ in range(2)]
     step_until(d, lambda: all(d.scheduler.task(t.id).state is TaskState.COMPLETED for t in tasks))
+    shown = d.scheduler.shown
     seen = {
-        tuple(map(d.shown, d.scheduler.task(t.id).attempts[0].gpus)): d.executor.log_path(t.id, 1, "stdout").read_text()
+        tuple(map(shown, d.scheduler.task(t.id).attempts[0].gpus)): d.executor.log_path(t.id, 1, "stdout").read_text()
         for t in tasks
     }
     assert seen == {(0,): "1\n", (1,): "0\n"}

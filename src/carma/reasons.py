@@ -38,13 +38,8 @@ def waiting_reason(scheduler: Scheduler, task_id: TaskId) -> str | None:
 
 
 def target_label(scheduler: Scheduler) -> Callable[[TargetId], str]:
-    """How users know a target: by its position in the server's list (`carma gpus`), by its id once gone."""
-
-    def label(target: TargetId) -> str:
-        position = scheduler.position(target)
-        return target if position is None else str(position)
-
-    return label
+    """How users know a target (`Scheduler.shown`), as words."""
+    return lambda target: str(scheduler.shown(target))
 
 
 def render(blocked: Blocked, label: Callable[[TargetId], str]) -> str:

@@ -142,7 +142,7 @@ def server_cmd(
     for gpu, names in backend.missing().items():
         effect = "kept out of collocation" if missing == "risky" else "judged without them"
         err.print(
-            f"warning: GPU {daemon.shown(gpu)} reports no {', '.join(names)}: {effect} "
+            f"warning: GPU {daemon.scheduler.shown(gpu)} reports no {', '.join(names)}: {effect} "
             f"([scheduler.risk] missing = {missing})"
         )
     if daemon.executor.run_as_owner and (closed := closed_to_others()) is not None:

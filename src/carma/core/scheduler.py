@@ -412,6 +412,11 @@ class Scheduler:
         """Where `target` is in the server's order (None for one not, or no longer, there)."""
         return self._view.position(target) if target in self.gpus else None
 
+    def shown(self, target: TargetId) -> int | str:
+        """A target as users name it: its position in the server's list (`carma gpus`), its id once it has left."""
+        position = self.position(target)
+        return target if position is None else position
+
     def pending(self) -> bool:
         """Whether any task waits for a placement (or for the recovery scan)."""
         return bool(self._queues.main or self._queues.recovery or self._crashed)
@@ -454,7 +459,7 @@ class Scheduler:
             task = self._tasks[task_id]
             attempt = _current(task)
             relaunches = sum(1 for a in task.attempts if a.recovery)
-            gpus = ",".join(str(self.position(g)) if g in self.gpus else g for g in attempt.gpus)
+            gpus = ",".join(str(self.shown(g)) for g in attempt.gpus)
             outgrown = outgrown_mib(task, self.gpus)
             n = task.spec.gpus
             room = self.placer.room_mib

@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from carma.server.mps import MpsControl, MpsError, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
 from carma.server.state import Backups, open_store
-from carma.server.store import Spawn, Store, no_space_left
+from carma.server.store import Spawn, Store, StoredTask, no_space_left
 from carma.telemetry import GpuBackend
 from carma.units import pluralize
 
@@ -111,7 +111,8 @@ class Daemon:
             self.clock = self._clock(time_scale)
         self.gpus = list(backend.gpus())
         with self._starting():
-            self._check_gpus()
+            stored = self.store.load()  # read once: checked against the GPUs here, restored below
+            self._check_gpus(stored)
         self.jobs: dict[TaskId, JobSpec] = {}
         self.estimates = Estimates(
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
@@ -148,7 +149,7 @@ class Daemon:
         self.closing = False
         self._ticked = asyncio.Event()
         with self._starting():
-            self._restore()
+            self._restore(stored)
 
     # ----------------------------------------------------------------- set-up
 
@@ -192,17 +193,12 @@ class Daemon:
             self.store.set_meta("draining", value)
         self._draining = value
 
-    def shown(self, target: TargetId) -> int | str:
-        """A target as users see it named: its position in `carma gpus`, or its id once it has left."""
-        position = self.scheduler.position(target)
-        return target if position is None else position
-
-    def _check_gpus(self) -> None:
+    def _check_gpus(self, stored_tasks: Sequence[StoredTask]) -> None:
         """A restarted daemon must see the targets its live placements are on. Others may come, go or change
         places: tasks and history are kept by target id, not by position."""
         uuids = [g.id for g in self.gpus]
         gone: dict[TargetId, list[TaskId]] = {}
-        for stored in self.store.load():
+        for stored in stored_tasks:
             if stored.task.state in ACTIVE_STATES and stored.task.current is not None:
                 for target in stored.task.current.gpus:
                     if target not in uuids:
@@ -215,8 +211,8 @@ class Daemon:
             )
         self.store.set_meta("gpus", uuids)
 
-    def _restore(self) -> None:
-        for stored in self.store.load():
+    def _restore(self, stored_tasks: Sequence[StoredTask]) -> None:
+        for stored in stored_tasks:
             task = stored.task
             self.jobs[task.id] = stored.job
             if task.state in WAITING_STATES:

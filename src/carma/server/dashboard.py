@@ -58,7 +58,7 @@ def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
                     "attempt": a.number,
                     "name": job.name,
                     "user": job.user,
-                    "gpus": [daemon.shown(g) for g in a.gpus],
+                    "gpus": [daemon.scheduler.shown(g) for g in a.gpus],
                     "start_s": a.dispatched_s,
                     "first_kernel_s": a.first_kernel_s,
                     "end_s": a.ended_s,
@@ -116,7 +116,8 @@ def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
         """Archived per-GPU samples of the last `minutes`, one per bucket, as columns."""
         since = daemon.clock.now() - minutes * 60
         gpus = daemon.store.gpu_series(since)
-        return {"bucket_s": daemon.archive.bucket_s, "gpus": {str(daemon.shown(g)): s for g, s in gpus.items()}}
+        shown = daemon.scheduler.shown
+        return {"bucket_s": daemon.archive.bucket_s, "gpus": {str(shown(g)): s for g, s in gpus.items()}}
 
     def encoded() -> bytes:
         if cache["tick"] != daemon.tick:  # one encoding per step, whatever the number of viewers

@@ -21,7 +21,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for task in daemon.scheduler.tasks:
         counts[task.state.value] = counts.get(task.state.value, 0) + 1
-    risk = daemon.scheduler.config.risk
+    risk, shown = daemon.scheduler.config.risk, daemon.scheduler.shown
     return {
         "version": __version__,
         "clock_s": daemon.clock.now(),
@@ -33,7 +33,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "gpus": len(daemon.gpus),
         "mps": daemon.mps is not None,
         "tcp": daemon.tcp,
-        "missing_metrics": {str(daemon.shown(gpu)): list(names) for gpu, names in daemon.backend.missing().items()},
+        "missing_metrics": {str(shown(gpu)): list(names) for gpu, names in daemon.backend.missing().items()},
         "tasks": counts,
     }
 
@@ -50,7 +50,7 @@ def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
         "mem_mib": job.mem_mib,
         "estimate": job.estimator,
         **_need_view(daemon, task),
-        "gpus": [daemon.shown(g) for g in a.gpus] if a and a.ended_s is None else [],
+        "gpus": [daemon.scheduler.shown(g) for g in a.gpus] if a and a.ended_s is None else [],
         "submit_s": task.submit_s,
         "start_s": a.dispatched_s if a else None,  # the latest attempt's: a relaunch's run starts anew
         "ended_s": task.ended_s,
@@ -113,7 +113,7 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
         "attempt_list": [
             {
                 "number": a.number,
-                "gpus": [daemon.shown(g) for g in a.gpus],
+                "gpus": [daemon.scheduler.shown(g) for g in a.gpus],
                 "targets": list(a.gpus),  # their ids: a GPU's UUID, or a MIG instance's
                 "dispatched_s": a.dispatched_s,
                 "first_kernel_s": a.first_kernel_s,
