@@ -171,30 +171,30 @@ def test_pair_prefers_the_gpu_its_model_predicts_the_least_slowdown_on():
     def pairing(task, others):
         return max((cost[o.spec.name] for o in others), default=1.0)
 
-    b = bench(2, pairing=pairing, policy="pair", prefer_idle=False, risk=_no_risk())
-    b.submit("heavy", mem_mib=1000)
-    b.submit("light", mem_mib=20000)
-    b.placed()
-    b.advance(60)
-    b.first_kernel(1)
-    b.first_kernel(2)
-    b.advance(31)
+    b = _pair_beside("heavy", "light", pairing=pairing)
     task = b.submit("new", mem_mib=1000)
     # GPU 0 (heavy) has the most free memory, MAGM's choice; the model prefers the light co-runner's
     assert b.placed() == {task.id: (1,)}
 
 
 def test_pair_without_a_model_orders_as_magm():
-    b = bench(2, policy="pair", prefer_idle=False, risk=_no_risk())
-    b.submit("a", mem_mib=1000)
-    b.submit("b", mem_mib=20000)
+    b = _pair_beside("a", "b")
+    task = b.submit("new", mem_mib=1000)
+    assert b.placed() == {task.id: (0,)}
+
+
+def _pair_beside(first: str, second: str, **options: object) -> Bench:
+    """Two GPUs under the pair policy, `first` (1 GiB) on GPU 0 and `second` (20 GiB) on GPU 1, both past their
+    TTFK windows: GPU 0 has the more free memory."""
+    b = bench(2, policy="pair", prefer_idle=False, risk=_no_risk(), **options)
+    b.submit(first, mem_mib=1000)
+    b.submit(second, mem_mib=20000)
     b.placed()
     b.advance(60)
     b.first_kernel(1)
     b.first_kernel(2)
     b.advance(31)
-    task = b.submit("new", mem_mib=1000)
-    assert b.placed() == {task.id: (0,)}
+    return b
 
 
 def _no_risk() -> RiskConfig:
