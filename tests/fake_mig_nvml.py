@@ -6,6 +6,12 @@ slice (or past the profile's instance count) NVML_ERROR_INSUFFICIENT_RESOURCES, 
 instance a process runs on, or a GPU instance that still has compute instances, NVML_ERROR_IN_USE, any
 change by an unprivileged caller NVML_ERROR_NO_PERMISSION, and any MIG call on a GPU whose MIG mode is
 disabled NVML_ERROR_NOT_SUPPORTED. Instance handles are ctypes pointers, as the real list calls fill in.
+
+It also lists MIG devices as NVML does, for `NvmlBackend`: one per compute instance (a GPU instance without one
+has none), at indices below `nvmlDeviceGetMaxMigDeviceCount`, an empty index NVML_ERROR_NOT_FOUND; a MIG
+device is named after its profile ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", "... MIG 1c.3g.20gb" for a compute
+instance of part of its GPU instance), has its own UUID and its GPU instance's memory, and its handle goes
+stale (NVML_ERROR_INVALID_ARGUMENT) once its compute instance is destroyed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import ctypes
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
+from uuid import uuid4
 
 import pynvml
 
@@ -39,6 +46,7 @@ class FakeCompute:
     profile_id: int
     slices: int
     processes: int = 0
+    uuid: str = field(default_factory=lambda: f"MIG-{uuid4()}")  # its MIG device's, new with each instance
 
 
 @dataclass(eq=False)
@@ -65,9 +73,27 @@ class FakeMigDevice:
             out |= ((1 << gi.profile.memory_slices) - 1) << gi.start
         return out
 
+    def mig_devices(self) -> list[tuple[FakeGpuInstance, FakeCompute]]:
+        """Its MIG devices in index order: the compute instances, by GPU instance then compute instance id."""
+        return [
+            (gi, ci)
+            for gi in sorted(self.instances, key=lambda g: g.id)
+            for ci in sorted(gi.computes, key=lambda c: c.id)
+        ]
+
+
+@dataclass(eq=False)
+class FakeMigHandle:
+    """A MIG device handle: one compute instance, usable in place of a GPU's handle for per-instance queries."""
+
+    device: FakeMigDevice
+    gi: FakeGpuInstance
+    ci: FakeCompute
+
 
 class FakeMigNvml:
-    """The slice of pynvml `NvmlMigControl` uses. `privileged=False` makes every change NO_PERMISSION."""
+    """The slice of pynvml `NvmlMigControl` and `NvmlBackend` use. `privileged=False` makes every change
+    NO_PERMISSION."""
 
     NVMLError = pynvml.NVMLError
 
@@ -97,14 +123,22 @@ class FakeMigNvml:
                 return d
         raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetUUID(self, d: FakeMigDevice) -> str:
-        return d.uuid
+    def nvmlDeviceGetUUID(self, d: FakeMigDevice | FakeMigHandle) -> str:
+        return self._live(d).ci.uuid if isinstance(d, FakeMigHandle) else d.uuid
 
-    def nvmlDeviceGetName(self, d: FakeMigDevice) -> bytes:
-        return d.product.encode()
+    def nvmlDeviceGetName(self, d: FakeMigDevice | FakeMigHandle) -> bytes:
+        if not isinstance(d, FakeMigHandle):
+            return d.product.encode()
+        gi, ci = self._live(d).gi, d.ci
+        part = f"{ci.slices}c." if ci.slices < gi.profile.compute_slices else ""
+        return f"{d.device.product} MIG {part}{gi.profile.name}".encode()
 
-    def nvmlDeviceGetMemoryInfo(self, d: FakeMigDevice) -> Any:
-        return SimpleNamespace(total=d.total_mib << 20)
+    def nvmlDeviceGetMemoryInfo(self, d: FakeMigDevice | FakeMigHandle) -> Any:
+        total = self._mib(self._live(d)) << 20 if isinstance(d, FakeMigHandle) else d.total_mib << 20
+        return SimpleNamespace(total=total, used=0, free=total)
+
+    def nvmlDeviceGetArchitecture(self, d: FakeMigDevice) -> int:
+        return pynvml.NVML_DEVICE_ARCH_AMPERE
 
     def nvmlDeviceGetMigMode(self, d: FakeMigDevice) -> list[int]:
         if not d.has_mig:
@@ -115,6 +149,79 @@ class FakeMigNvml:
     def nvmlDeviceSetMigMode(self, d: FakeMigDevice, mode: int) -> int:
         self.mode_changes += 1
         raise AssertionError("carma changed a GPU's MIG mode")
+
+    # ------------------------------------------------------------ readings (what `NvmlBackend` reads each second)
+
+    def nvmlDeviceGetTemperature(self, d: FakeMigDevice, sensor: int) -> int:
+        return 40
+
+    def nvmlDeviceGetPowerUsage(self, d: FakeMigDevice) -> int:
+        return 100_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, d: FakeMigDevice) -> int:
+        return 5_000_000
+
+    def nvmlDeviceGetComputeRunningProcesses(self, d: FakeMigDevice | FakeMigHandle) -> list[Any]:
+        return []  # processes here are counted on compute instances (`run_process`), not named
+
+    nvmlDeviceGetMPSComputeRunningProcesses = nvmlDeviceGetComputeRunningProcesses
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    # ------------------------------------------------------------ MIG devices
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, d: FakeMigDevice) -> int:
+        """As NVML: zero on a GPU without MIG or with MIG mode off, one per compute slice otherwise."""
+        return d.geometry.compute_slices if d.has_mig and d.mig_enabled else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, d: FakeMigDevice, index: int) -> FakeMigHandle:
+        self._mig(d)
+        if not 0 <= index < self.nvmlDeviceGetMaxMigDeviceCount(d):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        listed = d.mig_devices()
+        if index >= len(listed):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeMigHandle(d, *listed[index])
+
+    def nvmlDeviceIsMigDeviceHandle(self, d: FakeMigDevice | FakeMigHandle) -> ctypes.c_uint:
+        return ctypes.c_uint(isinstance(d, FakeMigHandle))  # nvidia-ml-py returns the c_uint itself
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, d: FakeMigDevice | FakeMigHandle) -> FakeMigDevice:
+        return self._mig_handle(d).device
+
+    def nvmlDeviceGetGpuInstanceId(self, d: FakeMigDevice | FakeMigHandle) -> int:
+        return self._mig_handle(d).gi.id
+
+    def nvmlDeviceGetComputeInstanceId(self, d: FakeMigDevice | FakeMigHandle) -> int:
+        return self._mig_handle(d).ci.id
+
+    def nvmlDeviceGetAttributes(self, d: FakeMigDevice | FakeMigHandle) -> Any:
+        """A MIG device's engines and slices (NVML_ERROR_NOT_SUPPORTED on a GPU's handle)."""
+        h = self._mig_handle(d)
+        profile, attributes = h.gi.profile, pynvml.c_nvmlDeviceAttributes()
+        attributes.multiprocessorCount = (profile.sms or 0) * h.ci.slices // profile.compute_slices
+        attributes.gpuInstanceSliceCount = profile.compute_slices
+        attributes.computeInstanceSliceCount = h.ci.slices
+        attributes.memorySizeMB = self._mib(h)
+        return attributes
+
+    def _mig_handle(self, d: FakeMigDevice | FakeMigHandle) -> FakeMigHandle:
+        if not isinstance(d, FakeMigHandle):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._live(d)
+
+    def _live(self, h: FakeMigHandle) -> FakeMigHandle:
+        """The handle while its compute instance exists: NVML's MIG device handles go stale with it."""
+        if h.gi not in h.device.instances or h.ci not in h.gi.computes:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return h
+
+    @staticmethod
+    def _mib(h: FakeMigHandle) -> int:
+        """Its GPU instance's memory: the profile's as reported, else its share of the card's."""
+        p = h.gi.profile
+        return p.memory_mib or h.device.total_mib * p.memory_slices // h.device.geometry.memory_slices
 
     # ------------------------------------------------------------ GPU instances
 

@@ -1,17 +1,22 @@
-"""The NVML backend against a fake NVML module: parsing, GPM, DCGM, MIG, and degraded telemetry."""
+"""The NVML backend against a fake NVML module: parsing, GPM, DCGM, MIG (over the MIG-semantics fake that
+`NvmlMigControl` changes), and degraded telemetry."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 
-from carma.core.types import TargetKind
+from carma.core.mig.geometry import Geometry
+from carma.core.types import MigSlot, TargetKind
 from carma.telemetry.dcgm import DcgmDmon, parse_dmon_line
+from carma.telemetry.mig import NvmlMigControl
 from carma.telemetry.nvml import NvmlBackend, NvmlUnavailable, load_nvml
+from fake_mig_nvml import FakeMigDevice, FakeMigNvml
 from support import wait_until
 
 GIB = 1 << 30
@@ -75,23 +80,7 @@ class FakeNvml:
         return SimpleNamespace(total=h["total"], used=h.get("used", 0), free=h["total"] - h.get("used", 0))
 
     def nvmlDeviceGetMigMode(self, h):
-        if "mig" not in h:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return (1 if h["mig"] is not None else 0, 0)
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h):
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):
-        if i >= len(h["mig"]):
-            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        return h["mig"][i]
-
-    def nvmlDeviceGetAttributes(self, h):
-        """A device's engine counts; NVML gives them for MIG device handles only."""
-        if "sms" not in h:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(multiprocessorCount=h["sms"])
+        raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # GPUs without MIG: MIG's are FakeMigNvml's
 
     def nvmlDeviceGetArchitecture(self, h):
         return h.get("arch", self.NVML_DEVICE_ARCH_AMPERE)
@@ -241,28 +230,103 @@ def test_processes_include_mps_clients_and_leave_out_the_mps_server():
     assert sorted((p.pid, p.used_mib) for p in processes) == [(100, 2048), (200, 3072), (300, 0)]
 
 
-def test_mig_instances_are_exclusive_targets():
-    instances = [
-        {
-            "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-            "uuid": "MIG-1",
-            "total": 20096 << 20,
-            "used": 1 << 30,
-            "sms": 42,
-        },
-        {"name": "NVIDIA A100-SXM4-40GB MIG 2g.10gb", "uuid": "MIG-2", "total": 9856 << 20, "sms": 28},
-    ]
-    nvml = FakeNvml([ampere(mig=instances), ampere(uuid="GPU-b", mig=None)])
+A100 = Geometry.of("A100-40GB")
+
+
+def mig_a100(uuid: str = "GPU-a", geometry: Geometry = A100, mig_enabled: bool = True) -> FakeMigDevice:
+    return FakeMigDevice(uuid, "NVIDIA A100-SXM4-40GB", 40960, geometry, mig_enabled=mig_enabled)
+
+
+def mig_nvml(*devices: FakeMigDevice) -> tuple[FakeMigNvml, NvmlMigControl]:
+    nvml = FakeMigNvml(list(devices))
+    return nvml, NvmlMigControl(nvml, is_privileged=lambda: True)
+
+
+def make(control: NvmlMigControl, gpu: str, profile_id: int, start: int, *compute_slices: int) -> int:
+    """A GPU instance and its compute instances (by default one spanning it, as carma makes them)."""
+    gi = control.create_gpu_instance(gpu, profile_id, start)
+    for slices in compute_slices or (next(p for p in A100.profiles if p.profile_id == profile_id).compute_slices,):
+        control.create_compute_instance(gpu, gi, slices)
+    return gi
+
+
+def profile_id(name: str) -> int:
+    return A100.profile(name).profile_id
+
+
+def test_mig_instances_are_exclusive_targets_placed_by_their_slot():
+    nvml, control = mig_nvml(mig_a100(), mig_a100("GPU-b", mig_enabled=False))
+    make(control, "GPU-a", profile_id("3g.20gb"), 4)
+    make(control, "GPU-a", profile_id("2g.10gb"), 0)
     backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
-    targets = [(g.id, g.kind, g.gpu, g.total_mib, g.compute, g.shareable) for g in backend.gpus()]
+    targets = [(g.name, g.kind, g.gpu, g.total_mib, g.compute, g.shareable, g.slot) for g in backend.gpus()]
     assert targets == [
-        ("MIG-1", TargetKind.MIG, "GPU-a", 20096, 42, False),
-        ("MIG-2", TargetKind.MIG, "GPU-a", 9856, 28, False),
-        ("GPU-b", TargetKind.GPU, "GPU-b", 40960, 0, True),
+        ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", TargetKind.MIG, "GPU-a", 19968, 42, False, MigSlot("3g.20gb", 4)),
+        ("NVIDIA A100-SXM4-40GB MIG 2g.10gb", TargetKind.MIG, "GPU-a", 9856, 28, False, MigSlot("2g.10gb", 0)),
+        ("NVIDIA A100-SXM4-40GB", TargetKind.GPU, "GPU-b", 40960, 0, True, None),
     ]
+    ids = [g.id for g in backend.gpus()]
+    assert ids[0].startswith("MIG-") and ids[1].startswith("MIG-") and ids[0] != ids[1]
     readings = backend.read(1.0)
-    assert readings[0].sample.used_mib == 1024 and readings[0].sample.power_w is None
+    assert [r.sample.gpu for r in readings] == ids
+    assert (readings[0].sample.power_w, readings[0].sample.temperature_c, readings[2].sample.power_w) == (None, 40, 100)
     assert backend.missing() == {"GPU-b": ("smact", "smocc", "drama")}  # instances need none: never shared
+
+
+def test_refresh_lists_the_layout_a_reconfiguration_left(caplog):
+    nvml, control = mig_nvml(mig_a100())
+    backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)  # MIG mode on, no instance yet: a GPU to partition, no error
+    assert backend.gpus() == []
+    assert "GPU-a (NVIDIA A100-SXM4-40GB) has MIG mode on and no MIG instance yet" in caplog.text
+    make(control, "GPU-a", profile_id("3g.20gb"), 0)
+    replaced = make(control, "GPU-a", profile_id("3g.20gb"), 4)
+    backend.refresh()
+    before = {g.slot: g.id for g in backend.gpus()}
+    assert list(before) == [MigSlot("3g.20gb", 0), MigSlot("3g.20gb", 4)]
+
+    control.destroy_gpu_instance("GPU-a", replaced)
+    make(control, "GPU-a", profile_id("2g.10gb"), 4)
+    control.create_gpu_instance("GPU-a", profile_id("1g.5gb"), 6)  # no compute instance yet: no MIG device
+    assert [g.slot for g in backend.gpus()] == list(before)  # what was discovered, until refreshed
+    backend.refresh()
+    after = {g.slot: g.id for g in backend.gpus()}
+    assert list(after) == [MigSlot("3g.20gb", 0), MigSlot("2g.10gb", 4)]
+    assert after[MigSlot("3g.20gb", 0)] == before[MigSlot("3g.20gb", 0)]  # the instance left alone is the same
+    assert [r.sample.gpu for r in backend.read(1.0)] == list(after.values())  # read through the new handles
+
+
+def test_an_instance_without_a_known_slot_stays_a_static_target_with_one_warning(caplog):
+    """A profile newer than carma's table, a card it has no geometry of, or a GPU instance split into
+    several compute instances (each a MIG device, all on one slot): placed on as found, never reshaped."""
+    newer = replace(A100.profile("1g.5gb"), name="1g.5gb+gfx", profile_id=47)
+    card = mig_a100(geometry=Geometry("A100-40GB", (*A100.profiles, newer)))
+    nvml, control = mig_nvml(card, FakeMigDevice("GPU-x", "NVIDIA A30", 24576, A100))
+    make(control, "GPU-a", 47, 0, 1)
+    make(control, "GPU-a", profile_id("3g.20gb"), 4, 1, 2)
+    make(control, "GPU-x", profile_id("3g.20gb"), 0)
+    backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
+    targets = [(g.name, g.kind, g.slot) for g in backend.gpus()]
+    assert targets == [
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb+gfx", TargetKind.MIG, None),
+        ("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", TargetKind.MIG, None),
+        ("NVIDIA A100-SXM4-40GB MIG 2c.3g.20gb", TargetKind.MIG, None),
+        ("NVIDIA A30 MIG 3g.20gb", TargetKind.MIG, None),
+    ]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 4  # one per instance, and one for the card (not one per instance of it)
+    assert "GPU-instance profile 47 is none of the A100-40GB's carma knows" in warnings[0]
+    assert "its compute instance has 1 of its GPU instance's 3 slices" in warnings[1]
+    assert warnings[3].startswith("GPU-x: its MIG instances get no slot: no MIG geometry for 'NVIDIA A30'")
+    backend.refresh()
+    assert len(caplog.records) == 4  # not again at each refresh
+
+
+def test_refresh_keeps_a_whole_gpus_gpm_interval():
+    """A new GPM sampler would need a sample to open its interval: the metrics would go missing a round."""
+    backend = NvmlBackend(FakeNvml([hopper()], gpm_values={2: 45.0, 3: 20.0, 10: 30.0}), dcgm_factory=no_dcgm)
+    backend.read(1.0)
+    backend.refresh()
+    assert backend.read(2.0)[0].sample.smact == pytest.approx(0.45)
 
 
 def test_a_gpu_that_fails_to_read_is_skipped_with_a_warning(caplog):
@@ -323,7 +387,7 @@ def test_a_gpu_nvml_counts_but_cannot_open_is_left_out_with_a_warning(caplog):
     assert [g.id for g in backend.gpus()] == ["GPU-a"]
     assert "GPU 1 left out: NVML cannot read it (Insufficient Permissions)" in caplog.text
     nvml.raises["nvmlDeviceGetHandleByIndex", "GPU-a"] = nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
-    with pytest.raises(NvmlUnavailable, match=r"sees no GPU .* it can read"):
+    with pytest.raises(NvmlUnavailable, match=r"sees no GPU it can read"):
         NvmlBackend(nvml, dcgm_factory=no_dcgm)
 
 

@@ -4,17 +4,20 @@ profiling metrics SMACT, SMOCC and DRAMA.
 One NVML session for the daemon's lifetime, no subprocess per sample. The profiling metrics come from
 NVML's GPU Performance Monitoring (GPM: Hopper and newer) or from DCGM (`dcgmi dmon`, e.g. on an A100);
 where neither exists they are reported missing (None), and the risk rule's `missing` setting decides,
-never a made-up zero. MIG instances are discovered (not created) and become exclusive placement targets.
+never a made-up zero. MIG instances are discovered (carma.telemetry.mig creates and destroys them) and become
+exclusive placement targets, each with its slot (profile and first memory slice) where carma's MIG geometry
+knows the card and the profile; `refresh` discovers them again after a reconfiguration.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from carma.core.types import GpuSample, Target, TargetKind
+from carma.core.mig.geometry import Geometry, UnknownModel
+from carma.core.types import GpuSample, MigSlot, Target, TargetKind
 from carma.telemetry import DeviceReading, GpuProcess
 
 METRICS = ("smact", "smocc", "drama")
@@ -32,6 +35,10 @@ T = TypeVar("T")
 
 class NvmlUnavailable(RuntimeError):
     """No usable NVML: library, driver or GPU missing; the message says which."""
+
+
+class _NoSlot(Exception):
+    """Why a MIG instance gets no slot."""
 
 
 def load_nvml() -> Any:
@@ -116,9 +123,11 @@ class NvmlBackend:
         """`interval_s`: the daemon's sampling period, which DCGM streams at, so that a monitor window of
         `window_samples` covers the time the configuration says."""
         self._nvml = nvml if nvml is not None else load_nvml()
-        self._targets = self._discover()
+        self._failing: set[tuple[str, str]] = set()  # (target, what) whose warning is logged already
+        self._targets, readable = self._discover({})
+        if not readable:
+            raise NvmlUnavailable("NVML sees no GPU it can read on this machine")
         self._dcgm = self._start_dcgm(dcgm_factory, round(interval_s * 1000))
-        self._failing: set[tuple[str, str]] = set()  # (target, reading) whose failure is logged already
         self._queries = {  # per process list, the function this driver has (see `_processes`)
             name: getattr(self._nvml, name)
             for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses")
@@ -126,50 +135,112 @@ class NvmlBackend:
 
     # ----------------------------------------------------------------- discovery
 
-    def _discover(self) -> list[_Target]:
+    def refresh(self) -> None:
+        """Discover the targets again, after a MIG reconfiguration: `gpus` then lists the new layout. A whole
+        GPU seen before keeps its GPM sampler (a new one would need a sample to open its interval), and DCGM
+        keeps streaming the GPUs it started for; MIG instances have neither."""
+        known = {t.info.id: t for t in self._targets}
+        self._targets, _ = self._discover(known)
+        listed = {t.info.id for t in self._targets}
+        for gone in known.values():
+            if gone.gpm is not None and gone.info.id not in listed:
+                gone.gpm.close()
+
+    def _discover(self, known: Mapping[str, _Target]) -> tuple[list[_Target], int]:
+        """The targets, and how many GPUs NVML could read (a MIG GPU without instances is one, with none)."""
         nvml = self._nvml
         targets: list[_Target] = []
         try:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as e:
             raise NvmlUnavailable(f"NVML cannot count the GPUs ({e})") from None
+        readable = 0
         for physical in range(count):
             try:  # NVML counts GPUs it may not open (NoPermission under a cgroup's device list, GpuIsLost)
-                targets += self._targets_of(physical)
+                targets += self._targets_of(physical, known)
+                readable += 1
             except nvml.NVMLError as e:
                 log.warning("GPU %d left out: NVML cannot read it (%s)", physical, e)
-        if not targets:
-            raise NvmlUnavailable("NVML sees no GPU (and no MIG instance) it can read on this machine")
-        return targets
+        return targets, readable
 
-    def _targets_of(self, physical: int) -> list[_Target]:
+    def _targets_of(self, physical: int, known: Mapping[str, _Target]) -> list[_Target]:
         """The GPU of this NVML index as a placement target, or its MIG instances."""
         nvml = self._nvml
         handle = nvml.nvmlDeviceGetHandleByIndex(physical)
+        gpu = self._info(handle)
         if not self._mig_enabled(handle):
-            return [_Target(self._info(handle), handle, physical, handle, self._gpm(handle))]
-        parent = self._info(handle).id
+            gpm = known[gpu.id].gpm if gpu.id in known else self._gpm(handle)
+            return [_Target(gpu, handle, physical, handle, gpm)]
+        geometry = self._geometry(gpu)
         found: list[_Target] = []
-        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except nvml.NVMLError:
-                continue  # an empty slot
-            found.append(_Target(self._info(mig, parent), mig, physical, handle))
+        for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:  # a MIG device is a compute instance: a GPU instance without one has none yet
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except nvml.NVMLError_NotFound:
+                continue  # an empty index
+            found.append(_Target(self._instance(mig, gpu, handle, geometry), mig, physical, handle))
+        if not found:
+            self._warn_once((gpu.id, "instances"), "%s (%s) has MIG mode on and no MIG instance yet", gpu.id, gpu.name)
         return found
 
-    def _info(self, handle: Any, parent: str = "") -> Target:
-        """The target of a GPU's handle, or of a MIG instance's (`parent`: its GPU's UUID)."""
+    def _info(self, handle: Any) -> Target:
+        """The target of a whole GPU's handle."""
         nvml = self._nvml
         total = nvml.nvmlDeviceGetMemoryInfo(handle).total // MIB
-        name, uuid = _text(nvml.nvmlDeviceGetName(handle)), _text(nvml.nvmlDeviceGetUUID(handle))
-        if not parent:
-            return Target(uuid, name, total)
+        return Target(_text(nvml.nvmlDeviceGetUUID(handle)), _text(nvml.nvmlDeviceGetName(handle)), total)
+
+    def _instance(self, mig: Any, gpu: Target, gpu_handle: Any, geometry: Geometry | None) -> Target:
+        """The target of a MIG device handle. NVML names it with its profile ("NVIDIA A100-SXM4-40GB MIG
+        3g.20gb"); `compute` is its SMs."""
+        nvml = self._nvml
+        info = self._info(mig)
         try:  # NVML gives a device's attributes for MIG device handles only
-            sms = nvml.nvmlDeviceGetAttributes(handle).multiprocessorCount
+            attributes = nvml.nvmlDeviceGetAttributes(mig)
         except nvml.NVMLError:
-            sms = 0
-        return Target(uuid, name, total, TargetKind.MIG, parent=parent, compute=sms, shareable=False)
+            attributes = None
+        slot = self._slot(mig, info, gpu_handle, geometry, attributes)
+        sms = attributes.multiprocessorCount if attributes is not None else 0
+        return Target(
+            info.id, info.name, info.total_mib, TargetKind.MIG, parent=gpu.id, compute=sms, shareable=False, slot=slot
+        )
+
+    def _geometry(self, gpu: Target) -> Geometry | None:
+        """carma's MIG geometry of the card; None (its instances then static targets) for a card it lacks."""
+        try:
+            return Geometry.for_product(gpu.name, gpu.total_mib)
+        except UnknownModel as e:
+            self._warn_once((gpu.id, "geometry"), "%s: its MIG instances get no slot: %s", gpu.id, e)
+            return None
+
+    def _slot(
+        self, mig: Any, info: Target, gpu_handle: Any, geometry: Geometry | None, attributes: Any | None
+    ) -> MigSlot | None:
+        """The profile and first memory slice of the MIG device's GPU instance, by which MIG placement finds
+        it; None (a static target, with one warning) where they cannot be known."""
+        if geometry is None:
+            return None
+        try:
+            return self._read_slot(mig, gpu_handle, geometry, attributes)
+        except (self._nvml.NVMLError, _NoSlot) as e:
+            self._warn_once((info.id, "slot"), "%s (%s) gets no slot, so no MIG placement: %s", info.name, info.id, e)
+            return None
+
+    def _read_slot(self, mig: Any, gpu_handle: Any, geometry: Geometry, attributes: Any | None) -> MigSlot:
+        nvml = self._nvml
+        gi = nvml.nvmlGpuInstanceGetInfo(
+            nvml.nvmlDeviceGetGpuInstanceById(gpu_handle, nvml.nvmlDeviceGetGpuInstanceId(mig))
+        )
+        profile = next((p for p in geometry.profiles if p.profile_id == gi.profileId), None)
+        if profile is None:
+            raise _NoSlot(f"GPU-instance profile {gi.profileId} is none of the {geometry.model}'s carma knows")
+        # carma makes one compute instance spanning each GPU instance; of two in one, each a MIG device, both
+        # would claim the GPU instance's slot
+        if attributes is not None and attributes.computeInstanceSliceCount < attributes.gpuInstanceSliceCount:
+            raise _NoSlot(
+                f"its compute instance has {attributes.computeInstanceSliceCount} of its GPU instance's "
+                f"{attributes.gpuInstanceSliceCount} slices"
+            )
+        return MigSlot(profile.name, gi.placement.start)
 
     def _mig_enabled(self, handle: Any) -> bool:
         nvml = self._nvml
@@ -263,10 +334,16 @@ class NvmlBackend:
         try:
             return read()
         except self._nvml.NVMLError as e:
-            if (target.info.id, reading) not in self._failing:
-                self._failing.add((target.info.id, reading))
-                log.warning("%s gives no %s (%s): it is left unknown", target.info.name, reading, e)
+            self._warn_once(
+                (target.info.id, reading), "%s gives no %s (%s): it is left unknown", target.info.name, reading, e
+            )
             return None
+
+    def _warn_once(self, key: tuple[str, str], message: str, *args: object) -> None:
+        """A warning the first time only: readings repeat every second, discovery at every refresh."""
+        if key not in self._failing:
+            self._failing.add(key)
+            log.warning(message, *args)
 
     def _metrics(self, target: _Target, now: float) -> dict[str, float | None]:
         if (gpm := target.gpm) is not None:
