@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from carma.core import GpuSample, ProcessExit, Scheduler, SchedulerConfig, Target, TargetKind, TaskSpec
 from carma.core.memory import Estimator
@@ -32,6 +32,17 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "c
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
     return value
+
+
+def step_until(daemon: Any, predicate: Callable[[], object], timeout: float = 20.0) -> None:
+    """Step an in-process daemon until `predicate` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        daemon.step()
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
 
 
 def cli_env(**extra: str) -> dict[str, str]:

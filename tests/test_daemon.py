@@ -22,6 +22,7 @@ from carma.server.store import Observation
 from carma.sim.gpus import parse_gpus
 from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
 from servers import fakejob
+from support import step_until
 
 
 @pytest.fixture
@@ -43,16 +44,6 @@ def job(*argv: str, **fields: object) -> JobSpec:
 
 def scrape(d: Daemon) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(Metrics(d).render().decode())}
-
-
-def step_until(d: Daemon, predicate, timeout: float = 20.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d.step()
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from carma.core.mig.control import GpuInstanceView, carry_out, geometry_of, read_gpu
 from carma.core.mig.geometry import Geometry
 from carma.core.mig.partition import InstanceKey, Plan, plan
+from carma.core.mig.placer import reconfigure
 from carma.telemetry.mig import MigError, MigUnavailable, NvmlMigControl
 from fake_mig_nvml import FakeMigDevice, FakeMigNvml
 
@@ -124,7 +125,7 @@ def test_a_plan_carried_out_through_the_port_is_the_layout_predicted():
         state = read_gpu(mig, "GPU-a", A100, busy)
         decision = plan([state], need)
         assert isinstance(decision, Plan)
-        carry_out(mig, decision)
+        carry_out(mig, reconfigure(decision), A100)
         assert read_gpu(mig, "GPU-a", A100, busy) == decision.after
         busy.add(decision.instance)
         nvml.run_process("GPU-a", decision.instance.start)
@@ -161,7 +162,7 @@ def test_random_plans_through_the_port_end_where_predicted(ops):
         decision = plan([state], value)
         if not isinstance(decision, Plan):
             continue
-        carry_out(mig, decision)  # NVML itself refuses to destroy a busy instance: this would raise
+        carry_out(mig, reconfigure(decision), A100)  # NVML itself refuses to destroy a busy instance: this would raise
         assert read_gpu(mig, "GPU-a", A100, busy) == decision.after
         busy.append(decision.instance)
         nvml.run_process("GPU-a", decision.instance.start)

@@ -105,9 +105,11 @@ def test_a_need_larger_than_the_current_instances_is_kept_not_turned_into_a_whol
     assert second.current is not None and second.current.need is not None and second.current.need.mib == 15000
 
 
-def test_the_daemon_refuses_a_reconfiguration_in_one_line():
-    executor = ProcessExecutor.__new__(ProcessExecutor)  # its refusal needs none of its state
-    with pytest.raises(ValueError, match="cannot reconfigure MIG GPU GPU-0") as e:
+def test_a_daemon_without_dynamic_mig_refuses_a_reconfiguration_in_one_line(tmp_path):
+    executor = ProcessExecutor(tmp_path, {}.__getitem__)
+    with pytest.raises(
+        ValueError, match="cannot reconfigure MIG GPU GPU-0: carma server runs without --mig dynamic"
+    ) as e:
         executor.reconfigure(Reconfigure("GPU-0", (), (MigSlot("1g.5gb", 0),)))
     assert "\n" not in str(e.value)
 

@@ -27,6 +27,13 @@ keep_ended_days = 0
 max_connections = 256
 max_user_connections = 32
 idle_timeout_s = 10
+
+[mig]
+mode = "static"   # "dynamic": carma creates and destroys MIG instances per task (docs/mig.md)
+scheme = "a"
+max_passes = 3
+min_mib = 4096
+predict = true
 ```
 
 Every key is optional; unknown keys are an error, so a typo never passes silently.
@@ -42,6 +49,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from carma.core.config import SchedulerConfig
+from carma.core.mig.scheduling import MigConfig
 from carma.core.risk import RiskConfig, RiskWeights
 from carma.sim.experiment import TwinConfig
 from carma.sim.gpus import parse_gpus
@@ -102,6 +110,7 @@ class Config:
     twin: TwinConfig = field(default_factory=TwinConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    mig: MigConfig = field(default_factory=MigConfig)
     # whether the file has a [twin] table, which the server reads none of and warns of (one equal to the
     # defaults too: it was silent on the documented example)
     has_twin: bool = field(default=False, compare=False)
@@ -152,7 +161,7 @@ def _built(where: str, make: Callable[[], T], hint: str = "") -> T:
 
 
 def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
-    top = _section(doc, {"scheduler": {}, "twin": {}, "estimate": {}, "server": {}}, source)
+    top = _section(doc, {"scheduler": {}, "twin": {}, "estimate": {}, "server": {}, "mig": {}}, source)
     sched_where, risk_where = f"{source} [scheduler]", f"{source} [scheduler.risk]"
     weights_where, twin_where = f"{source} [scheduler.risk.weights]", f"{source} [twin]"
     sched = _section(top.get("scheduler", {}), _defaults(SchedulerConfig()) | {"risk": {}}, sched_where)
@@ -160,6 +169,7 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
     twin = _section(top.get("twin", {}), _TWIN_KEYS, twin_where)
     estimate = _section(top.get("estimate", {}), _defaults(EstimateConfig()), f"{source} [estimate]")
     server = _section(top.get("server", {}), _defaults(ServerConfig()), f"{source} [server]")
+    mig = _section(top.get("mig", {}), _defaults(MigConfig()), f"{source} [mig]")
     weights = _section(risk.pop("weights", {}), _defaults(RiskWeights()), weights_where)
     left_out = "; a weight left out keeps its default" if 0 < len(weights) < len(fields(RiskWeights)) else ""
     risk_weights = _built(weights_where, lambda: RiskWeights(**weights), left_out)
@@ -178,6 +188,7 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
         _built(twin_where, lambda: TwinConfig(**twin_args)),
         _built(f"{source} [estimate]", lambda: EstimateConfig(**estimate)),
         _built(f"{source} [server]", lambda: ServerConfig(**server)),
+        _built(f"{source} [mig]", lambda: MigConfig(**mig)),
         has_twin="twin" in top,
     )
 

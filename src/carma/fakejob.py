@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from carma.sim.models import Load
-from carma.telemetry.fake import ENV_ROOT, ENV_TIME_SCALE, UUID_PREFIX, FakeDevice
+from carma.telemetry.fake import ENV_ROOT, ENV_TIME_SCALE, MIG_UUID_PREFIX, UUID_PREFIX, FakeDevice
 from carma.units import parse_mib
 
 TICK_S = 0.05  # wall seconds between progress updates
@@ -92,8 +92,8 @@ def _environment() -> tuple[FakeDevice, list[str], float]:
     uuids = [u.strip() for u in visible.split(",") if u.strip()]
     if not uuids:
         raise UsageError("CUDA_VISIBLE_DEVICES is not set; run me on fake GPUs (carma sets it)")
-    if not all(u.startswith(UUID_PREFIX) for u in uuids):
-        raise UsageError(f"CUDA_VISIBLE_DEVICES={visible} names no fake GPUs ({UUID_PREFIX}...)")
+    if not all(u.startswith((UUID_PREFIX, MIG_UUID_PREFIX)) for u in uuids):
+        raise UsageError(f"CUDA_VISIBLE_DEVICES={visible} names no fake GPUs ({UUID_PREFIX}..., {MIG_UUID_PREFIX}...)")
     root = os.environ.get(ENV_ROOT)
     if not root:
         raise UsageError(f"{ENV_ROOT} is not set; it names the fake device's directory")

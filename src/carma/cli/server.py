@@ -27,6 +27,16 @@ def server_cmd(
     sharing: Annotated[
         str | None, typer.Option(help="With fake GPUs: how they share, mps or timeslice (default mps).")
     ] = None,
+    fake_mig: Annotated[
+        bool, typer.Option(help="With fake GPUs: make them with MIG mode enabled, as an admin would.")
+    ] = False,
+    mig: Annotated[
+        str | None,
+        typer.Option(
+            help="static (place on the MIG instances found) or dynamic (create and destroy them per task); "
+            "default: the config's \\[mig] mode, static."
+        ),
+    ] = None,
     policy: Annotated[
         str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
     ] = None,
@@ -56,6 +66,7 @@ def server_cmd(
     from dataclasses import replace
 
     from carma.config import ConfigError, load_config
+    from carma.core.mig.scheduling import MIG_MODES
     from carma.core.policies import POLICY_NAMES
     from carma.server.auth import Tokens
     from carma.server.daemon import Daemon
@@ -86,7 +97,11 @@ def server_cmd(
         scheduler = settings.scheduler
         if policy:
             scheduler = replace(scheduler, policy=choice(policy, POLICY_NAMES, "--policy"))
-        for given, option in ((time_scale != 1.0, "--time-scale"), (sharing is not None, "--sharing")):
+        mig_config = settings.mig
+        if mig:
+            mig_config = replace(mig_config, mode=choice(mig, MIG_MODES, "--mig"))
+        given_fake = ((time_scale != 1.0, "--time-scale"), (sharing is not None, "--sharing"), (fake_mig, "--fake-mig"))
+        for given, option in given_fake:
             if given and not fake_gpus:
                 raise ValueError(f"{option} only applies to fake GPUs (--fake-gpus)")
         positive(time_scale, "--time-scale")  # before the state directory keeps a clock of that scale
@@ -104,12 +119,23 @@ def server_cmd(
         tokens = Tokens(paths.tokens)  # a malformed file stops the start before an MPS daemon or GPU is touched
         sockets, tcp = listen(paths.socket, tcp)  # so does a TCP port in use (found after MPS had started)
         sharing_mode = choice(sharing or "mps", SHARING_MODES, "--sharing")
-        backend, env = _backend(paths, fake_gpus, sharing_mode, time_scale, scheduler.sample_interval_s)
+        backend, env = _backend(paths, fake_gpus, sharing_mode, time_scale, scheduler.sample_interval_s, fake_mig)
+        mig_control = _mig_control(backend) if mig_config.dynamic else None
         control = MpsControl(paths.home) if mps else None
         if control is not None:
             control.start()
         daemon = Daemon(
-            paths, backend, scheduler, time_scale, env, grace, control, settings.estimate, settings.server.keep_ended_s
+            paths,
+            backend,
+            scheduler,
+            time_scale,
+            env,
+            grace,
+            control,
+            settings.estimate,
+            settings.server.keep_ended_s,
+            mig_config,
+            mig_control,
         )
         if tcp and not tokens:
             tokens.create(_me(), os.geteuid(), admin=True)
@@ -156,6 +182,7 @@ def server_cmd(
         f"policy {daemon.scheduler.config.policy}; GPUs {gpus}"
         + (f" (fake, time x{time_scale:g})" if fake_gpus else "")
         + ("; tasks run under MPS" if mps else "")
+        + (f"; MIG dynamic, scheme {mig_config.scheme.upper()}" if mig_config.dynamic else "")
         + ("; draining, as before the restart: no placements until `carma resume`" if daemon.draining else "")
         + (f"; clients reach it with CARMA_HOME={paths.home}" if home else "")
     )
@@ -246,9 +273,22 @@ def _me() -> str:
     return user_name(os.geteuid())
 
 
-def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float, interval_s: float):  # type: ignore[no-untyped-def]
-    """The GPU backend (NVML for real GPUs, sampled every `interval_s`, or fake ones) and the environment
-    every task gets with it."""
+def _mig_control(backend):  # type: ignore[no-untyped-def]
+    """How `--mig dynamic` makes and destroys MIG instances: through NVML, or in the fake device's layout."""
+    from carma.telemetry.fake import FakeGpuBackend
+
+    if isinstance(backend, FakeGpuBackend):
+        from carma.telemetry.fakemig import FakeMigControl
+
+        return FakeMigControl(backend.device)
+    from carma.telemetry.mig import NvmlMigControl
+
+    return NvmlMigControl()
+
+
+def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float, interval_s: float, mig: bool = False):  # type: ignore[no-untyped-def]
+    """The GPU backend (NVML for real GPUs, sampled every `interval_s`, or fake ones, with MIG mode enabled
+    for `mig`) and the environment every task gets with it."""
     if fake_gpus is None:
         from carma.telemetry.nvml import NvmlBackend
 
@@ -257,11 +297,11 @@ def _backend(paths, fake_gpus: str | None, sharing: str, time_scale: float, inte
     from carma.telemetry.fake import FakeGpuBackend, fake_env
 
     gpus = parse_gpus(fake_gpus)
-    device = _fake_device(paths, gpus, sharing, time_scale)
+    device = _fake_device(paths, gpus, sharing, time_scale, mig)
     return FakeGpuBackend(device.root), fake_env(device.root)
 
 
-def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[no-untyped-def]
+def _fake_device(paths, gpus, sharing: str, time_scale: float, mig: bool):  # type: ignore[no-untyped-def]
     """Reopen the fake device of an earlier run when it is the same (so placements stay valid), else make it.
     One that tasks still hold placements on is kept: the daemon would refuse new GPUs, and these would be
     gone for good."""
@@ -272,9 +312,10 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[
     try:
         device = FakeDevice.open(paths.fake_gpus)
     except FileNotFoundError:
-        return FakeDevice.create(paths.fake_gpus, gpus, sharing=sharing, time_scale=time_scale)
-    kinds = [(g.name, g.total_mib) for g in device.gpus()]
-    if kinds == [(g.name, g.total_mib) for g in gpus] and (device.sharing, device.time_scale) == (sharing, time_scale):
+        return FakeDevice.create(paths.fake_gpus, gpus, sharing=sharing, time_scale=time_scale, mig=mig)
+    kinds = [(device.kind(i).name, device.kind(i).total_mib) for i in range(device.count)]
+    same = (device.sharing, device.time_scale, [device.mig_enabled(i) for i in range(device.count)])
+    if kinds == [(g.name, g.total_mib) for g in gpus] and same == (sharing, time_scale, [mig] * len(gpus)):
         return device
     with closing(open_store(paths)) as store:
         held = placements_held(store)
@@ -283,10 +324,10 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float):  # type: ignore[
         group = ",".join(f"{names.count(name)}x{name}" for name in dict.fromkeys(names))
         raise RuntimeError(
             f"the fake GPUs of the last start still hold {pluralize(held, 'task')}: start it as then, "
-            f"--fake-gpus {group} --time-scale {device.time_scale:g} --sharing {device.sharing} (or with a new "
-            "CARMA_HOME)"
+            f"--fake-gpus {group} --time-scale {device.time_scale:g} --sharing {device.sharing}"
+            f"{' --fake-mig' if device.mig_enabled(0) else ''} (or with a new CARMA_HOME)"
         )
-    return FakeDevice.create(paths.fake_gpus, gpus, sharing=sharing, time_scale=time_scale)
+    return FakeDevice.create(paths.fake_gpus, gpus, sharing=sharing, time_scale=time_scale, mig=mig)
 
 
 mps_app = typer.Typer(help="carma's own MPS control daemon (pipe and logs under the state dir).", no_args_is_help=True)

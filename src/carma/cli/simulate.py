@@ -93,13 +93,13 @@ def simulate_cmd(
 ) -> None:
     """Run a trace through the digital twin of a GPU server."""
     from carma.config import ConfigError
+    from carma.core.mig.scheduling import SCHEMES
     from carma.core.policies import POLICY_NAMES
     from carma.pyplot import PlotsUnavailable, pyplot
     from carma.reports.plots import plot_sweep
     from carma.reports.record import from_run_result, write_records
     from carma.reports.tables import run_table, sweep_rows, sweep_table, write_csv
     from carma.sim.experiment import MIG_MODES, RunConfig, simulate
-    from carma.sim.migtwin import SCHEMES
     from carma.sim.twin import SimulationStalled
     from carma.traces.catalog import load_catalog
     from carma.traces.loaders import TraceError, load_trace

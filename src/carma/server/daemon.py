@@ -26,6 +26,8 @@ from pathlib import Path
 from carma.config import EstimateConfig
 from carma.core.config import SchedulerConfig
 from carma.core.loop import JournalError, SchedulingLoop
+from carma.core.mig.control import MigControl
+from carma.core.mig.scheduling import MigConfig, mig_scheduler
 from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import ACTIVE_STATES, Launch, NeedKind, TargetId, Task, TaskId, TaskState
 from carma.server.adapters import BackendTelemetry, Journal, RunRecorder
@@ -34,6 +36,7 @@ from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
 from carma.server.faults import WORLD_FAULTS, FaultLog, StoreUnavailable
 from carma.server.metrics import counted, decision_histogram
+from carma.server.mig import MigManager
 from carma.server.mps import MpsControl, MpsError, client_limits
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
@@ -101,7 +104,10 @@ class Daemon:
         mps: MpsControl | None = None,
         estimate: EstimateConfig | None = None,
         keep_ended_s: float | None = None,
+        mig: MigConfig | None = None,
+        mig_control: MigControl | None = None,
     ) -> None:
+        """`mig_control`: how MIG instances are made and destroyed, given with `mig.dynamic` (`--mig dynamic`)."""
         self.paths = paths
         self.keep_ended_s = keep_ended_s  # None: every task is kept
         self.backend = backend
@@ -109,6 +115,11 @@ class Daemon:
         self.store = open_store(paths, faults=self.faults)
         with self._starting():
             self.clock = self._clock(time_scale)
+        self.mig = MigManager(mig_control, self.store, backend.refresh, self.faults) if mig_control else None
+        if self.mig is not None:
+            with self._starting():
+                for line in self.mig.start():
+                    log.warning("%s", line)
         self.gpus = list(backend.gpus())
         with self._starting():
             stored = self.store.load()  # read once: checked against the GPUs here, restored below
@@ -117,7 +128,11 @@ class Daemon:
         self.estimates = Estimates(
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
         )
-        self.scheduler = Scheduler(self.gpus, config, self.estimates)
+        if self.mig is not None:
+            mig = mig or MigConfig("dynamic")
+            self.scheduler = mig_scheduler(self.gpus, config, self.estimates, self.mig.geometries, mig)
+        else:
+            self.scheduler = Scheduler(self.gpus, config, self.estimates)
         self.mps = mps
         self.executor = ProcessExecutor(
             home=paths.home,
@@ -128,6 +143,7 @@ class Daemon:
             grace_s=grace_s,
             on_spawn=self._on_spawn,
             task_env=self._mps_env if mps else lambda task, launch: {},
+            reconfigure=self.mig.reconfigure if self.mig is not None else None,
         )
         recorder = self.recorder = RunRecorder()
         self._observations_saved = time.monotonic()

@@ -105,7 +105,10 @@ class ProcessExecutor:
         grace_s: float = 10.0,
         on_spawn: Callable[[SpawnRecord], None] = lambda record: None,
         task_env: Callable[[Task, Launch], Mapping[str, str]] = lambda task, launch: {},
+        reconfigure: Callable[[Reconfigure], None] | None = None,
     ) -> None:
+        """`reconfigure`: how MIG reconfigurations are carried out (`carma.server.mig`; None: not at all)."""
+        self._reconfigure = reconfigure
         self.home = Path(home).absolute()  # the shim runs in the job's workdir: its RUN_DIR must be absolute
         self.jobs = jobs
         self.to_clock = to_clock
@@ -167,8 +170,9 @@ class ProcessExecutor:
             run.sigkill_at = time.monotonic() + self.grace_s
 
     def reconfigure(self, action: Reconfigure) -> None:
-        """The daemon does not partition MIG GPUs yet (`--mig dynamic` is the twin's): it lists existing instances."""
-        raise ValueError(f"carma server cannot reconfigure MIG GPU {action.gpu}: dynamic MIG runs in the twin only")
+        if self._reconfigure is None:
+            raise ValueError(f"cannot reconfigure MIG GPU {action.gpu}: carma server runs without --mig dynamic")
+        self._reconfigure(action)
 
     def poll_exits(self) -> Sequence[TaskExit]:
         """The exits since the last poll, each once; also escalates cancels whose grace period is over."""

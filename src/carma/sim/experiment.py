@@ -10,13 +10,14 @@ from dataclasses import dataclass, field, replace
 from carma.core.config import SchedulerConfig
 from carma.core.early import EARLY_RESTART
 from carma.core.memory import estimated
+from carma.core.mig.scheduling import SCHEMES
 from carma.core.scheduler import Scheduler
 from carma.core.types import MemoryNeed, Target, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
 from carma.sim.hints import durations, pairing
-from carma.sim.migtwin import SCHEMES, MigTwinServer, mig_server
+from carma.sim.migtwin import MigTwinServer, mig_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
 from carma.sim.twin import TwinServer
 from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES, Workload

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 
 from carma.core.config import SchedulerConfig
 from carma.core.early import EarlyRestarts
-from carma.core.grouped import DEFAULT_MAX_PASSES, SizeGrouped
+from carma.core.grouped import DEFAULT_MAX_PASSES
 from carma.core.mig.geometry import Geometry, Profile
-from carma.core.mig.placer import DEFAULT_MIN_MIB, MigPlacer
-from carma.core.placer import Placer
+from carma.core.mig.placer import DEFAULT_MIN_MIB
+from carma.core.mig.scheduling import MigConfig, mig_scheduler
 from carma.core.ports import Estimator, GpuProcesses, TelemetryReading
-from carma.core.queue import StrictFifo
 from carma.core.scheduler import Scheduler
 from carma.core.types import (
     GpuSample,
@@ -226,9 +225,6 @@ def _order(instance: _Instance) -> tuple[int, int]:
     return instance.gpu, instance.slot.start
 
 
-SCHEMES = ("a", "b")  # MIGM's: a groups the queue by size (bounded), b is FIFO
-
-
 def mig_server(
     gpus: Sequence[GpuType],
     config: SchedulerConfig,
@@ -241,31 +237,15 @@ def mig_server(
     max_passes: int = DEFAULT_MAX_PASSES,
     min_mib: int = DEFAULT_MIN_MIB,
 ) -> MigTwinServer:
-    """A dynamic MIG twin whose scheduler partitions every GPU by the task's need (`MigPlacer`), orders the
+    """A dynamic MIG twin whose scheduler (`mig_scheduler`) partitions every GPU by the task's need, orders the
     queue by `scheme` and, with `predict`, restarts a task early when its memory is predicted to outgrow its
     instance. The prediction's horizon is the time left of the run the twin's speed model gives on its
     instance (what a history of earlier runs on that profile would say); its warm-up, the catalog's."""
-    if scheme not in SCHEMES:
-        raise ValueError(f"unknown MIG scheme {scheme!r} (choose from {', '.join(SCHEMES)})")
-    placers: list[MigPlacer] = []
-
-    def size(task_id: TaskId) -> str:
-        """The profile the task's need picks: scheme A's group."""
-        task = server.loop.scheduler.task(task_id)
-        mib = task.spec.mem_mib
-        if mib is None and estimator is not None:
-            need = estimator.need(task)
-            mib = None if need is None else need.mib
-        return placers[0].profile_for(mib)
+    mig = MigConfig("dynamic", scheme, max_passes, min_mib, predict)
 
     def make_scheduler(targets: list[Target]) -> Scheduler:
-        def wrap(whole: Placer) -> MigPlacer:
-            placers.append(MigPlacer(whole, geometries(gpus), min_mib))
-            return placers[-1]
-
-        discipline = SizeGrouped(size, max_passes) if scheme == "a" else StrictFifo()
         early = EarlyRestarts(remaining, lambda task: server.workload(task.id).warmup_s) if predict else None
-        return Scheduler(targets, config, estimator, discipline, placer=wrap, early=early)
+        return mig_scheduler(targets, config, estimator, geometries(gpus), mig, early)
 
     def remaining(task: Task, now: float) -> float | None:
         expected, attempt = server.expected_s(task.id), task.current

@@ -10,6 +10,9 @@ a real GPU through its driver:
                           while computing (null before); written atomically, read without the lock
     root/generation       a token written anew after every change of the registry: a computing job asks
                           for its speed many times a second, and reads the registry only when it changed
+    root/mig.json         the MIG instances of the GPUs made with MIG mode enabled (`--fake-mig`), by GPU:
+                          profile, start, and the UUID of its compute instance once made; changed only through
+                          `carma.telemetry.fakemig.FakeMigControl`, under the lock
 
 Under a root daemon, which runs each task as its user, every user's fake jobs share the device: procs/ is
 open to all and sticky (as /tmp), the lock and the token writable by all, and a registration counts only
@@ -21,6 +24,10 @@ a fragmentation allowance of what the co-runners hold; a computing process runs 
 by its largest slowdown over its GPUs; a GPU's SMACT/SMOCC/DRAMA are the computing processes' solo values
 times their speed, capped at 1. Registrations of dead processes are ignored and removed (a SIGKILLed job
 cannot clean up after itself), as the driver frees the memory of a process that exits.
+
+A MIG GPU is listed as its instances (those with a compute instance, as NVML lists MIG devices), each holding
+its profile's memory; a process on one runs at `carma.sim.migspeed.speed_on` of its solo speed, alone there.
+Power and energy are read per physical GPU, so an instance's sample has none, as NVML gives none.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from carma.core.types import GpuSample, Target
+from carma.core.mig.geometry import Geometry
+from carma.core.types import GpuSample, MigSlot, Target, TargetKind
 from carma.sim.gpus import GpuType
+from carma.sim.migspeed import speed_on
 from carma.sim.models import SHARING_MODES, Load, calibrated_interference, calibrated_power
 from carma.telemetry import DeviceReading, GpuProcess
 from carma.userfiles import open_for_reading
@@ -44,6 +53,7 @@ from carma.userfiles import open_for_reading
 ENV_ROOT = "CARMA_FAKE_GPUS"
 ENV_TIME_SCALE = "CARMA_TIME_SCALE"
 UUID_PREFIX = "GPU-fake-"
+MIG_UUID_PREFIX = "MIG-fake-"
 
 _PROC = Path("/proc")
 
@@ -68,6 +78,7 @@ class FakeDevice:
         sharing: str,
         time_scale: float,
         fragmentation: float,
+        mig: Sequence[bool] = (),
     ) -> None:
         self.root = root
         self.sharing = sharing
@@ -75,6 +86,7 @@ class FakeDevice:
         self.fragmentation = fragmentation
         self._kinds = list(gpus)
         self._uuids = list(uuids)
+        self._mig = list(mig) or [False] * len(self._uuids)  # MIG mode enabled, per GPU
         self._procs = root / "procs"
         self._speeds: tuple[str, dict[int, float]] = ("", {})  # the generation they were computed at
 
@@ -88,8 +100,10 @@ class FakeDevice:
         sharing: str = "mps",
         time_scale: float = 1.0,
         fragmentation: float = 0.05,
+        mig: bool = False,
     ) -> FakeDevice:
-        """A fresh device at `root`, replacing any earlier one there (with its registrations)."""
+        """A fresh device at `root`, replacing any earlier one there (with its registrations). With `mig`, every
+        GPU has MIG mode enabled, as an admin leaves it: no instances yet."""
         if not gpus:
             raise ValueError("a fake device needs at least one GPU")
         if sharing not in SHARING_MODES:
@@ -101,7 +115,10 @@ class FakeDevice:
         root, time_scale = Path(root).resolve(), float(time_scale)
         token = secrets.token_hex(4)
         uuids = [f"{UUID_PREFIX}{i}-{token}" for i in range(len(gpus))]
-        device = cls(root, gpus, uuids, sharing, time_scale, fragmentation)
+        if mig:
+            for kind in gpus:
+                Geometry.of(kind.name)  # a GPU without MIG cannot be made with MIG mode on
+        device = cls(root, gpus, uuids, sharing, time_scale, fragmentation, [mig] * len(gpus))
         device._procs.mkdir(parents=True, exist_ok=True)
         for stale in device._procs.glob("*.json"):
             stale.unlink(missing_ok=True)
@@ -112,7 +129,10 @@ class FakeDevice:
             os.chmod(device._procs, 0o1777)  # as /tmp: every user registers, none removes another's registration
             for name in ("device.lock", "generation"):
                 os.chmod(root / name, 0o666)
-        gpu_list = [{"index": i, "uuid": u, **asdict(k)} for i, (k, u) in enumerate(zip(gpus, uuids, strict=True))]
+        _write_atomic(root / "mig.json", {})
+        gpu_list = [
+            {"index": i, "uuid": u, "mig": mig, **asdict(k)} for i, (k, u) in enumerate(zip(gpus, uuids, strict=True))
+        ]
         description = {"gpus": gpu_list, "sharing": sharing, "time_scale": time_scale, "fragmentation": fragmentation}
         _write_atomic(root / "device.json", description)
         device._changed()
@@ -128,18 +148,85 @@ class FakeDevice:
         gpus = sorted(description["gpus"], key=lambda g: g["index"])
         kinds = [GpuType(g["name"], g["total_mib"], g["idle_w"], g["max_w"]) for g in gpus]
         uuids = [g["uuid"] for g in gpus]
-        return cls(root, kinds, uuids, description["sharing"], description["time_scale"], description["fragmentation"])
+        mig = [bool(g.get("mig", False)) for g in gpus]
+        return cls(
+            root, kinds, uuids, description["sharing"], description["time_scale"], description["fragmentation"], mig
+        )
 
     # ----------------------------------------------------------------- what the device is
 
     def gpus(self) -> list[Target]:
-        return [Target(u, k.name, k.total_mib) for k, u in zip(self._kinds, self._uuids, strict=True)]
+        """The targets: each GPU without MIG mode, and the MIG instances of those with it."""
+        return [t for t, _ in self._targets(self.layout())]
 
     def index_of(self, uuid: str) -> int:
-        try:
+        """The index of the GPU `uuid` is, or is a MIG instance of."""
+        if uuid in self._uuids:
             return self._uuids.index(uuid)
-        except ValueError:
-            raise ValueError(f"{uuid!r} is not a GPU of the fake device at {self.root}") from None
+        for parent, instances in self.layout().items():
+            if any(i["ci"] == uuid for i in instances):
+                return self._uuids.index(parent)
+        raise ValueError(f"{uuid!r} is not a GPU of the fake device at {self.root}")
+
+    @property
+    def count(self) -> int:
+        """How many physical GPUs it has."""
+        return len(self._uuids)
+
+    def kind(self, index: int) -> GpuType:
+        return self._kinds[index]
+
+    def uuid(self, index: int) -> str:
+        return self._uuids[index]
+
+    def mig_enabled(self, index: int) -> bool:
+        return self._mig[index]
+
+    def layout(self) -> dict[str, list[dict[str, object]]]:
+        """The MIG instances of each MIG GPU (by UUID): `gi` (its GPU-instance id), `profile`, `start` and `ci`
+        (its compute instance's UUID, None until made). Read without the lock: written atomically."""
+        if not any(self._mig):
+            return {}
+        try:
+            data = json.loads((self.root / "mig.json").read_text())
+        except FileNotFoundError:
+            data = {}
+        return {u: list(data.get(u, [])) for u, on in zip(self._uuids, self._mig, strict=True) if on}
+
+    @contextmanager
+    def changing_layout(self) -> Iterator[dict[str, list[dict[str, object]]]]:
+        """The layout, under the lock, written back when the block ends without an error."""
+        with self._locked():
+            layout = self.layout()
+            yield layout
+            _write_atomic(self.root / "mig.json", layout)
+            self._changed()
+
+    def _targets(self, layout: dict[str, list[dict[str, object]]]) -> list[tuple[Target, int]]:
+        """Each target with the index of its GPU."""
+        out = []
+        for i, (kind, uuid) in enumerate(zip(self._kinds, self._uuids, strict=True)):
+            if not self._mig[i]:
+                out.append((Target(uuid, kind.name, kind.total_mib), i))
+                continue
+            geometry = Geometry.of(kind.name)
+            for inst in sorted(layout[uuid], key=lambda x: int(str(x["start"]))):
+                if inst["ci"] is None:
+                    continue  # no compute instance yet: no MIG device to list
+                profile = geometry.profile(str(inst["profile"]))
+                slot = MigSlot(profile.name, int(str(inst["start"])))
+                target = Target(
+                    str(inst["ci"]),
+                    f"{kind.name} {profile.name}",
+                    profile.memory_mib or 0,
+                    TargetKind.MIG,
+                    parent=uuid,
+                    compute=profile.compute_slices,
+                    shareable=False,
+                    slot=slot,
+                )
+                out.append((target, i))
+        return out
 
     # ----------------------------------------------------------------- what processes do
 
@@ -149,17 +236,20 @@ class FakeDevice:
         Returns (True, "") or (False, the CUDA out-of-memory message PyTorch prints, naming the GPU by its
         ordinal within `uuids`, as CUDA_VISIBLE_DEVICES renumbers devices for the process).
         """
-        indices = [self.index_of(u) for u in uuids]
         with self._locked():
+            totals = {t.id: t.total_mib for t, _ in self._targets(self.layout())}
+            for uuid in uuids:
+                if uuid not in totals:
+                    raise ValueError(f"{uuid!r} is not a GPU of the fake device at {self.root}")
             regs = self._live()
             mine = next((r for r in regs if r.pid == pid), _Registration(pid, {}, None))
-            for ordinal, (uuid, index) in enumerate(zip(uuids, indices, strict=True)):
+            for ordinal, uuid in enumerate(uuids):
                 own = mine.mib.get(uuid, 0)
                 request = total_mib - own
                 used = sum(r.mib.get(uuid, 0) for r in regs)
-                free = self._kinds[index].total_mib - used
+                free = totals[uuid] - used
                 if request > 0 and request > free - self.fragmentation * (used - own):
-                    return False, oom_message(ordinal, request, self._kinds[index].total_mib, free)
+                    return False, oom_message(ordinal, request, totals[uuid], free)
             grown = {**mine.mib, **{u: max(total_mib, mine.mib.get(u, 0)) for u in uuids}}
             self._write(_Registration(pid, grown, mine.load))
         return True, ""
@@ -191,35 +281,58 @@ class FakeDevice:
         each time made N jobs cost N^2 reads."""
         generation = self._generation()
         if generation != self._speeds[0] or not generation:
-            self._speeds = (generation, _speeds(self._live(), self._uuids, self.sharing))
+            self._speeds = (generation, self._speeds_of(self._live(), self._targets(self.layout())))
         return self._speeds[1].get(pid, 1.0)
 
     def sample(self, uuid: str, now: float) -> GpuSample:
-        regs = self._live()
-        return self._sample(self.index_of(uuid), regs, _speeds(regs, self._uuids, self.sharing), now)
+        return next(r.sample for r in self.readings(now) if r.sample.gpu == uuid)
 
     def readings(self, now: float) -> list[DeviceReading]:
-        """Every GPU's sample and processes from one consistent look at the registry, in index order."""
-        regs = self._live()
-        speeds = _speeds(regs, self._uuids, self.sharing)
+        """Every target's sample and processes from one consistent look at the registry, in index order."""
+        regs, targets = self._live(), self._targets(self.layout())
+        speeds = self._speeds_of(regs, targets)
         return [
             DeviceReading(
-                self._sample(i, regs, speeds, now),
-                tuple(GpuProcess(r.pid, r.mib[uuid]) for r in regs if r.mib.get(uuid, 0) > 0),
+                self._sample(target, index, regs, speeds, now),
+                tuple(GpuProcess(r.pid, r.mib[target.id]) for r in regs if r.mib.get(target.id, 0) > 0),
             )
-            for i, uuid in enumerate(self._uuids)
+            for target, index in targets
         ]
 
-    def _sample(self, index: int, regs: Sequence[_Registration], speeds: dict[int, float], now: float) -> GpuSample:
-        uuid, kind = self._uuids[index], self._kinds[index]
+    def _sample(
+        self, target: Target, index: int, regs: Sequence[_Registration], speeds: dict[int, float], now: float
+    ) -> GpuSample:
+        uuid = target.id
         holders = [r for r in regs if r.mib.get(uuid, 0) > 0]
         computing = [(r.load, speeds[r.pid]) for r in holders if r.load is not None]
         smact = min(1.0, sum(load.smact * s for load, s in computing))
         smocc = min(1.0, sum(load.smocc * s for load, s in computing))
         drama = min(1.0, sum(load.drama * s for load, s in computing))
         used = sum(r.mib[uuid] for r in holders)
-        power = calibrated_power().power_w(kind, smact)
-        return GpuSample(uuid, now, used, kind.total_mib, smact, smocc, drama, power)
+        power = calibrated_power().power_w(self._kinds[index], smact) if target.kind is TargetKind.GPU else None
+        return GpuSample(uuid, now, used, target.total_mib, smact, smocc, drama, power)
+
+    def _speeds_of(self, regs: Sequence[_Registration], targets: Sequence[tuple[Target, int]]) -> dict[int, float]:
+        """Each computing process's speed: 1 / its largest slowdown among the targets it computes on. On a whole
+        GPU the slowdown is the interference of its co-runners; on a MIG instance, its share of the GPU's
+        compute and memory system, and of the PCIe link the GPU's busy instances divide."""
+        model = calibrated_interference()
+        worst: dict[int, float] = {}
+        busy = {i: 0 for _, i in targets}
+        for target, i in targets:
+            if target.kind is TargetKind.MIG and any(r.load and r.mib.get(target.id, 0) > 0 for r in regs):
+                busy[i] += 1
+        for target, i in targets:
+            running = [(r.pid, r.load) for r in regs if r.load is not None and r.mib.get(target.id, 0) > 0]
+            if target.slot is None:
+                slowdowns = model.slowdowns([load for _, load in running], self.sharing)
+            else:
+                geometry = Geometry.of(self._kinds[i].name)
+                profile = geometry.profile(target.slot.profile)
+                slowdowns = [1 / speed_on(load, profile, geometry, busy_instances=busy[i]) for _, load in running]
+            for (pid, _), slowdown in zip(running, slowdowns, strict=True):
+                worst[pid] = max(worst.get(pid, 1.0), slowdown)
+        return {pid: 1.0 / slowdown for pid, slowdown in worst.items()}
 
     # ----------------------------------------------------------------- the registry
 
@@ -290,6 +403,9 @@ class FakeGpuBackend:
         """Nothing: the fake device models every metric."""
         return {}
 
+    def refresh(self) -> None:
+        """Nothing to do: `gpus` reads the device's layout every time."""
+
     def close(self) -> None:
         """Nothing to let go of: the device is files, opened afresh on every read."""
 
@@ -307,18 +423,6 @@ def oom_message(ordinal: int, request_mib: int, total_mib: int, free_mib: int) -
         f"Tried to allocate {request_mib / 1024:.2f} GiB. GPU {ordinal} has a total capacity of "
         f"{total_mib / 1024:.2f} GiB of which {max(free_mib, 0)} MiB is free."
     )
-
-
-def _speeds(regs: Sequence[_Registration], uuids: Sequence[str], sharing: str) -> dict[int, float]:
-    """Each computing process's speed: 1 / its largest slowdown among the GPUs it computes on."""
-    model = calibrated_interference()
-    worst: dict[int, float] = {}
-    for uuid in uuids:
-        running = [(r.pid, r.load) for r in regs if r.load is not None and r.mib.get(uuid, 0) > 0]
-        slowdowns = model.slowdowns([load for _, load in running], sharing)
-        for (pid, _), slowdown in zip(running, slowdowns, strict=True):
-            worst[pid] = max(worst.get(pid, 1.0), slowdown)
-    return {pid: 1.0 / slowdown for pid, slowdown in worst.items()}
 
 
 def _read_registration(path: Path) -> _Registration | None:

@@ -1,9 +1,9 @@
-"""The port through which a world creates and destroys MIG instances, and the two things the core does
-through it: read a GPU's layout as a `MigGpu`, and carry out a plan's steps.
+"""The port through which a world creates and destroys MIG instances, and what is done through it: read a
+GPU's layout as a `MigGpu`, carry out a reconfiguration's steps, and finish one a killed daemon left half done.
 
-`carma.telemetry.mig.NvmlMigControl` is the real one (nvidia-ml-py); the tests drive it over a fake NVML
-with MIG semantics. Carrying out a plan here is not journaled: a daemon killed between two steps finds
-the layout half done and reads it back as it is; the journal is issue 47's later step.
+`carma.telemetry.mig.NvmlMigControl` is the real one (nvidia-ml-py), `carma.telemetry.fakemig.FakeMigControl`
+the fake GPUs'; the tests also drive the real one over a fake NVML with MIG semantics. The daemon journals a
+reconfiguration before its first step (`carma.server.mig`) and calls `finish` on the journaled one at start.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from carma.core.mig.geometry import Geometry
-from carma.core.mig.partition import CreateInstance, DestroyInstance, Instance, InstanceKey, MigGpu, Plan
+from carma.core.mig.partition import Instance, InstanceKey, MigGpu
+from carma.core.types import MigSlot, Reconfigure
 
 
 @dataclass(frozen=True)
@@ -95,22 +96,40 @@ def geometry_of(control: MigControl, gpu: str) -> Geometry:
     )
 
 
-def carry_out(control: MigControl, plan: Plan) -> None:
-    """Do the plan's steps in order: destroy its idle instances, then create its GPU instance with one
+def carry_out(control: MigControl, action: Reconfigure, geometry: Geometry) -> None:
+    """Do the reconfiguration's steps in order: destroy its idle instances, then create each GPU instance with one
     compute instance spanning it."""
-    gpu = plan.instance.gpu
-    for step in plan.steps:
-        if isinstance(step, DestroyInstance):
-            control.destroy_gpu_instance(gpu, _gi_id(control, step.key, plan))
-        elif isinstance(step, CreateInstance):
-            profile = plan.after.find(step.key).profile
-            gi_id = control.create_gpu_instance(gpu, profile.profile_id, step.key.start)
-            control.create_compute_instance(gpu, gi_id, profile.compute_slices)
+    for slot in action.destroy:
+        control.destroy_gpu_instance(action.gpu, _gi_id(control, action.gpu, slot, geometry))
+    for slot in action.create:
+        profile = geometry.profile(slot.profile)
+        gi_id = control.create_gpu_instance(action.gpu, profile.profile_id, slot.start)
+        control.create_compute_instance(action.gpu, gi_id, profile.compute_slices)
 
 
-def _gi_id(control: MigControl, key: InstanceKey, plan: Plan) -> int:
-    profile_id = plan.after.geometry.profile(key.profile).profile_id
-    for view in control.gpu_instances(key.gpu):
-        if view.start == key.start and view.profile_id == profile_id:
+def finish(control: MigControl, action: Reconfigure, geometry: Geometry) -> list[str]:
+    """End consistent after a daemon was killed while carrying out `action`: a GPU instance left without its
+    compute instance (no task can run on it) gets it when `action` meant to create it, and is destroyed when
+    `action` was destroying it. Instances it did not reach stay as they are: the layout is valid either way and
+    the placer plans from what exists. What was done, one line each."""
+    done = []
+    meant = {(s.start, geometry.profile(s.profile).profile_id): s for s in action.create}
+    for view in control.gpu_instances(action.gpu):
+        if view.compute_instances:
+            continue
+        slot = meant.get((view.start, view.profile_id))
+        if slot is not None:
+            control.create_compute_instance(action.gpu, view.gi_id, geometry.profile(slot.profile).compute_slices)
+            done.append(f"GPU {action.gpu}: finished creating MIG instance {slot}")
+        else:
+            control.destroy_gpu_instance(action.gpu, view.gi_id)
+            done.append(f"GPU {action.gpu}: destroyed GPU instance {view.gi_id} left without a compute instance")
+    return done
+
+
+def _gi_id(control: MigControl, gpu: str, slot: MigSlot, geometry: Geometry) -> int:
+    profile_id = geometry.profile(slot.profile).profile_id
+    for view in control.gpu_instances(gpu):
+        if view.start == slot.start and view.profile_id == profile_id:
             return view.gi_id
-    raise LookupError(f"GPU {key.gpu}: no GPU instance {key.profile} at slice {key.start} to destroy")
+    raise LookupError(f"GPU {gpu}: no GPU instance {slot} to destroy")

@@ -66,9 +66,11 @@ class MigPlacer:
         self.min_mib = min_mib
         self.margin_mib = whole.config.margin_mib
         self._reserved: dict[TaskId, _Reserved] = {}  # the instance a plan makes for a task, until it is placed
-        # GPUs with a plan carried out or about to be, by the instance it creates: no other plan touches them
-        # until the world lists that instance (two plans made on one stale layout could overlap)
-        self._changing: dict[TargetId, MigSlot] = {}
+        # GPUs with a plan carried out or about to be, by the instance it creates and the decision that made it:
+        # no other plan touches them until the world lists that instance (two plans made on one stale layout
+        # could overlap). A world lists what it created once it carried the plan out, so an instance still not
+        # listed at a later decision was never made (the world refused a step): the GPU is planned again.
+        self._changing: dict[TargetId, tuple[MigSlot, float]] = {}
         self._offered: dict[TaskId, float] = {}  # when each waiting task was last offered
         self._ran_on: dict[TaskId, Profile] = {}  # the profile of each task's latest MIG instance (OOM restarts)
 
@@ -113,7 +115,7 @@ class MigPlacer:
             assert target is not None, "a plan reuses a listed instance"
             return self._placed(task, gpu, target, view)
         self._reserved[task.id] = _Reserved(gpu, slot)
-        self._changing[gpu] = slot
+        self._changing[gpu] = (slot, view.now)
         return Preparing((reconfigure(outcome),))
 
     def _whole(self, task: Task, need: MemoryNeed, view: View, mig: list[TargetId]) -> Placement | Blocked:
@@ -156,8 +158,8 @@ class MigPlacer:
         can block the tasks the queue discipline puts first."""
         reserved = {(r.gpu, r.slot) for t, r in self._reserved.items() if self._offered.get(t) == now}
         listed = {(t.parent, t.slot) for t in gpus.values()}
-        for gpu, slot in list(self._changing.items()):
-            if (gpu, slot) in listed:
+        for gpu, (slot, planned) in list(self._changing.items()):
+            if (gpu, slot) in listed or now > planned:
                 del self._changing[gpu]
         instances: dict[str, list[Instance]] = {g: [] for g in self.geometries if g not in self._changing}
         for target_id, t in gpus.items():

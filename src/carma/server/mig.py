@@ -1,0 +1,120 @@
+"""The daemon's dynamic MIG (`carma server --mig dynamic`): it carries out the core's `Reconfigure` actions on
+GPUs whose MIG mode an admin enabled, through a `MigControl` (NVML's, or the fake GPUs').
+
+A reconfiguration is journaled in the store before its first step and cleared after its last, so a daemon
+killed in the middle finds at its next start what it meant to do and ends consistent (`control.finish`): a
+GPU instance left without its compute instance is completed or destroyed; nothing else needs undoing, as
+every layout between two steps is valid. A step the GPU refuses (a process that is not carma's started on an
+instance) ends the reconfiguration where it is: the placer plans again from the layout as it then is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from carma.core.mig.control import MigControl, carry_out, finish, geometry_of
+from carma.core.mig.geometry import Geometry, UnknownModel
+from carma.core.types import MigSlot, Reconfigure, TargetId
+from carma.server.faults import WORLD_FAULTS, FaultLog
+from carma.server.store import Store
+from carma.telemetry.mig import MigError, MigUnavailable
+
+log = logging.getLogger("carma.mig")
+
+JOURNAL = "mig_reconfiguration"  # the store's meta key of the reconfiguration under way
+JOURNALING = "journaling a MIG reconfiguration"
+
+
+class MigManager:
+    """Carries out reconfigurations and counts them; `refresh` makes the GPU backend list the new layout."""
+
+    def __init__(self, control: MigControl, store: Store, refresh: Callable[[], None], faults: FaultLog) -> None:
+        gpus = control.mig_gpus()
+        if not gpus:
+            raise MigUnavailable(
+                "--mig dynamic: no GPU here has MIG mode enabled (an admin enables it: nvidia-smi -i N -mig 1; "
+                "carma never changes MIG mode)"
+            )
+        try:
+            self.geometries: dict[TargetId, Geometry] = {g: geometry_of(control, g) for g in gpus}
+        except UnknownModel as e:
+            raise MigUnavailable(f"--mig dynamic: {e}") from None
+        self.control = control
+        self.reconfigurations = 0  # carried out to the end since the daemon started
+        self.refused = 0  # stopped by a step the GPU refused
+        self._store = store
+        self._refresh = refresh
+        self._faults = faults
+
+    def start(self) -> list[str]:
+        """Before the first decision: finish the reconfiguration a killed daemon left under way, and give a MIG GPU
+        with no instance one of its largest profile (it is then a target the placer can split). What was done,
+        one line each."""
+        done = []
+        pending = self._store.meta(JOURNAL)
+        if isinstance(pending, dict):
+            action = _action(pending)
+            geometry = self.geometries.get(action.gpu)
+            if geometry is not None:
+                done += finish(self.control, action, geometry)
+            done.append(f"GPU {action.gpu}: a reconfiguration was under way when the daemon stopped; layout now read")
+            self._store.set_meta(JOURNAL, None)
+        for gpu, geometry in self.geometries.items():
+            if not self.control.gpu_instances(gpu):
+                whole = geometry.sizing[-1]
+                carry_out(self.control, Reconfigure(gpu, (), (MigSlot(whole.name, 0),)), geometry)
+                done.append(f"GPU {gpu}: no MIG instance; created {whole.name}, which carma splits as tasks need")
+        self._refresh()
+        return done
+
+    def reconfigure(self, action: Reconfigure) -> None:
+        """The `Executor.reconfigure` of the daemon. Not carried out at all when the journal cannot be written."""
+        if action.gpu not in self.geometries:
+            raise ValueError(f"GPU {action.gpu} is not a MIG GPU carma partitions")
+        try:
+            self._store.set_meta(JOURNAL, _record(action))
+        except WORLD_FAULTS as e:
+            self._faults.failed(JOURNALING, e)
+            return
+        self._faults.cleared(JOURNALING)
+        geometry = self.geometries[action.gpu]
+        try:
+            carry_out(self.control, action, geometry)
+            self.reconfigurations += 1
+            log.info("GPU %s: MIG %s", action.gpu, describe(action))
+        except (MigError, LookupError) as e:
+            self.refused += 1
+            log.warning("GPU %s: MIG reconfiguration stopped (%s): %s", action.gpu, describe(action), e)
+            for line in finish(self.control, action, geometry):
+                log.warning("%s", line)
+        try:
+            self._store.set_meta(JOURNAL, None)
+        except WORLD_FAULTS as e:  # left journaled, the next start reads the layout and finds nothing to finish
+            self._faults.failed(JOURNALING, e)
+        self._refresh()
+
+
+def describe(action: Reconfigure) -> str:
+    """`destroyed 1g.5gb@0, 1g.5gb@1; created 2g.10gb@0`."""
+    parts = []
+    if action.destroy:
+        parts.append("destroyed " + ", ".join(map(str, action.destroy)))
+    if action.create:
+        parts.append("created " + ", ".join(map(str, action.create)))
+    return "; ".join(parts)
+
+
+def _record(action: Reconfigure) -> dict[str, object]:
+    return {
+        "gpu": action.gpu,
+        "destroy": [[s.profile, s.start] for s in action.destroy],
+        "create": [[s.profile, s.start] for s in action.create],
+    }
+
+
+def _action(record: dict[str, object]) -> Reconfigure:
+    def slots(key: str) -> tuple[MigSlot, ...]:
+        return tuple(MigSlot(str(p), int(s)) for p, s in record[key])  # type: ignore[attr-defined]
+
+    return Reconfigure(str(record["gpu"]), slots("destroy"), slots("create"))

@@ -1,0 +1,148 @@
+"""Dynamic MIG in the daemon (`carma server --mig dynamic`) on fake GPUs made with MIG mode enabled: tasks get
+the tightest instance their need holds, reconfigurations are journaled and a killed one is finished at the next
+start, a refused step loses nothing, and the fake GPUs refuse what NVML refuses."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from carma.core import SchedulerConfig, TaskState
+from carma.core.mig.scheduling import MigConfig
+from carma.core.types import MigSlot, Reconfigure
+from carma.server.daemon import Daemon
+from carma.server.mig import JOURNAL
+from carma.server.paths import Paths
+from carma.server.spec import JobSpec
+from carma.sim.gpus import parse_gpus
+from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
+from carma.telemetry.fakemig import FakeMigControl
+from carma.telemetry.mig import MigError
+from servers import fakejob
+from support import step_until
+
+
+@pytest.fixture
+def home(tmp_path):
+    paths = Paths(tmp_path / "home")
+    paths.create()
+    FakeDevice.create(paths.fake_gpus, parse_gpus("1xA100-40GB"), time_scale=20.0, mig=True)
+    return paths
+
+
+def mig_daemon(paths: Paths, control: FakeMigControl | None = None) -> Daemon:
+    backend = FakeGpuBackend(paths.fake_gpus)
+    control = control or FakeMigControl(backend.device)
+    return Daemon(
+        paths,
+        backend,
+        SchedulerConfig(),
+        20.0,
+        fake_env(paths.fake_gpus),
+        mig=MigConfig("dynamic"),
+        mig_control=control,
+    )
+
+
+def job(mem: str, mem_mib: int, seconds: float = 20) -> JobSpec:
+    return JobSpec("job", tuple(fakejob(seconds, mem)), "/tmp", mem_mib=mem_mib)
+
+
+def layout(device: FakeDevice) -> list[str]:
+    gpu = device.uuid(0)
+    return sorted(f"{i['profile']}@{i['start']}" for i in device.layout()[gpu])
+
+
+def test_each_task_runs_on_the_tightest_instance_its_need_holds(home):
+    d = mig_daemon(home)
+    assert [g.slot for g in d.gpus] == [MigSlot("7g.40gb", 0)]  # a GPU without instances gets its largest
+    small, large = d.submit(job("3GiB", 3072)), d.submit(job("15GiB", 15360))
+    tasks = (small, large)
+    step_until(d, lambda: all(d.scheduler.task(t.id).state is TaskState.RUNNING for t in tasks))
+    profiles = {}
+    for t in tasks:
+        (target,) = d.scheduler.task(t.id).attempts[0].gpus
+        profiles[t.id] = d.scheduler.gpus[target].slot.profile
+    # 3 GiB and the 2 GiB margin need a 1g.10gb (a 1g.5gb holds 4.75 GiB); 15 GiB and the margin a 3g.20gb
+    assert profiles == {small.id: "1g.10gb", large.id: "3g.20gb"}
+    step_until(d, lambda: all(d.scheduler.task(t.id).state is TaskState.COMPLETED for t in tasks))
+    assert d.mig is not None and d.mig.reconfigurations == 2
+    assert d.store.meta(JOURNAL) is None
+    d.close()
+
+
+class Killed(BaseException):
+    """The daemon killed in the middle of a reconfiguration (nothing after it runs)."""
+
+
+class KilledAfterCreatingGpuInstance(FakeMigControl):
+    def create_compute_instance(self, gpu: str, gi_id: int, compute_slices: int) -> int:
+        raise Killed
+
+
+def test_a_reconfiguration_killed_midway_is_finished_at_the_next_start(home):
+    device = FakeDevice.open(home.fake_gpus)
+    first = mig_daemon(home)
+    first.mig.control = KilledAfterCreatingGpuInstance(device)
+    gpu = device.uuid(0)
+    with pytest.raises(Killed):
+        first.mig.reconfigure(Reconfigure(gpu, (MigSlot("7g.40gb", 0),), (MigSlot("3g.20gb", 4),)))
+    assert first.store.meta(JOURNAL) is not None
+    assert layout(device) == ["3g.20gb@4"] and device.gpus() == []  # a GPU instance without its compute instance
+    first.store.close()
+
+    second = mig_daemon(home)  # its start finishes what the first meant
+    assert second.store.meta(JOURNAL) is None
+    assert [g.slot for g in second.gpus] == [MigSlot("3g.20gb", 4)]
+    task = second.submit(job("3GiB", 3072, seconds=5))
+    step_until(second, lambda: second.scheduler.task(task.id).state is TaskState.COMPLETED)
+    second.close()
+
+
+def test_a_step_the_gpu_refuses_ends_the_reconfiguration_consistent(home, caplog):
+    d = mig_daemon(home)
+    device, gpu = d.backend.device, d.gpus[0].parent
+    whole = d.gpus[0].id
+    assert device.allocate(os.getpid(), [whole], 1024) == (True, "")  # a process carma did not start
+    try:
+        d.mig.reconfigure(Reconfigure(gpu, (MigSlot("7g.40gb", 0),), (MigSlot("1g.5gb", 0),)))
+    finally:
+        device.release(os.getpid())
+    assert d.mig.refused == 1 and d.mig.reconfigurations == 0
+    assert layout(device) == ["7g.40gb@0"]
+    assert d.store.meta(JOURNAL) is None
+    assert "in use: a process runs on it" in caplog.text
+    d.close()
+
+
+def test_fake_mig_gpus_refuse_what_nvml_refuses(home):
+    device = FakeDevice.open(home.fake_gpus)
+    control = FakeMigControl(device)
+    gpu = device.uuid(0)
+    with pytest.raises(MigError, match="not a placement or profile this GPU allows"):
+        control.create_gpu_instance(gpu, 9, 2)  # a 3g.20gb starts at slice 0 or 4
+    control.create_gpu_instance(gpu, 9, 4)
+    with pytest.raises(MigError, match="memory slices are taken"):
+        control.create_gpu_instance(gpu, 14, 4)  # a 2g.10gb over the 3g.20gb's slices
+    gi = control.create_gpu_instance(gpu, 14, 0)
+    control.create_compute_instance(gpu, gi, 2)
+    (instance,) = (t for t in device.gpus() if t.slot == MigSlot("2g.10gb", 0))
+    assert device.allocate(os.getpid(), [instance.id], 2048) == (True, "")
+    try:
+        with pytest.raises(MigError, match="in use"):
+            control.destroy_gpu_instance(gpu, gi)
+        ok, message = device.allocate(os.getpid(), [instance.id], 12 * 1024)  # more than its 9.6 GiB
+        assert not ok and "CUDA out of memory" in message
+    finally:
+        device.release(os.getpid())
+    control.destroy_gpu_instance(gpu, gi)
+    assert [v.start for v in control.gpu_instances(gpu)] == [4]
+
+
+def test_a_daemon_without_mig_gpus_refuses_dynamic_mig_in_one_line(tmp_path):
+    paths = Paths(tmp_path / "home")
+    paths.create()
+    FakeDevice.create(paths.fake_gpus, parse_gpus("1xA100-40GB"))
+    with pytest.raises(RuntimeError, match=r"no GPU here has MIG mode enabled \(an admin enables it"):
+        mig_daemon(paths)
