@@ -5,6 +5,7 @@ start, a refused step loses nothing, and the fake GPUs refuse what NVML refuses.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -12,6 +13,7 @@ from carma.core import SchedulerConfig, TaskState
 from carma.core.mig.scheduling import MigConfig
 from carma.core.types import MigSlot, Reconfigure
 from carma.server.daemon import Daemon
+from carma.server.metrics import Metrics
 from carma.server.mig import JOURNAL
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
@@ -20,7 +22,7 @@ from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
 from carma.telemetry.fakemig import FakeMigControl
 from carma.telemetry.mig import MigError
 from servers import fakejob
-from support import step_until
+from support import cli_env, run_carma, step_until
 
 
 @pytest.fixture
@@ -68,6 +70,7 @@ def test_each_task_runs_on_the_tightest_instance_its_need_holds(home):
     assert profiles == {small.id: "1g.10gb", large.id: "3g.20gb"}
     step_until(d, lambda: all(d.scheduler.task(t.id).state is TaskState.COMPLETED for t in tasks))
     assert d.mig is not None and d.mig.reconfigurations == 2
+    assert 'carma_mig_reconfigurations_total{outcome="done"} 2.0' in Metrics(d).render().decode()
     assert d.store.meta(JOURNAL) is None
     d.close()
 
@@ -146,3 +149,27 @@ def test_a_daemon_without_mig_gpus_refuses_dynamic_mig_in_one_line(tmp_path):
     FakeDevice.create(paths.fake_gpus, parse_gpus("1xA100-40GB"))
     with pytest.raises(RuntimeError, match=r"no GPU here has MIG mode enabled \(an admin enables it"):
         mig_daemon(paths)
+
+
+def test_carma_server_mig_dynamic_through_the_cli(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--fake-mig", "--mig", "dynamic", "--time-scale", "50")
+    small = server.submit(*fakejob(100000, "3GiB"), mem="3GiB")
+    large = server.submit(*fakejob(100000, "15GiB"), mem="15GiB")
+    server.wait_state(small, "running")
+    server.wait_state(large, "running")
+    gpus = {g["slot"]: g for g in server.json("gpus")}
+    assert gpus["1g.10gb@6"]["tasks"] == [small] and gpus["3g.20gb@0"]["tasks"] == [large]
+    listing = server.cli("gpus").stdout
+    layout = next(line for line in listing.splitlines() if line.startswith("MIG "))
+    assert re.search(
+        r"3g\.20gb@0 \(GPU \d, task \d\), 1g\.10gb@6 \(GPU \d, task \d\); free memory slices 4, 5$", layout
+    )
+    assert "on MIG instance 1g.10gb@6 of GPU-fake-0-" in server.cli("show", small).stdout
+    assert server.json("status")["mig"]["reconfigurations"] == 2
+
+
+def test_dynamic_mig_on_gpus_without_mig_mode_is_refused_in_one_line(tmp_path):
+    env = cli_env(CARMA_HOME=str(tmp_path / "h"))
+    result = run_carma("server", "--fake-gpus", "1xA100-40GB", "--mig", "dynamic", env=env)
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0 and "no GPU here has MIG mode enabled" in result.stderr

@@ -319,7 +319,18 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
             f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need}{source}) "
             f"{a['message']}".rstrip()
         )
+        if a.get("instance"):  # none from a daemon before dynamic MIG
+            lines.append(f"  on MIG instance {a['instance']}: {_why_instance(a)}")
     out.print("\n".join(lines), highlight=False, markup=False)
+
+
+def _why_instance(attempt: dict) -> str:  # type: ignore[type-arg]
+    """Why a task ran on the instance it did (`carma.core.mig.placer`'s rule, in words)."""
+    if attempt["recovery"]:
+        return "the next larger profile after it ran out of memory on a smaller one (or its need, if larger)"
+    if attempt["need_mib"]:
+        return "the tightest profile holding its need and the margin"
+    return "the tightest profile holding the [mig] min_mib a task of unknown need starts with"
 
 
 def _escaped(text: str) -> str:
@@ -500,8 +511,21 @@ def gpus_cmd(as_json: JsonOption = False) -> None:
         )
     headers = ("GPU", "NAME", "MEMORY", "SMACT", "SMOCC", "DRAMA", "RISK (S/O/D)", "STATE", "TASK IDS")
     print(columns(headers, rows))
-    if not _call(_client().status)["risk"]["enabled"]:  # a saturated GPU "ok" read as a filter that failed
+    status = _call(_client().status)
+    for layout in (status.get("mig") or {}).get("gpus", []):  # none from a daemon before dynamic MIG
+        out.print(_mig_layout(layout), highlight=False, soft_wrap=True)
+    if not status["risk"]["enabled"]:  # a saturated GPU "ok" read as a filter that failed
         err.print("note: the risk filter is off ([scheduler.risk] enabled = false): no GPU is kept out for its risk")
+
+
+def _mig_layout(layout: dict) -> str:  # type: ignore[type-arg]
+    """`MIG GPU-...: 1g.10gb@0 (GPU 0, task 3), 3g.20gb@4 (GPU 1, idle); free memory slices 2, 3`."""
+    instances = ", ".join(
+        f"{i['slot']} (GPU {i['gpu']}, {'task ' + ','.join(map(str, i['tasks'])) if i['tasks'] else 'idle'})"
+        for i in layout["instances"]
+    )
+    free = ", ".join(map(str, layout["free_slices"])) or "none"
+    return f"MIG {layout['gpu']} ({layout['model']}): {instances or 'no instance'}; free memory slices {free}"
 
 
 @app.command("status")

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from carma.core.ports import Clock
 from carma.core.scheduler import Scheduler
 from carma.core.types import TERMINAL_STATES, ExitKind, Task, TaskState
+from carma.server.mig import MigManager
 from carma.server.store import Store
 
 MIB = 1 << 20
@@ -48,6 +49,8 @@ class MetricsSource(Protocol):
     def store(self) -> Store: ...
     @property
     def decision_seconds(self) -> Histogram: ...
+    @property
+    def mig(self) -> MigManager | None: ...
 
 
 def decision_histogram() -> Histogram:
@@ -122,6 +125,13 @@ def _task_metrics(d: MetricsSource) -> Iterator[Metric]:
     yield CounterMetricFamily(
         "carma_tasks_recovered", "Tasks completed after an OOM relaunch", value=totals["recovered"]
     )
+    if d.mig is not None:
+        mig = CounterMetricFamily(
+            "carma_mig_reconfigurations", "MIG reconfigurations since the start, by outcome", labels=["outcome"]
+        )
+        mig.add_metric(["done"], d.mig.reconfigurations)
+        mig.add_metric(["refused"], d.mig.refused)
+        yield mig
 
 
 class Metrics:

@@ -9,7 +9,7 @@ from carma import __version__
 from carma.core.blocked import Estimating
 from carma.core.memory import RECOVERY_NEED, given_need
 from carma.core.scheduler import GpuStatus
-from carma.core.types import ACTIVE_STATES, MemoryNeed, Task, TaskState
+from carma.core.types import ACTIVE_STATES, MemoryNeed, TargetId, Task, TaskState
 from carma.reasons import render, target_label
 from carma.server.client import DRAINING
 from carma.server.daemon import Daemon
@@ -33,9 +33,39 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "gpus": len(daemon.gpus),
         "mps": daemon.mps is not None,
         "tcp": daemon.tcp,
+        "mig": mig_view(daemon),
         "missing_metrics": {str(shown(gpu)): list(names) for gpu, names in daemon.backend.missing().items()},
         "tasks": counts,
     }
+
+
+def mig_view(daemon: Daemon) -> dict[str, Any] | None:
+    """Dynamic MIG (None without it): the reconfigurations so far, and each MIG GPU's layout: its instances (by
+    start: profile, position, tasks) and the memory slices no instance holds."""
+    mig = daemon.mig
+    if mig is None:
+        return None
+    layouts = []
+    for gpu, geometry in mig.geometries.items():
+        instances, taken = [], set()
+        for status in daemon.scheduler.gpu_status(daemon.clock.now()):
+            slot = status.gpu.slot
+            if status.gpu.parent != gpu or slot is None:
+                continue
+            size = geometry.profile(slot.profile).memory_slices
+            taken.update(range(slot.start, slot.start + size))
+            position = daemon.scheduler.shown(status.gpu.id)
+            instances.append({"slot": str(slot), "start": slot.start, "gpu": position, "tasks": list(status.tasks)})
+        free = [i for i in range(geometry.memory_slices) if i not in taken]
+        layouts.append(
+            {
+                "gpu": gpu,
+                "model": geometry.model,
+                "instances": sorted(instances, key=lambda i: i["start"]),
+                "free_slices": free,
+            }
+        )
+    return {"reconfigurations": mig.reconfigurations, "refused": mig.refused, "gpus": layouts}
 
 
 def task_summary(daemon: Daemon, task: Task) -> dict[str, Any]:
@@ -115,6 +145,7 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
                 "number": a.number,
                 "gpus": [daemon.scheduler.shown(g) for g in a.gpus],
                 "targets": list(a.gpus),  # their ids: a GPU's UUID, or a MIG instance's
+                "instance": _instance(daemon, a.gpus),  # a MIG instance's profile@start, while it exists
                 "dispatched_s": a.dispatched_s,
                 "first_kernel_s": a.first_kernel_s,
                 "ended_s": a.ended_s,
@@ -130,6 +161,11 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
             for a in task.attempts
         ],
     }
+
+
+def _instance(daemon: Daemon, targets: tuple[TargetId, ...]) -> str | None:
+    target = daemon.scheduler.gpus.get(targets[0]) if len(targets) == 1 else None
+    return f"{target.slot} of {target.parent}" if target is not None and target.slot is not None else None
 
 
 def gpu_views(daemon: Daemon) -> list[dict[str, Any]]:
@@ -148,6 +184,7 @@ def gpu_view(index: int, status: GpuStatus) -> dict[str, Any]:
         "compute": target.compute or None,  # SMs, or a MIG instance's; None: not known
         "total_mib": target.total_mib,
         "exclusive": not target.shareable,  # a MIG instance: one task at a time
+        "slot": str(target.slot) if target.slot else None,  # a MIG instance's profile and first memory slice
         "used_mib": s.used_mib if s else None,
         "held_mib": status.held_mib,  # its tasks' known needs: no other task is placed into them
         "smact": s.smact if s else None,
