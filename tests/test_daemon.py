@@ -379,3 +379,16 @@ def test_comments_in_the_tokens_file_may_be_indented_or_follow_a_line(tmp_path):
     path.write_text(f"  # the team\n{TOKEN} alice 1000 admin  # on call\n")
     path.chmod(0o600)
     assert Tokens(path).caller(TOKEN) == Caller(1000, "alice", admin=True, gid=primary_gid(1000))
+
+
+def test_a_commands_expected_duration_is_learnt_from_its_successful_runs_only(home):
+    """The daemon's duration port (backfilling, the growth prediction's horizon)."""
+    d = daemon(home)
+    ran = [d.submit(job("true")), d.submit(job("true")), d.submit(job("false"))]
+    step_until(d, lambda: all(d.scheduler.task(t.id).terminal for t in ran))
+    runs = [d.scheduler.task(t.id).attempts[0] for t in ran[:2]]
+    times = sorted(a.ended_s - a.dispatched_s for a in runs)
+    assert d.durations(d.submit(job("true"))) == pytest.approx(sum(times) / 2)  # the median of two
+    assert d.durations(d.submit(job("false"))) is None  # it never succeeded
+    assert d.durations(d.submit(job("true", workdir="/"))) is None  # another workdir: another command
+    d.close()

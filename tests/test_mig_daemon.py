@@ -75,6 +75,23 @@ def test_each_task_runs_on_the_tightest_instance_its_need_holds(home):
     d.close()
 
 
+def test_a_task_predicted_to_outgrow_its_instance_is_restarted_early_on_a_larger_one(home):
+    """Its history (an earlier successful run of the same command) gives the prediction its horizon."""
+    d = mig_daemon(home)
+    growing = (*fakejob(60, "3GiB"), "--grow-to", "12GiB")
+    first = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=11 * 1024))  # room enough: its run time is learnt
+    step_until(d, lambda: d.scheduler.task(first.id).state is TaskState.COMPLETED)
+    assert d.durations(d.scheduler.task(first.id)) is not None
+    second = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=3 * 1024))  # declared too low: a 1g.10gb
+    step_until(d, lambda: d.scheduler.task(second.id).state is TaskState.COMPLETED, timeout=40)
+    attempts = d.scheduler.task(second.id).attempts
+    assert len(attempts) == 2 and attempts[0].message.startswith("restarted early")
+    assert not any("out of memory" in (a.message or "") for a in attempts)
+    (target,) = attempts[1].gpus
+    assert d.mig.geometries[d.gpus[0].parent].profile(d.scheduler.gpus[target].slot.profile).memory_mib >= 12 * 1024
+    d.close()
+
+
 class Killed(BaseException):
     """The daemon killed in the middle of a reconfiguration (nothing after it runs)."""
 

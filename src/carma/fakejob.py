@@ -76,6 +76,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--smocc", type=_fraction, default=0.15, help="solo SM occupancy (default 0.15)")
     parser.add_argument("--drama", type=_fraction, default=0.3, help="solo memory bandwidth use (default 0.3)")
     parser.add_argument("--exit-code", type=int, default=0, help="exit with this status at the end (default 0)")
+    parser.add_argument(
+        "--grow-to",
+        type=_size,
+        help="memory grows as it computes, linearly in its progress, to this (e.g. 12GiB)",
+    )
     return parser
 
 
@@ -117,7 +122,8 @@ def _run(args: argparse.Namespace, device: FakeDevice, uuids: list[str], scale: 
     time.sleep(args.warmup / scale)
     _allocate(device, pid, uuids, args.mem)
     device.set_load(pid, Load(args.gract, args.smact, args.smocc, args.drama))
-    _compute(device, pid, max(0.0, args.seconds - args.ttfk - args.warmup), scale)
+    grow = (uuids, args.mem, args.grow_to) if args.grow_to and args.grow_to > args.mem else None
+    _compute(device, pid, max(0.0, args.seconds - args.ttfk - args.warmup), scale, grow)
 
 
 def _allocate(device: FakeDevice, pid: int, uuids: list[str], mib: int) -> None:
@@ -126,9 +132,12 @@ def _allocate(device: FakeDevice, pid: int, uuids: list[str], mib: int) -> None:
         raise OutOfMemory(message)
 
 
-def _compute(device: FakeDevice, pid: int, work_s: float, scale: float) -> None:
-    """Progress at the device's speed for this job until `work_s` solo seconds of work are done."""
-    done, step = 0.0, 0
+def _compute(
+    device: FakeDevice, pid: int, work_s: float, scale: float, grow: tuple[list[str], int, int] | None = None
+) -> None:
+    """Progress at the device's speed for this job until `work_s` solo seconds of work are done; with `grow`
+    (its GPUs, memory from and to), allocating more as it progresses, as a job with a growing context does."""
+    done, step, held = 0.0, 0, grow[1] if grow else 0
     last = time.monotonic()
     while done < work_s:
         speed = device.speed(pid)
@@ -136,6 +145,9 @@ def _compute(device: FakeDevice, pid: int, work_s: float, scale: float) -> None:
         now = time.monotonic()
         done += (now - last) * scale * speed
         last = now
+        if grow is not None and (want := round(grow[1] + (grow[2] - grow[1]) * min(1.0, done / work_s))) > held:
+            _allocate(device, pid, grow[0], want)
+            held = want
         reached = min(STEPS, int(done / work_s * STEPS))
         if reached > step:
             step = reached

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from carma.config import EstimateConfig
 from carma.core.config import SchedulerConfig
+from carma.core.early import EarlyRestarts
 from carma.core.loop import JournalError, SchedulingLoop
 from carma.core.mig.control import MigControl
 from carma.core.mig.scheduling import MigConfig, mig_scheduler
@@ -32,6 +33,7 @@ from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import ACTIVE_STATES, Launch, NeedKind, TargetId, Task, TaskId, TaskState
 from carma.server.adapters import BackendTelemetry, Journal, RunRecorder
 from carma.server.archive import SampleArchive
+from carma.server.durations import HistoryDurations
 from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
 from carma.server.faults import WORLD_FAULTS, FaultLog, StoreUnavailable
@@ -128,11 +130,15 @@ class Daemon:
         self.estimates = Estimates(
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
         )
+        durations = self.durations = HistoryDurations(self.store, self.jobs)
         if self.mig is not None:
             mig = mig or MigConfig("dynamic")
-            self.scheduler = mig_scheduler(self.gpus, config, self.estimates, self.mig.geometries, mig)
+            early = EarlyRestarts(durations.remaining) if mig.predict else None
+            self.scheduler = mig_scheduler(
+                self.gpus, config, self.estimates, self.mig.geometries, mig, early, durations
+            )
         else:
-            self.scheduler = Scheduler(self.gpus, config, self.estimates)
+            self.scheduler = Scheduler(self.gpus, config, self.estimates, durations=durations)
         self.mps = mps
         self.executor = ProcessExecutor(
             home=paths.home,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from carma.core.backfill import DurationOf
 from carma.core.config import SchedulerConfig
 from carma.core.early import EarlyRestarts
 from carma.core.grouped import DEFAULT_MAX_PASSES, SizeGrouped
@@ -61,8 +62,10 @@ def mig_scheduler(
     geometries: Mapping[TargetId, Geometry],
     mig: MigConfig,
     early: EarlyRestarts | None = None,
+    durations: DurationOf | None = None,
 ) -> Scheduler:
-    """A scheduler that partitions the GPUs of `geometries` (by their ids) per task."""
+    """A scheduler that partitions the GPUs of `geometries` (by their ids) per task; `durations` serve backfilling
+    on the whole GPUs beside them (`SchedulerConfig.backfill`, scheme B's place: scheme A orders the queue)."""
     placers: list[MigPlacer] = []
 
     def size(task_id: TaskId) -> Hashable:
@@ -78,6 +81,8 @@ def mig_scheduler(
         placers.append(MigPlacer(whole, geometries, mig.min_mib))
         return placers[-1]
 
-    discipline: QueueDiscipline = SizeGrouped(size, mig.max_passes) if mig.scheme == "a" else StrictFifo()
-    scheduler = Scheduler(targets, config, estimator, discipline, placer=wrap, early=early)
+    discipline: QueueDiscipline | None = SizeGrouped(size, mig.max_passes) if mig.scheme == "a" else None
+    if discipline is None and not (config.backfill and durations is not None):
+        discipline = StrictFifo()
+    scheduler = Scheduler(targets, config, estimator, discipline, placer=wrap, durations=durations, early=early)
     return scheduler
