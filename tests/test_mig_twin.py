@@ -10,9 +10,10 @@ import pytest
 
 from carma.core.mig.geometry import Geometry
 from carma.core.types import TaskState
-from carma.sim.experiment import RunConfig, TwinConfig, simulate
+from carma.sim.experiment import RunConfig, TwinConfig, best_static, simulate, static_layouts
 from carma.sim.gpus import parse_gpus
 from carma.sim.migspeed import speed_on
+from carma.sim.migtwin import full_layouts, parse_layout
 from carma.traces.catalog import load_catalog
 from carma.traces.loaders import Trace, TraceEntry
 from support import run_carma
@@ -122,3 +123,62 @@ def test_a_growing_task_restarts_early_with_prediction_and_crashes_without(predi
     else:
         assert row["early_restarts"] == 0 and row["oom_crashes"] == 1
         assert "out of memory" in first.message.lower()
+
+
+# a full A100-40GB layout with three sizes: 3g.20gb (19968 MiB), 2g.10gb and 1g.10gb (9856 MiB each)
+LAYOUT = parse_layout("3g.20gb@0,2g.10gb@4,1g.10gb@6")
+
+
+def static(memory: str = "oracle") -> RunConfig:
+    return RunConfig("magm", memory, mig="static", layout=(LAYOUT,))
+
+
+def test_a_static_layout_is_never_reconfigured_and_runs_one_task_per_instance():
+    result = simulate(trace("resnet", "vgg", "BERT_large", "resnet", "vgg"), static(), A100)
+    assert all(t.state is TaskState.COMPLETED for t in result.tasks)
+    assert result.reconfigurations == 0 and result.row()["layout"] == "3g.20gb@0,2g.10gb@4,1g.10gb@6"
+    attempts = [a for t in result.tasks for a in t.attempts]
+    assert {a.gpus[0] for a in attempts} <= {f"SIM-GPU-0/{slot}" for slot in LAYOUT}
+    for a in attempts:  # never two tasks on one instance at a time
+        assert not any(b is not a and b.gpus == a.gpus and b.dispatched_s < a.ended_s < b.ended_s for b in attempts)
+    # best fit: the one task too large for a 10 GB instance (14670 MiB with the margin) takes the 3g.20gb
+    bert = next(t for t in result.tasks if t.spec.name == "BERT_large")
+    assert profile_of(bert.attempts[0].gpus[0]) == "3g.20gb"
+
+
+def test_a_static_layout_relaunches_an_oom_crash_on_a_larger_instance():
+    result = simulate(trace("BERT_large"), static("none"), A100)
+    (task,) = result.tasks
+    assert task.state is TaskState.COMPLETED and result.reconfigurations == 0
+    assert [profile_of(a.gpus[0]) for a in task.attempts][-1] == "3g.20gb"
+    assert len(task.attempts) == 2 and result.row()["oom_crashes"] == 1
+
+
+def test_the_best_static_layout_is_a_full_layout_that_holds_every_task_and_beats_the_others():
+    mix = trace("resnet", "resnet", "BERT_large", "vgg")
+    best, tried = best_static(mix, A100)
+    geometry = Geometry.of("A100-40GB")
+    (layout,) = best.config.layout
+    assert layout in full_layouts(geometry) and best.reconfigurations == 0
+    assert tried == len(static_layouts(A100.gpus, 12622 + 2048)) and 1 < tried < len(geometry.layouts)
+    assert all(t.state is TaskState.COMPLETED for t in best.tasks)
+    whole = simulate(mix, RunConfig("magm", "oracle", mig="static", layout=(parse_layout("7g.40gb@0"),)), A100)
+    assert best.metrics.makespan_s < whole.metrics.makespan_s
+
+
+def test_simulate_mig_static_runs_a_layout_and_refuses_bad_ones_in_one_line():
+    ok = run_carma("simulate", "--gpus", "1xA100-40GB", "--mig", "static", "--layout", "4g.20gb@0,3g.20gb@4",
+                   "--memory", "oracle", "--limit", "4", "--json")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    (row,) = json.loads(ok.stdout)["runs"]
+    assert row["mig"] == "static" and row["reconfigurations"] == 0 and row["layout"] == "4g.20gb@0,3g.20gb@4"
+    for args, said in [
+        (["--layout", "4g.20gb@4"], "4g.20gb cannot start at memory slice 4"),
+        (["--layout", "3g.20gb@0,4g.20gb@0"], "no layout of A100-40GB holds these instances"),
+        (["--layout", "1g.5gb+me@0"], "not offered to tasks"),
+        (["--layout", "4g.20gb"], "PROFILE@START"),
+    ]:
+        bad = run_carma("simulate", "--gpus", "1xA100-40GB", "--mig", "static", *args)
+        assert bad.returncode != 0 and said in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    missing = run_carma("simulate", "--mig", "static")
+    assert missing.returncode != 0 and "--mig static takes a --layout" in missing.stderr

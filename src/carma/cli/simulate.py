@@ -80,8 +80,17 @@ def simulate_cmd(
     ] = False,
     jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
     mig: Annotated[
-        str, typer.Option(help="off, or dynamic: carma partitions every GPU into MIG instances per task.")
+        str,
+        typer.Option(
+            help="off; dynamic: carma partitions every GPU into MIG instances per task; static: each keeps --layout."
+        ),
     ] = "off",
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            help="With --mig static: the MIG instances, e.g. 4g.20gb@0,3g.20gb@4, for every GPU (or each GPU's, by ;)."
+        ),
+    ] = None,
     scheme: Annotated[
         str, typer.Option(help="With --mig dynamic: a groups the queue by size (bounded), b is FIFO.")
     ] = "b",
@@ -100,6 +109,7 @@ def simulate_cmd(
     from carma.reports.record import from_run_result, write_records
     from carma.reports.tables import run_table, sweep_rows, sweep_table, write_csv
     from carma.sim.experiment import MIG_MODES, RunConfig, simulate
+    from carma.sim.migtwin import parse_layout
     from carma.sim.twin import SimulationStalled
     from carma.traces.catalog import load_catalog
     from carma.traces.loaders import TraceError, load_trace
@@ -136,14 +146,18 @@ def simulate_cmd(
             _note_missing_estimates(loaded, ESTIMATOR_COLUMNS)
         else:
             chosen = choice(policy, POLICY_NAMES, "--policy") if policy is not None else None
+            mode = choice(mig, MIG_MODES, "--mig")
+            if (mode == "static") != (layout is not None):
+                raise UsageError("--mig static takes a --layout (e.g. 4g.20gb@0,3g.20gb@4), and only it does")
             risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
             run = RunConfig(
                 chosen or twin.scheduler.policy,
                 choice(memory, MEMORY_SOURCES, "--memory"),
                 risk_filter,
-                mig=choice(mig, MIG_MODES, "--mig"),
+                mig=mode,
                 scheme=choice(scheme, SCHEMES, "--scheme"),
                 predict=not no_predict,
+                layout=tuple(parse_layout(gpu) for gpu in layout.split(";")) if layout else (),
             )
             results = [simulate(loaded, run, twin)]
             _note_missing_estimates(loaded, [run.memory])

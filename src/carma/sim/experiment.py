@@ -12,19 +12,19 @@ from carma.core.early import EARLY_RESTART
 from carma.core.memory import estimated
 from carma.core.mig.scheduling import SCHEMES
 from carma.core.scheduler import Scheduler
-from carma.core.types import MemoryNeed, Target, Task
+from carma.core.types import MemoryNeed, MigSlot, Target, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
 from carma.sim.hints import durations, pairing
-from carma.sim.migtwin import MigTwinServer, mig_server
+from carma.sim.migtwin import MigTwinServer, full_layouts, geometries, layout_text, mig_server, static_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
 from carma.sim.twin import TwinServer
 from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES, Workload
 from carma.traces.loaders import Trace
 
 MEMORY_MODES = MEMORY_SOURCES
-MIG_MODES = ("off", "dynamic")
+MIG_MODES = ("off", "dynamic", "static")
 _MEMORY_LABELS = {
     "none": "recovery only",
     "oracle": "oracle",
@@ -44,10 +44,13 @@ class RunConfig:
     policy: str  # a registered policy's name
     memory: str = "none"
     risk_filter: bool = True
-    mig: str = "off"  # "dynamic": every GPU partitioned per task (`carma.sim.migtwin`); the policy is not used
+    # "dynamic": every GPU partitioned per task (`carma.sim.migtwin`); "static": every GPU keeps `layout`, its
+    # instances given by best fit; the policy is not used with either
+    mig: str = "off"
     scheme: str = "b"  # with dynamic MIG, MIGM's scheme: "a" groups the queue by size, "b" is FIFO
     predict: bool = True  # with dynamic MIG, restart a task early when its memory will outgrow its instance
     own: bool = False  # carma's own decisions (`OWN`) on top of the policy
+    layout: tuple[tuple[MigSlot, ...], ...] = ()  # with static MIG: one layout for every GPU, or one per GPU
 
     def __post_init__(self) -> None:
         if self.memory not in MEMORY_MODES:
@@ -56,9 +59,13 @@ class RunConfig:
             raise ValueError(f"unknown MIG mode {self.mig!r} (choose from {', '.join(MIG_MODES)})")
         if self.scheme not in SCHEMES:
             raise ValueError(f"unknown MIG scheme {self.scheme!r} (choose from {', '.join(SCHEMES)})")
+        if (self.mig == "static") != bool(self.layout):
+            raise ValueError("a static MIG run needs a layout, and only a static MIG run takes one")
 
     @property
     def label(self) -> str:
+        if self.mig == "static":
+            return f"MIG static {self.layout_text} {_MEMORY_LABELS.get(self.memory, 'GPUMemNet')}"
         if self.mig == "dynamic":
             memory = _MEMORY_LABELS.get(self.memory, "GPUMemNet")
             return f"MIG scheme {self.scheme.upper()} {memory}" + ("" if self.predict else ", no prediction")
@@ -71,6 +78,11 @@ class RunConfig:
             + ("" if self.risk_filter else ", no risk filter")
             + (", carma's own" if self.own else "")
         )
+
+    @property
+    def layout_text(self) -> str:
+        """The static layout, each GPU's as `--layout` reads it, GPUs apart by `;`."""
+        return ";".join(layout_text(slots) for slots in self.layout)
 
 
 # The paper's configurations for trace 1 (CARMA, section 3 and figure 2).
@@ -132,7 +144,7 @@ class RunResult:
     tasks: tuple[Task, ...]
     timelines: tuple[tuple[Segment, ...], ...]
     gpus: tuple[str, ...]
-    reconfigurations: int | None = None  # MIG layout changes (dynamic MIG runs only)
+    reconfigurations: int | None = None  # MIG layout changes (MIG runs only)
 
     def row(self) -> dict[str, object]:
         """The run as one flat record (the `--json` and CSV row)."""
@@ -165,15 +177,19 @@ class RunResult:
         m = self.metrics
         hours = m.makespan_s / 3600
         early = sum(a.message.startswith(EARLY_RESTART) for t in self.tasks for a in t.attempts)
-        return {
+        dynamic = self.config.mig == "dynamic"
+        row: dict[str, object] = {
             "mig": self.config.mig,
-            "scheme": self.config.scheme,
-            "predict": self.config.predict,
+            "scheme": self.config.scheme if dynamic else None,
+            "predict": self.config.predict and dynamic,
             "oom_crashes": m.oom_crashes - early,  # the metrics count an early restart's stop as an OOM
             "reconfigurations": self.reconfigurations,
             "early_restarts": early,
             "throughput_tasks_per_h": round(m.tasks_completed / hours, 2) if hours else None,
         }
+        if not dynamic:
+            row["layout"] = self.config.layout_text
+        return row
 
 
 class RecordedEstimator:
@@ -226,6 +242,16 @@ def simulate(
             growing=growing,
         )
         if run.mig == "dynamic"
+        else static_server(
+            twin.gpus,
+            config,
+            estimator,
+            twin.power,
+            oracle_memory=run.memory == "oracle",
+            layouts=run.layout,
+            growing=growing,
+        )
+        if run.mig == "static"
         else TwinServer(
             twin.gpus,
             make_scheduler,
@@ -244,7 +270,7 @@ def simulate(
     return RunResult(run, metrics, tasks, timelines, tuple(g.name for g in twin.gpus), reconfigurations)
 
 
-def _simulate_args(args: tuple[Trace, RunConfig, TwinConfig]) -> RunResult:
+def _simulate_args(args: tuple[Trace, RunConfig, TwinConfig, Mapping[str, int] | None]) -> RunResult:
     return simulate(*args)
 
 
@@ -254,11 +280,12 @@ def sweep(
     twin: TwinConfig | None = None,
     jobs: int = 1,
     progress: Callable[[RunResult], None] | None = None,
+    growing: Mapping[str, int] | None = None,
 ) -> list[RunResult]:
     """Run every configuration, in `jobs` processes (worth it for long traces); results keep the given order."""
     twin = twin or TwinConfig()
     jobs = max(1, min(jobs, len(runs)))
-    work = [(trace, run, twin) for run in runs]
+    work = [(trace, run, twin, growing) for run in runs]
     results: list[RunResult] = []
     with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else nullcontext() as pool:
         for result in (pool.map if pool else map)(_simulate_args, work):
@@ -266,3 +293,41 @@ def sweep(
             if progress:
                 progress(result)
     return results
+
+
+def static_layouts(gpus: Sequence[GpuType], need_mib: int) -> list[tuple[tuple[MigSlot, ...], ...]]:
+    """The layouts a search for the best static one tries, one per GPU: every full layout (`full_layouts`) on
+    every GPU, and on a server of n GPUs also with the first k < n kept whole (one instance of the largest
+    profile) and the layout on the rest, for tasks too large for its instances. A layout whose largest instance
+    holds no `need_mib` (the largest need with the margin) is left out: that task would never run. Not every
+    mix of layouts: the same one on every partitioned GPU (n x 78 runs on an A100, not 78^n)."""
+    models = {g.name for g in gpus}
+    if len(models) != 1:
+        raise ValueError(f"a static layout search takes GPUs of one model, not {', '.join(sorted(models))}")
+    geometry = next(iter(geometries(gpus[:1]).values()))
+    whole = (MigSlot(geometry.sizing[-1].name, 0),)
+    memory = {p.name: p.memory_mib or 0 for p in geometry.sizing}
+    found = [(whole,) * k + (layout,) * (len(gpus) - k) for k in range(len(gpus)) for layout in full_layouts(geometry)]
+    return [
+        layouts
+        for layouts in dict.fromkeys(found)
+        if max(memory[s.profile] for layout in layouts for s in layout) >= need_mib
+    ]
+
+
+def best_static(
+    trace: Trace,
+    twin: TwinConfig,
+    memory: str = "oracle",
+    growing: Mapping[str, int] | None = None,
+    jobs: int = 1,
+) -> tuple[RunResult, int]:
+    """MISO's baseline: of the static layouts (`static_layouts`), the run with the shortest makespan in which
+    every task completes, and how many layouts were run. The trace's largest need (its catalog figure, whatever
+    `memory` the runs are given) decides which layouts can run it at all."""
+    need = max(e.workload.mem_mib for e in trace.entries) + twin.scheduler.margin_mib
+    runs = [RunConfig("bf", memory, mig="static", layout=layout) for layout in static_layouts(twin.gpus, need)]
+    done = [r for r in sweep(trace, runs, twin, jobs, growing=growing) if not r.metrics.tasks_failed]
+    if not done:
+        raise ValueError(f"no static MIG layout of {twin.gpus[0].name} runs every task of {trace.name}")
+    return min(done, key=lambda r: r.metrics.makespan_s), len(runs)

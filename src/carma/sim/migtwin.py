@@ -1,6 +1,8 @@
-"""The twin with dynamic MIG GPUs: every GPU is partitioned by carma, and its MIG instances are the targets.
+"""The twin with MIG GPUs: every GPU is partitioned, and its MIG instances are the targets.
 
-A GPU starts as one idle instance of its largest profile (MIG mode on, nothing carved yet). A task on an
+With dynamic MIG (`mig_server`) carma partitions the GPUs per task: a GPU starts as one idle instance of its
+largest profile (MIG mode on, nothing carved yet). With static MIG (`static_server`, MISO's baseline) each GPU
+starts with a given layout that nothing changes. A task on an
 instance runs at `migspeed.speed_on` of its solo speed (its profile's share of compute and memory system,
 PCIe shared by the GPU's busy instances) and fails out of memory when it allocates more than its instance
 holds. A reconfiguration removes the instances it destroys at once and lists those it creates, which
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from carma.core.config import SchedulerConfig
 from carma.core.early import EarlyRestarts
@@ -71,7 +73,8 @@ class _Instance:
 
 
 class MigTwinServer(TwinServer):
-    """`TwinServer` whose GPUs are all dynamic MIG GPUs."""
+    """`TwinServer` whose GPUs are all MIG GPUs, each starting with its layout in `layouts` (default: one idle
+    instance of its largest profile, for dynamic MIG to split)."""
 
     def __init__(
         self,
@@ -81,6 +84,7 @@ class MigTwinServer(TwinServer):
         oracle_memory: bool,
         step_s: float = RECONFIGURATION_S,
         growing: Mapping[str, int] | None = None,
+        layouts: Sequence[Sequence[MigSlot]] | None = None,
     ) -> None:
         self.geometries = geometries(gpus)  # before the base class asks for the scheduler
         self._step_s = step_s
@@ -91,10 +95,9 @@ class MigTwinServer(TwinServer):
         self._history: dict[TaskId, list[tuple[float, int]]] = {}  # the attempt's memory over time, as read
         self.reconfigurations = 0
         for i, geometry in enumerate(self.geometries.values()):
-            whole = geometry.sizing[-1]
-            self._instances[instance_id(target_id(i), MigSlot(whole.name, 0))] = _Instance(
-                i, MigSlot(whole.name, 0), whole, ready_s=0.0
-            )
+            slots = layouts[i] if layouts is not None else (MigSlot(geometry.sizing[-1].name, 0),)
+            for slot, profile in checked_layout(geometry, slots):
+                self._instances[instance_id(target_id(i), slot)] = _Instance(i, slot, profile, ready_s=0.0)
         super().__init__(gpus, scheduler_factory, _NO_INTERFERENCE, "mps", power, 0.0, oracle_memory)
 
     # ----------------------------------------------------------------- Telemetry
@@ -216,6 +219,67 @@ def geometries(gpus: Sequence[GpuType]) -> dict[TargetId, Geometry]:
     return {target_id(i): Geometry.of(kind.name) for i, kind in enumerate(gpus)}
 
 
+def checked_layout(geometry: Geometry, slots: Sequence[MigSlot]) -> list[tuple[MigSlot, Profile]]:
+    """The instances of a layout a GPU can hold, with their profiles; ValueError, in one line, for one it cannot
+    (an unknown or `+me` profile, one of unknown memory, a start the profile does not allow, overlapping
+    instances, too many compute slices)."""
+    out = []
+    for slot in slots:
+        profile = geometry.profile(slot.profile)
+        if profile.media or profile.memory_mib is None:
+            why = "a +me profile" if profile.media else "its memory is not known"
+            raise ValueError(
+                f"MIG layout: {slot.profile} is not offered to tasks ({why}); profiles: {_sized(geometry)}"
+            )
+        if slot.start not in profile.starts:
+            starts = ", ".join(map(str, profile.starts))
+            raise ValueError(f"MIG layout: {slot.profile} cannot start at memory slice {slot.start} (only {starts})")
+        out.append((slot, profile))
+    if (
+        not out
+        or len(set(slots)) < len(out)
+        or not geometry.reachable(geometry.bits(geometry.slot(p, s.start) for s, p in out))
+    ):
+        text = layout_text(slots) or "nothing"
+        raise ValueError(f"MIG layout {text}: no layout of {geometry.model} holds these instances (they overlap)")
+    return out
+
+
+def _sized(geometry: Geometry) -> str:
+    return ", ".join(p.name for p in geometry.sizing)
+
+
+def full_layouts(geometry: Geometry) -> tuple[tuple[MigSlot, ...], ...]:
+    """Every full layout of the geometry (`Geometry.layouts`) as the instances to make: each slot taken by the
+    profile of its shape that tasks are given (never `+me`); a layout with a profile of unknown memory is left
+    out."""
+    shapes = {(p.memory_slices, p.compute_slices): p for p in geometry.sizing}
+    out = []
+    for layout in geometry.layouts:
+        slots = [(shapes.get((s.memory_slices, s.compute_slices)), s.start) for s in sorted(layout)]
+        if all(p is not None and start in p.starts for p, start in slots):
+            out.append(tuple(MigSlot(p.name, start) for p, start in slots if p is not None))
+    return tuple(out)
+
+
+def parse_layout(text: str) -> tuple[MigSlot, ...]:
+    """`3g.20gb@0,2g.10gb@4,1g.5gb@6` as instances (checked against a geometry by `checked_layout`)."""
+    slots = []
+    for item in text.split(","):
+        profile, at, start = item.strip().partition("@")
+        if not (profile and at and start.strip().isdigit()):
+            raise ValueError(
+                f"MIG layout {text!r}: give instances as PROFILE@START joined by commas, e.g. 4g.20gb@0,3g.20gb@4"
+            )
+        slots.append(MigSlot(profile.strip(), int(start)))
+    return tuple(slots)
+
+
+def layout_text(slots: Sequence[MigSlot]) -> str:
+    """A layout as `parse_layout` reads it."""
+    return ",".join(map(str, slots))
+
+
 def instance_id(gpu: TargetId, slot: MigSlot) -> TargetId:
     """The twin's id of a MIG instance: its GPU's and its place (`SIM-GPU-0/3g.20gb@4`)."""
     return f"{gpu}/{slot}"
@@ -255,3 +319,33 @@ def mig_server(
 
     server = MigTwinServer(gpus, make_scheduler, power, oracle_memory, growing=growing)
     return server
+
+
+def static_server(
+    gpus: Sequence[GpuType],
+    config: SchedulerConfig,
+    estimator: Estimator | None,
+    power: PowerModel,
+    oracle_memory: bool,
+    layouts: Sequence[Sequence[MigSlot]],
+    growing: Mapping[str, int] | None = None,
+) -> MigTwinServer:
+    """A MIG twin whose GPUs keep `layouts` (one for every GPU, or one per GPU) for the whole run: MISO's static
+    baseline. As in the daemon's static MIG mode, each instance is an exclusive target of the whole-GPU placer (no
+    `MigPlacer`, so nothing is ever reconfigured) and an OOM relaunch goes to an idle instance with more memory.
+    Best fit takes the tightest idle instance that holds a need with the margin, and no reserve is kept on an
+    instance: the dynamic rule's own sizing, on a layout that does not move. A multi-GPU task never runs (a
+    process sees one MIG instance at most): the scheduler refuses it at submission."""
+    if len(layouts) == 1:
+        layouts = list(layouts) * len(gpus)
+    if len(layouts) != len(gpus):
+        raise ValueError(f"{len(layouts)} MIG layouts for {len(gpus)} GPUs: give one for every GPU, or one per GPU")
+    config = replace(config, policy="bf", reserve_mib=0)
+    return MigTwinServer(
+        gpus,
+        lambda targets: Scheduler(targets, config, estimator),
+        power,
+        oracle_memory,
+        growing=growing,
+        layouts=layouts,
+    )
