@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from carma.config import EstimateConfig
 from carma.core import SchedulerConfig, SpecError, TargetKind, TaskState
+from carma.core.types import NeedKind
 from carma.server.auth import Caller, Tokens, primary_gid
 from carma.server.daemon import Daemon, DaemonClock
 from carma.server.metrics import Metrics
@@ -392,3 +394,20 @@ def test_a_commands_expected_duration_is_learnt_from_its_successful_runs_only(ho
     assert d.durations(d.submit(job("false"))) is None  # it never succeeded
     assert d.durations(d.submit(job("true", workdir="/"))) is None  # another workdir: another command
     d.close()
+
+
+def test_a_task_given_no_need_is_placed_with_its_commands_history_by_default(home):
+    """Recovery only is the fallback for a command never run before, not the default ([estimate] default)."""
+    d = daemon(home)
+    first = d.submit(job(*fakejob(5, "3GiB")))
+    step_until(d, lambda: d.scheduler.task(first.id).state is TaskState.COMPLETED)
+    assert d.scheduler.task(first.id).attempts[0].need.kind is NeedKind.UNKNOWN  # no earlier run
+    again = d.submit(job(*fakejob(5, "3GiB")))
+    step_until(d, lambda: d.scheduler.task(again.id).attempts)
+    need = d.scheduler.task(again.id).attempts[0].need
+    assert (need.kind, need.source) == (NeedKind.KNOWN, "history") and need.mib >= 3072
+    d.close()
+    off = Daemon(home, FakeGpuBackend(home.fake_gpus), SchedulerConfig(), 10.0, fake_env(home.fake_gpus),
+                 estimate=EstimateConfig(default="none"))  # fmt: skip
+    assert off.submit(job(*fakejob(5, "3GiB"))).spec.mem_mib is None and off.jobs[3].estimator is None
+    off.close()

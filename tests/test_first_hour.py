@@ -62,7 +62,7 @@ def test_queue_counts_gpus_and_says_on_which_a_task_runs(start_server):  # type:
     rows = {r.split()[0]: r.split() for r in server.cli("queue").stdout.splitlines()[1:]}
     on = ",".join(map(str, server.task(running)["attempt_list"][0]["gpus"]))
     assert rows[str(running)][4:7] == ["2", "unknown", on] and "," in on
-    assert rows[str(waiting)][4:7] == ["2", "unknown", "-"]
+    assert rows[str(waiting)][4:7] == ["2", "history", "-"]  # its need: from its command's runs, if any
     assert server.cli("queue").stderr == ""  # wall-clock times: no note
     assert "simulated" not in server.cli("status").stdout
     server.cli("cancel", running, waiting)

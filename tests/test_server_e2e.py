@@ -914,7 +914,11 @@ def test_an_oom_crashed_task_is_recovered_and_completes(start_server):  # type: 
     assert "CUDA out of memory" not in latest.stdout
     assert latest.stderr == f"carma: task {late} was relaunched: this is attempt 2's output (--attempt 1: before)\n"
     shown = server.cli("show", late).stdout
-    assert "attempt 1 on GPU 0 (collocated, oom; need unknown: recovery only)" in shown  # not "from none"
+    # no earlier run of its command: the default estimator, history, found nothing
+    assert (
+        "attempt 1 on GPU 0 (collocated, oom; need unknown: recovery only (history: no earlier successful run of "
+        "this command))"
+    ) in shown
     assert "attempt 2 on GPU 0 (recovery, alone, success; need whole GPU from recovery)" in shown
 
 

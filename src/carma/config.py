@@ -19,6 +19,7 @@ fragmentation = 0.05
 # power_exponent = 0.9  # unset: the fitted exponent (docs/fidelity.md); set, it overrides it
 
 [estimate]
+default = "history"
 timeout_s = 600
 captures = 1
 
@@ -51,6 +52,7 @@ from typing import Any, TypeVar
 from carma.core.config import SchedulerConfig
 from carma.core.mig.scheduling import MigConfig
 from carma.core.risk import RiskConfig, RiskWeights
+from carma.estimate.registry import METHODS
 from carma.sim.experiment import TwinConfig
 from carma.sim.gpus import parse_gpus
 from carma.sim.models import PowerModel
@@ -65,14 +67,19 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EstimateConfig:
-    """The daemon's memory estimates (`carma submit --estimate`): how long a capture may take to reach its
-    optimizer steps before the task runs recovery only, and how many captures run at once (each holds up to
-    about its job's GPU peak in host memory)."""
+    """The daemon's memory estimates (`carma submit --estimate`): the estimator a task submitted without a
+    memory need or an estimator gets (`default`: "history", the peak of its command's earlier successful runs;
+    "none": recovery only), how long a capture may take to reach its optimizer steps before the task runs
+    recovery only, and how many captures run at once (each holds up to about its job's GPU peak in host
+    memory)."""
 
+    default: str = "history"
     timeout_s: float = 600.0
     captures: int = 1
 
     def __post_init__(self) -> None:
+        if self.default not in (*METHODS, "none"):
+            raise ValueError(f"default must be none or an estimator ({', '.join(METHODS)}), not {self.default!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, not {self.timeout_s}")
         if self.captures < 1:

@@ -277,6 +277,8 @@ def _need_text(task: dict[str, Any]) -> str:
     """The memory a task is (or will be) placed with, as `carma queue`, `carma history` and the dashboard
     show it."""
     if task["need"] is None:
+        if task.get("estimate") == "history" and task.get("state") == "queued":
+            return "history"  # read from its command's earlier runs when it is placed: nothing is pending
         return f"{task['estimate']} pending" if task.get("estimate") and task.get("state") == "queued" else "-"
     if task["need"] == "known":
         gpus = task.get("gpus_requested") or len(task.get("gpus") or ())  # a history row: the GPUs it ran on
@@ -314,7 +316,9 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
         how = ("recovery, " if a["recovery"] else "") + ("collocated" if a["shared"] else "alone")
         end = f", {a['outcome']}" if a["outcome"] else ""
         need = f"{a['need_mib']} MiB" if a["need_mib"] else _kind_text(a["need"])
-        source = ": recovery only" if a["need_source"] == "none" else f" from {a['need_source']}"  # not "from none"
+        source = f" from {a['need_source']}"
+        if a["need"] == "unknown":  # not "from none"; an estimator that found nothing in brackets
+            source = ": recovery only" + (f" ({a['need_source']})" if a["need_source"] not in (None, "none") else "")
         lines.append(
             f"attempt {a['number']} on GPU {','.join(map(str, a['gpus']))} ({how}{end}; need {need}{source}) "
             f"{a['message']}".rstrip()

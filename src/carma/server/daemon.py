@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from carma.config import EstimateConfig
@@ -422,6 +423,8 @@ class Daemon:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run, and
         StoreUnavailable when it cannot be recorded now)."""
         self.check(job)
+        if job.mem_mib is None and job.estimator is None and self.estimates.config.default != "none":
+            job = replace(job, estimator=self.estimates.config.default)  # recovery only is the fallback
         now = self.clock.now()  # one time for the store and the queue: a restart read a later one back
         with self._writing():
             task_id = self.store.add(job, now)

@@ -212,7 +212,7 @@ class Estimates:
         self.device = device
         self._run_as_owner = run_as_owner
         self._runner = runner
-        config = config or EstimateConfig()
+        config = self.config = config or EstimateConfig()
         self._timeout_s = config.timeout_s
         self._pool = ThreadPoolExecutor(max_workers=config.captures, thread_name_prefix="carma-estimate")
         self._fingerprints: dict[TaskId, str] = {}
@@ -227,7 +227,7 @@ class Estimates:
             need = self._history(job)
             if need.kind is NeedKind.UNKNOWN:
                 why = need.source.removeprefix("history: ")
-                log.warning(
+                log.info(
                     "task %d (%s) asks for history, which gives it no memory need yet (%s): unless a run of its "
                     "command ends before it is placed, it runs recovery only", task_id, job.name, why,
                 )  # fmt: skip
