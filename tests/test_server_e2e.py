@@ -1187,3 +1187,14 @@ def test_a_replayed_task_the_server_refuses_stops_the_replay_before_any_submissi
         "server has (40.00 GiB): replayed without its need, it will run out of memory"
     )
     assert [t["name"] for t in server.json("queue", "--all")] == ["huge"]
+
+
+def test_estimate_none_opts_a_task_out_of_the_servers_default_estimator(start_server):  # type: ignore[no-untyped-def]
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "50")
+    first = server.submit(*fakejob(5, "3GiB"))
+    assert server.cli("wait", first).returncode == 0
+    again = server.submit(*fakejob(5, "3GiB"), estimate="none")  # history would give it 3 GiB and more
+    shown = server.json("show", again)
+    assert shown["estimate"] is None and shown["need"] == "unknown"
+    defaulted = server.submit(*fakejob(5, "3GiB"))
+    assert server.json("show", defaulted)["estimate"] == "history"

@@ -227,6 +227,8 @@ def _spec(w: Workload, oracle: bool) -> dict[str, Any]:
     spec: dict[str, Any] = {"command": fakejob_command(w), "workdir": str(absolute()), "gpus": w.gpus, "name": w.name}
     if oracle:
         spec["mem"] = w.mem_mib
+    else:
+        spec["estimate"] = "none"  # recovery only, as the twin's run it is compared with, not the server's default
     return spec
 
 

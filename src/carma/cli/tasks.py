@@ -125,7 +125,11 @@ def submit_cmd(
         ),
     ] = None,
     estimate: Annotated[
-        str | None, typer.Option(help="Or estimate it first: xmem, faketensor, horus, gpumemnet or history.")
+        str | None,
+        typer.Option(
+            help="Or estimate it first: xmem, faketensor, horus, gpumemnet or history; none: recovery only "
+            "(default: the server's, history)."
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="A name for the queue (default: the program's).")] = None,
     workdir: Annotated[

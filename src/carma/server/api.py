@@ -35,6 +35,7 @@ from carma.server.views import gpu_views, status_view, task_summary, task_view
 from carma.units import parse_mib
 
 LOG_CHUNK = 1 << 20
+NO_ESTIMATE = "none"  # `estimate`: recovery only, whatever the server's default
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
 MAX_BODY_BYTES = 16 << 20  # a task a process could start is a few MiB of JSON: more is refused before it is read
 # what a browser loads before it has a token: the dashboard's page and assets, the API's schema and docs
@@ -83,7 +84,11 @@ class SubmitRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     shell: StrictBool = False
     mps_threads: StrictInt | None = Field(None, ge=1, le=100, description="MPS active thread percentage")
-    estimate: str | None = Field(None, description=f"memory estimator when mem is not given: {', '.join(METHODS)}")
+    estimate: str | None = Field(
+        None,
+        description=f"memory estimator when mem is not given: {', '.join(METHODS)}, or none (recovery only); "
+        "absent: the server's [estimate] default",
+    )
 
 
 class CancelRequest(BaseModel):
@@ -253,11 +258,11 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             mem = parse_mib(request.mem) if request.mem is not None else None
         except ValueError as e:
             raise HTTPException(422, f"invalid request: mem: {e}") from None
-        if request.estimate is not None and request.estimate not in METHODS:
-            raise HTTPException(422, f"invalid request: estimate: choose one of {', '.join(METHODS)}")
+        if request.estimate is not None and request.estimate not in (*METHODS, NO_ESTIMATE):
+            raise HTTPException(422, f"invalid request: estimate: choose one of {', '.join(METHODS)} or none")
         if request.estimate is not None and mem is not None:
             raise HTTPException(422, "invalid request: give mem or estimate, not both")
-        if request.estimate not in (None, "history") and request.shell:  # the capture runs a Python command
+        if request.estimate not in (None, "history", NO_ESTIMATE) and request.shell:  # a capture runs Python
             raise HTTPException(
                 422, f"a shell command line cannot be estimated by {request.estimate}: submit `python script.py ...`"
                 " without --shell, or declare its memory (--mem)",
@@ -280,14 +285,14 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             gid=who.gid,
             user=who.user,
             mps_threads=request.mps_threads,
-            estimator=request.estimate,
+            estimator=None if request.estimate == NO_ESTIMATE else request.estimate,
         )
         try:
             if dry_run:
                 daemon.check(job)
                 response.status_code = 200
                 return {"dry_run": True, "name": name, "draining": daemon.draining}
-            task = daemon.submit(job)
+            task = daemon.submit(job, default_estimate=request.estimate != NO_ESTIMATE)
         except SpecError as e:
             raise HTTPException(422, str(e)) from None
         return task_view(daemon, task)

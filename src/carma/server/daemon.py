@@ -419,12 +419,14 @@ class Daemon:
 
     # ----------------------------------------------------------------- requests
 
-    def submit(self, job: JobSpec) -> Task:
+    def submit(self, job: JobSpec, default_estimate: bool = True) -> Task:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run, and
-        StoreUnavailable when it cannot be recorded now)."""
+        StoreUnavailable when it cannot be recorded now). A job with neither a need nor an estimator gets the
+        server's default estimator, unless `default_estimate` is off (`--estimate none`)."""
         self.check(job)
-        if job.mem_mib is None and job.estimator is None and self.estimates.config.default != "none":
-            job = replace(job, estimator=self.estimates.config.default)  # recovery only is the fallback
+        default = self.estimates.config.default
+        if default_estimate and job.mem_mib is None and job.estimator is None and default != "none":
+            job = replace(job, estimator=default)  # recovery only is the fallback
         now = self.clock.now()  # one time for the store and the queue: a restart read a later one back
         with self._writing():
             task_id = self.store.add(job, now)
