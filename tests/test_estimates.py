@@ -285,6 +285,7 @@ def test_a_shell_line_cannot_be_captured(tmp_path, workdir):
 
 
 def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(tmp_path, workdir, caplog):
+    caplog.set_level(logging.INFO, "carma.estimate")
     store = Store(tmp_path / "carma.db")
     spec = job(workdir, estimator="history")
     estimates = service(store, {}, Runner())
@@ -294,8 +295,7 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
     for peak, outcome in ((None, "success"), (5000, "success"), (7000, "success"), (9000, "oom")):
         task_id = store.add(spec, 0.0)
         (stored,) = [s for s in store.load() if s.task.id == task_id]
-        _end(store, stored.task, outcome)
-        store.record_observation(task_id, 1, Observation(peak, None, None, None))
+        _end(store, stored.task, outcome, Observation(peak, None, None, None))
         if peak is None:  # a run whose process memory the GPU did not report: there was one, without a peak
             assert estimates._history(spec).source == (
                 "history: no peak was observed in the earlier successful run of this command"
@@ -361,12 +361,13 @@ def test_a_gpu_type_without_constants_takes_those_of_the_nearest_known_device_an
     assert device_for([Target("GPU-2", "NVIDIA H100 80GB HBM3", 81559)]) == "h100-80gb"
 
 
-def _end(store: Store, task: Task, outcome: str) -> None:
+def _end(store: Store, task: Task, outcome: str, seen: Observation | None = None) -> None:
+    """The task's attempt ends, with what telemetry saw of it (saved with the end, as the daemon's journal does)."""
     from carma.core.types import Attempt, ExitKind, TaskState
 
     task.attempts.append(Attempt(1, (0,), 1.0, exclusive=True, recovery=False, ended_s=2.0, outcome=ExitKind(outcome)))
     task.state, task.ended_s = TaskState.COMPLETED, 2.0
-    store.save([task])
+    store.save([task], {(task.id, 1): seen} if seen else None)
 
 
 def test_the_fingerprint_follows_the_script_and_the_method(workdir):

@@ -34,10 +34,10 @@ from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import ACTIVE_STATES, Launch, NeedKind, TargetId, Task, TaskId, TaskState
 from carma.server.adapters import BackendTelemetry, Journal, RunRecorder
 from carma.server.archive import SampleArchive
-from carma.server.durations import HistoryDurations
 from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
 from carma.server.faults import WORLD_FAULTS, FaultLog, StoreUnavailable
+from carma.server.history import HistoryDurations
 from carma.server.metrics import counted, decision_histogram
 from carma.server.mig import MigManager
 from carma.server.mps import MpsControl, MpsError, client_limits
@@ -131,7 +131,7 @@ class Daemon:
         self.estimates = Estimates(
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
         )
-        durations = self.durations = HistoryDurations(self.store, self.jobs)
+        durations = self.durations = HistoryDurations(self.estimates.history, self.jobs)
         if self.mig is not None:
             mig = mig or MigConfig("dynamic")
             early = EarlyRestarts(durations.remaining) if mig.predict else None

@@ -30,11 +30,12 @@ from pathlib import Path
 
 from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
-from carma.core.types import ExitKind, MemoryNeed, NeedKind, Target, Task, TaskId
+from carma.core.types import MemoryNeed, NeedKind, Target, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
 from carma.estimate.runner import estimate_script, kill_group
 from carma.estimate.script import interpreter, is_python, parse_argv
 from carma.server.executor import groups_of
+from carma.server.history import CommandHistory
 from carma.server.spec import JobSpec
 from carma.server.store import Store
 from carma.units import pluralize
@@ -209,6 +210,7 @@ class Estimates:
     ) -> None:
         self._store = store
         self._jobs = jobs
+        self.history = CommandHistory(store)  # what `history` reads, and the daemon's expected durations
         self.device = device
         self._run_as_owner = run_as_owner
         self._runner = runner
@@ -398,21 +400,13 @@ class Estimates:
         """The largest peak observed in an earlier successful run of the same command."""
         from carma.estimate.registry import history_estimate
 
-        same = [list(job.argv), job.workdir, job.shell]
-        runs = [
-            run for run in self._store.history()
-            if run["outcome"] == ExitKind.SUCCESS.value and [run["command"], run["workdir"], run["shell"]] == same
-        ]  # fmt: skip
-        peaks = [run["peak_mib"] for run in runs if run["peak_mib"]]
+        runs = self.history.runs(job)
+        peaks, ran = runs.peaks, len(runs.times)
         if not peaks:
-            if not runs:
+            if not ran:
                 why = "no earlier successful run of this command"
             else:
-                which = (
-                    "the earlier successful run"
-                    if len(runs) == 1
-                    else f"any of the {len(runs)} earlier successful runs"
-                )
+                which = "the earlier successful run" if ran == 1 else f"any of the {ran} earlier successful runs"
                 why = f"no peak was observed in {which} of this command"
             return MemoryNeed(NeedKind.UNKNOWN, source=f"history: {why}")
         try:

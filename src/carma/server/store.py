@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     observed_samples INTEGER,
     PRIMARY KEY (task_id, number)
 );
+CREATE INDEX IF NOT EXISTS attempts_ended ON attempts (ended_s);  -- the history read since its last end
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
     t REAL NOT NULL,

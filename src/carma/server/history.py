@@ -1,0 +1,83 @@
+"""The daemon's history by command: what the earlier successful runs of the same command (argv, workdir, shell)
+showed, read from the store incrementally (only the attempts ended since the last read), so that the history
+estimate of every waiting task at every scheduling step, and every expected duration, costs a lookup.
+
+It answers two ports: the peak memory behind `--estimate history` (the server's default estimator), and a task's
+expected run time, the median of those runs' (launch to exit, the daemon's clock), which backfilling
+(`carma.core.backfill.DurationOf`) and the growth prediction on MIG instances (`carma.core.early.Remaining`)
+take. A command never run to success has neither: it runs recovery only, is not backfilled and is not
+restarted early.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from carma.core.types import ExitKind, Task, TaskId
+from carma.server.spec import JobSpec
+from carma.server.store import Store
+
+Command = tuple[tuple[str, ...], str, bool]
+
+
+def command_of(job: JobSpec) -> Command:
+    return tuple(job.argv), job.workdir, job.shell
+
+
+@dataclass
+class Runs:
+    """The successful runs of one command: their run times, and the peaks observed (a run may have none)."""
+
+    times: list[float] = field(default_factory=list)
+    peaks: list[int] = field(default_factory=list)
+
+
+class CommandHistory:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._runs: dict[Command, Runs] = {}
+        self._since: float | None = None  # the latest end read so far
+        self._at_since: set[tuple[object, object]] = set()  # the (task, attempt)s that ended then, counted
+
+    def runs(self, job: JobSpec) -> Runs:
+        """The job's command's successful runs so far."""
+        self._read()
+        return self._runs.get(command_of(job), Runs())
+
+    def _read(self) -> None:
+        for run in self._store.history(self._since):
+            key, ended = (run["task_id"], run["attempt"]), float(run["ended_s"])  # type: ignore[arg-type]
+            if ended == self._since and key in self._at_since:
+                continue  # read last time: the query takes the instant of the latest end again
+            if self._since is None or ended > self._since:
+                self._since, self._at_since = ended, set()
+            self._at_since.add(key)
+            if run["outcome"] == ExitKind.SUCCESS.value:
+                command = (tuple(run["command"]), str(run["workdir"]), bool(run["shell"]))  # type: ignore[call-overload]
+                runs = self._runs.setdefault(command, Runs())
+                runs.times.append(float(run["exec_s"]))  # type: ignore[arg-type]
+                if run["peak_mib"]:
+                    runs.peaks.append(int(run["peak_mib"]))  # type: ignore[call-overload]
+
+
+class HistoryDurations:
+    """A task's expected run time from its command's history (the daemon's duration port)."""
+
+    def __init__(self, history: CommandHistory, jobs: Mapping[TaskId, JobSpec]) -> None:
+        self._history = history
+        self._jobs = jobs
+
+    def __call__(self, task: Task) -> float | None:
+        """The median run time of its command's successful runs; None when there is none."""
+        job = self._jobs.get(task.id)
+        times = self._history.runs(job).times if job is not None else []
+        return statistics.median(times) if times else None
+
+    def remaining(self, task: Task, now: float) -> float | None:
+        """Seconds a running task has left by its expected run time (None: not known, or not running)."""
+        attempt, expected = task.current, self(task)
+        if attempt is None or expected is None:
+            return None
+        return max(0.0, expected - (now - attempt.dispatched_s))
