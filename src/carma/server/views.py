@@ -30,7 +30,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "policy": daemon.scheduler.config.policy,
         "risk": asdict(risk),  # the server's [scheduler.risk], all of it: weights and `missing` were left out
         "draining": daemon.draining,
-        "gpus": len(daemon.gpus),
+        "gpus": len(daemon.scheduler.gpus),  # the targets now: a MIG reconfiguration changes them
         "mps": daemon.mps is not None,
         "tcp": daemon.tcp,
         "mig": mig_view(daemon),
@@ -45,10 +45,10 @@ def mig_view(daemon: Daemon) -> dict[str, Any] | None:
     mig = daemon.mig
     if mig is None:
         return None
-    layouts = []
+    layouts, statuses = [], daemon.scheduler.gpu_status(daemon.clock.now())
     for gpu, geometry in mig.geometries.items():
         instances, taken = [], set()
-        for status in daemon.scheduler.gpu_status(daemon.clock.now()):
+        for status in statuses:
             slot = status.gpu.slot
             if status.gpu.parent != gpu or slot is None:
                 continue

@@ -35,9 +35,7 @@ class FakeMigControl:
 
     def reported_profiles(self, gpu: str) -> tuple[ReportedProfile, ...]:
         return tuple(
-            ReportedProfile(
-                p.profile_id, p.memory_mib, p.sms or 0, p.max_count, tuple((s, p.memory_slices) for s in p.starts)
-            )
+            ReportedProfile(p.profile_id, p.memory_mib, p.sms or 0, p.max_count, _placements(p))
             for p in self._geometry(gpu).profiles
             if p.memory_mib is not None
         )
