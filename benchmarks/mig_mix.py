@@ -7,10 +7,13 @@ each, all submitted at once, interleaved; `small` takes the catalog's smallest b
 InceptionV3 at 32, BERT-large at 8), `large` its largest (128; BERT-base at 32).
 
 `llm` is a mix whose memory grows: the small mix plus, per copy, two BERT-large-shaped jobs declared at 7.5 GB
-that grow to MIGM's Qwen2-7B peak (12.23 GB) by their end, linearly in their progress. The twin grows memory on
-MIG instances only, so this mix compares MIG, dynamic with and without the growth prediction and static.
+that grow to MIGM's Qwen2-7B peak (12.23 GB) by their end, linearly in their progress; dynamic MIG with and
+without the growth prediction, static MIG, and the whole GPU (Exclusive; MAGM with and without it).
+`llm-shared` is growth where GPUs are shared: per copy three inference-like jobs (EfficientNet-B0's light load,
+which lets three share a GPU past the risk filter) declared at 7.5 GB that grow to 16 GB (a longer context than
+MIGM's example), and a MobileNet; MAGM with and without the prediction, declared needs and recovery only.
 
-    python benchmarks/mig_mix.py [--mix small|large|llm] [--copies 3] [--margin-mib 2048]
+    python benchmarks/mig_mix.py [--mix small|large|llm|llm-shared] [--copies 3] [--margin-mib 2048]
 """
 
 from __future__ import annotations
@@ -29,25 +32,37 @@ MIXES = {
     "small": ("vgg", "resnet", "Inception", "BERT_large"),
     "large": ("vgg3", "resnet3", "Inception3", "BERT_base"),
     "llm": ("vgg", "llm", "resnet", "Inception", "llm", "BERT_large"),
+    "llm-shared": ("llm", "llm", "llm", "mobilenet"),
 }
-GROWING = {"llm": 12230}  # MiB at the end of its run (MIGM: Qwen2-7B peaks at 12.23 GB)
+# MiB at the end of a growing job's run (MIGM: Qwen2-7B peaks at 12.23 GB)
+GROWING = {"llm": {"llm": 12230}, "llm-shared": {"llm": 16000}}
+LOOKS_LIKE = {"llm-shared": "efficientNet"}  # the catalog job whose load a growing job has (else BERT-large's)
 RUNS = (
     RunConfig("magm", "oracle", mig="dynamic", scheme="a"),
     RunConfig("magm", "oracle", mig="dynamic", scheme="b"),
     RunConfig("exclusive", "oracle"),
     RunConfig("magm", "oracle"),
 )
-LLM_RUNS = tuple(
-    RunConfig("magm", "oracle", mig="dynamic", scheme=scheme, predict=predict)
-    for scheme in ("a", "b")
-    for predict in (True, False)
+WHOLE_GPU_GROWTH_RUNS = (
+    RunConfig("exclusive", "oracle"),
+    RunConfig("magm", "oracle"),
+    RunConfig("magm", "oracle", predict=False),
 )
+GROWTH_RUNS = {
+    "llm": tuple(
+        RunConfig("magm", "oracle", mig="dynamic", scheme=scheme, predict=predict)
+        for scheme in ("a", "b")
+        for predict in (True, False)
+    )
+    + WHOLE_GPU_GROWTH_RUNS,
+    "llm-shared": (*WHOLE_GPU_GROWTH_RUNS, RunConfig("magm", "none"), RunConfig("magm", "none", predict=False)),
+}
 
 
 def mix_trace(mix: str, copies: int) -> Trace:
     catalog = dict(load_catalog())
-    bert = catalog["BERT_large"]
-    catalog["llm"] = replace(bert, name="llm", mem_mib=7500, mem_first_mib=min(bert.mem_first_mib, 7500))
+    like = catalog[LOOKS_LIKE.get(mix, "BERT_large")]
+    catalog["llm"] = replace(like, name="llm", mem_mib=7500, mem_first_mib=min(like.mem_first_mib, 7500))
     names = MIXES[mix] * copies
     return Trace(f"MIGM ML mix ({mix}, {copies} copies)", tuple(TraceEntry(0.0, catalog[n]) for n in names))
 
@@ -74,7 +89,7 @@ def print_table(rows: Sequence[tuple[str, RunResult]], baseline: RunResult) -> N
         print(
             f"| {label} | {throughput:.2f} ({speedup:.2f}x) | {m.makespan_s / 3600:.2f} | "
             f"{m.energy_mj:.2f} ({energy:.2f}x) | {(m.jct_mean_s or 0) / 3600:.2f} | {row['oom_crashes']} | "
-            f"{row.get('early_restarts', '-')} | {row.get('reconfigurations', '-')} |"
+            f"{r.early_restarts} | {row.get('reconfigurations', '-')} |"
         )
 
 
@@ -86,10 +101,14 @@ def main() -> None:
     args = parser.parse_args()
     trace = mix_trace(args.mix, args.copies)
     twin = TwinConfig(gpus=parse_gpus("1xA100-40GB"), scheduler=SchedulerConfig(margin_mib=args.margin_mib))
-    results = [simulate(trace, run, twin, GROWING) for run in (LLM_RUNS if args.mix == "llm" else RUNS)]
+    growing = GROWING.get(args.mix, {})
+    results = [simulate(trace, run, twin, growing) for run in GROWTH_RUNS.get(args.mix, RUNS)]
     baseline = next((r for r in results if r.config.policy == "exclusive"), results[0])
     print(f"{trace.name} on 1xA100-40GB, margin {args.margin_mib} MiB; against {baseline.config.label}")
-    print_table(with_best_static(results, *best_static(trace, twin, growing=GROWING)), baseline)
+    rows = [(r.config.label, r) for r in results]
+    if any(r.config.mig == "dynamic" for r in results):
+        rows = with_best_static(results, *best_static(trace, twin, growing=growing))
+    print_table(rows, baseline)
 
 
 if __name__ == "__main__":

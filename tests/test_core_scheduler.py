@@ -136,7 +136,7 @@ def test_a_known_need_is_held_before_the_task_has_allocated_it(hold):
     if hold:
         assert waiting_reason(b.sched, second.id) == (
             "needs 1 GPU with 12560 MiB free (need 10000 + margin 2048 + reserve 512); 0 have it (1 more shows it "
-            "free, but their tasks' known needs hold it)"
+            "free, but their tasks' known needs or predicted growth hold it)"
         )
         b.sched.cancel(second.id, b.t)
         b.set(0, used_mib=31_000)  # it allocated its need and more: what shows used counts, not twice
@@ -156,7 +156,7 @@ def test_a_need_too_large_for_the_margin_is_held_on_the_whole_gpu_it_was_given()
     b.advance(60)
     small = b.submit("small", mem_mib=100)
     assert b.placed() == {}
-    assert "known needs hold it" in waiting_reason(b.sched, small.id)
+    assert "known needs or predicted growth hold it" in waiting_reason(b.sched, small.id)
 
 
 @pytest.mark.parametrize(("used_mib", "placed"), [(40_960 - 512 - 2048, True), (40_960 - 512 - 2047, False)])

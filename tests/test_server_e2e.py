@@ -80,7 +80,7 @@ def test_a_known_need_is_held_on_its_gpu_before_it_is_allocated(start_server):  
     )
     assert reason == (
         "needs 1 GPU with 12800 MiB free (need 10240 + margin 2048 + reserve 512); 0 have it (1 more shows it free, "
-        "but their tasks' known needs hold it)"
+        "but their tasks' known needs or predicted growth hold it)"
     )
     server.cli("cancel", first, second)
 

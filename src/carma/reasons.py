@@ -92,7 +92,8 @@ def _memory(b: MemoryShort) -> str:
     reason = f"needs {pluralize(b.gpus, 'GPU')} with {free}; {b.fitting} {inflect(b.fitting, 'has', 'have')} it"
     asides = []
     if b.held > 0:
-        asides.append(f"{b.held} more {inflect(b.held, 'shows', 'show')} it free, but their tasks' known needs hold it")
+        holding = "their tasks' known needs or predicted growth hold it"
+        asides.append(f"{b.held} more {inflect(b.held, 'shows', 'show')} it free, but {holding}")
     if b.awaiting:
         has = inflect(b.awaiting, "has it free, but awaits its task's", "have it free, but await their tasks'")
         asides.append(f"{b.awaiting} more {has} first kernel (TTFK)")

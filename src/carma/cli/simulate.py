@@ -96,7 +96,13 @@ def simulate_cmd(
     ] = "b",
     no_predict: Annotated[
         bool,
-        typer.Option("--no-predict", help="With --mig dynamic: no early restart on predicted memory growth."),
+        typer.Option(
+            "--no-predict",
+            help=(
+                "No memory-growth prediction: no early restart of a task predicted to outgrow its MIG instance "
+                "or its GPU beside others, no growth held against new tasks on a shared GPU."
+            ),
+        ),
     ] = False,
     config: Annotated[Path | None, typer.Option(help="TOML configuration file.", **PATH_VALUE)] = None,
 ) -> None:

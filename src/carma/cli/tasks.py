@@ -504,6 +504,9 @@ def gpus_cmd(as_json: JsonOption = False) -> None:
         held = g.get("held_mib", 0)  # none from a daemon started before an upgrade
         if held > used:  # known needs not yet allocated: free to the eye, not to a placement
             memory += f" ({held / 1024:.1f} held)"
+        growth = g.get("growth_mib", 0)
+        if growth:  # predicted to be allocated yet: held against new tasks as well
+            memory += f" (+{growth / 1024:.1f} growing)"
         rows.append(
             [
                 str(g["index"]),

@@ -82,7 +82,7 @@ class MemoryShort(Blocked):
     min_free_mib: int
     reserve_mib: int
     fitting: int  # valid GPUs with that much free
-    held: int  # more valid GPUs that show it free, but whose tasks' known needs hold it
+    held: int  # more valid GPUs that show it free, but whose tasks' known needs (or predicted growth) hold it
     awaiting: int  # more shareable GPUs with it free, kept by a TTFK window
 
     @property

@@ -40,6 +40,10 @@ class SchedulerConfig:
     # carma's own: EASY backfilling (`carma.core.backfill`). While the head of the queue waits, a later task
     # of known duration may start where it cannot delay the head's reserved start; off: strict FIFO.
     backfill: bool = False
+    # issue 47: with a memory series per task (a world that gives the scheduler `early`), a task on a shared GPU
+    # whose memory is predicted to grow holds that growth against new tasks, and one whose growth will not fit
+    # beside its co-runners is relaunched through recovery before it crashes (`carma.core.early`)
+    predict_growth: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:

@@ -1,19 +1,24 @@
-"""Early restarts on predicted memory growth (MIGM, seed 002, section 3.2.3): a running task alone on a target of
-its own (a MIG instance) whose memory is predicted to outgrow that target before its run ends is stopped and
-relaunched on a larger one now, rather than crashing out of memory later with its work lost the same way.
+"""Early restarts on predicted memory growth (MIGM, seed 002, section 3.2.3): a running task whose memory is
+predicted to outgrow what it can have before its run ends is stopped and relaunched where it fits now, rather
+than crashing out of memory later with its work lost the same way (and, on a shared GPU, its neighbours' too).
 
-The target's readings are the task's memory (one task per instance). Its series, from its first kernel on, is
-fitted by `carma.core.growth` over the time the world expects the run to have left (`Remaining`: declared steps,
-a history of earlier runs, a twin's catalog); a task whose remaining time is not known is never restarted. A
-prediction beyond the largest instance its GPU can make is left to run: a restart could not help it.
+Two places (issue 47, item 4), each switched on its own: a task alone on a MIG instance that it will outgrow
+(`instances`, `[mig] predict`: relaunched on a larger instance), and a task on a shared GPU whose growth will not
+fit beside its co-runners (`[scheduler] predict_growth`: the scheduler closes that GPU to new tasks by the growth
+predicted, and relaunches the task through recovery before the crash).
+
+A task's series, from its first kernel on (its instance's readings, or its processes' memory on a shared GPU),
+is fitted by `carma.core.growth` over the time the world expects the run to have left (`Remaining`: declared
+steps, a history of earlier runs, a twin's catalog); a task whose remaining time is not known is never
+predicted. A prediction beyond the most its GPU can give is left to run: a restart could not help it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from carma.core.growth import Prediction, Sample, predict
+from carma.core.growth import Growth, LineFit, Prediction, Sample
 from carma.core.types import Task, TaskId
 
 # Seconds a running task has left at `now` (None: not known), and the seconds from its first kernel in which its
@@ -22,59 +27,87 @@ Remaining = Callable[[Task, float], float | None]
 Warmup = Callable[[Task], float]
 
 EARLY_RESTART = "restarted early"  # how an attempt stopped on a prediction begins its message
-MAX_SAMPLES = 3600  # a longer series is thinned to every other sample: the fit's cost stays bounded
 
 
 @dataclass(frozen=True)
 class Outgrowing:
-    """A running task predicted to need more than its target holds, and less than its GPU can give."""
+    """A running task predicted to need more than it can have where it runs (`capacity_mib`, `where`), and no
+    more than its GPU can give."""
 
     task_id: TaskId
     attempt: int
     prediction: Prediction
     capacity_mib: int
+    where: str = "of its instance"
 
     @property
     def message(self) -> str:
         return (
             f"{EARLY_RESTART}: its memory is predicted to reach {self.prediction.peak_mib:.0f} MiB before it ends, "
-            f"more than the {self.capacity_mib} MiB of its instance"
+            f"more than the {self.capacity_mib} MiB {self.where}"
         )
 
 
-class EarlyRestarts:
-    """Keeps each running task's memory series and says which tasks to restart early."""
+@dataclass
+class _Series:
+    attempt: int
+    settled_s: float  # its warm-up's end: earlier samples are left out of the fit
+    line: LineFit = field(default_factory=LineFit)  # the samples from `settled_s` on
+    last: Sample | None = None
+    low: float = float("inf")  # the least and most memory read since the warm-up: equal, nothing to fit
+    high: float = 0.0
 
-    def __init__(self, remaining: Remaining, warmup_s: Warmup = lambda task: 0.0) -> None:
+
+class EarlyRestarts:
+    """Keeps each running task's memory series and predicts its peak; `instances`: restart a task alone on a MIG
+    instance it will outgrow."""
+
+    def __init__(self, remaining: Remaining, warmup_s: Warmup = lambda task: 0.0, instances: bool = True) -> None:
         self.remaining = remaining
         self.warmup_s = warmup_s
-        self._series: dict[TaskId, tuple[int, list[Sample]]] = {}  # by task: its attempt and that attempt's samples
+        self.instances = instances
+        self._series: dict[TaskId, _Series] = {}
 
-    def observe(self, task_id: TaskId, attempt: int, t: float, used_mib: int) -> None:
-        """A reading of the target a task runs alone on, from its first kernel on."""
-        kept = self._series.get(task_id)
-        if kept is None or kept[0] != attempt:
-            kept = self._series[task_id] = (attempt, [])
-        samples = kept[1]
-        if samples and t <= samples[-1][0]:
+    def observe(self, task: Task, attempt: int, t: float, used_mib: int) -> None:
+        """A reading of a task's memory (its instance's, or its processes' on a shared GPU), from its first kernel
+        on."""
+        kept = self._series.get(task.id)
+        if kept is None or kept.attempt != attempt:
+            kept = self._series[task.id] = _Series(attempt, t + self.warmup_s(task))
+        if kept.last is not None and t <= kept.last[0]:
             return  # a reading already taken (a world may hand a window over again)
-        samples.append((t, float(used_mib)))
-        if len(samples) > MAX_SAMPLES:
-            samples[:] = samples[::2]
+        kept.last = (t, float(used_mib))
+        if t >= kept.settled_s:
+            kept.line.add(t, used_mib)
+            kept.low, kept.high = min(kept.low, used_mib), max(kept.high, used_mib)
 
     def forget(self, task_id: TaskId) -> None:
         self._series.pop(task_id, None)
 
+    def latest_mib(self, task_id: TaskId) -> float | None:
+        """The task's latest reading (None before the first)."""
+        kept = self._series.get(task_id)
+        return None if kept is None or kept.last is None else kept.last[1]
+
+    def predicted(self, task: Task, attempt: int, now: float) -> Prediction | None:
+        """The peak of `task` (attempt `attempt`) over the rest of its run, when its memory grows (None: flat since
+        its warm-up, too few readings, or its remaining time not known)."""
+        kept = self._series.get(task.id)
+        if kept is None or kept.attempt != attempt or not kept.high > kept.low:
+            return None
+        left = self.remaining(task, now)
+        growth = kept.line.growth()
+        if left is None or not isinstance(growth, Growth):
+            return None
+        prediction = growth.at(max(0.0, left - (now - growth.t_last)))
+        return prediction if prediction.growing else None
+
     def check(self, task: Task, attempt: int, capacity_mib: int, room_mib: int, now: float) -> Outgrowing | None:
         """Whether `task` (attempt `attempt`, alone on a target of `capacity_mib`, whose GPU can make one of up to
         `room_mib`) should be restarted early now."""
-        kept = self._series.get(task.id)
-        left = self.remaining(task, now)
-        if kept is None or kept[0] != attempt or left is None or room_mib <= capacity_mib:
+        if room_mib <= capacity_mib:
             return None
-        samples = kept[1]
-        horizon = max(0.0, left - (now - samples[-1][0])) if samples else 0.0
-        prediction = predict(samples, horizon, warmup_s=self.warmup_s(task))
-        if not isinstance(prediction, Prediction) or not capacity_mib < prediction.peak_mib <= room_mib:
+        prediction = self.predicted(task, attempt, now)
+        if prediction is None or not capacity_mib < prediction.peak_mib <= room_mib:
             return None
         return Outgrowing(task.id, attempt, prediction, capacity_mib)

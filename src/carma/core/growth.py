@@ -103,6 +103,64 @@ class Growth:
         return Prediction(horizon_s, trend, max(top, self.observed_max_mib), self.observed_max_mib, True)
 
 
+@dataclass
+class LineFit:
+    """A least-squares line kept as running sums, so that a prediction at every decision costs the same however
+    long the series: one sample added at a time, the fit read in constant time. Times and memory are kept
+    relative to the first sample (a flat series sums to exactly zero, not to rounding)."""
+
+    t0: float = 0.0
+    y0: float = 0.0
+    n: int = 0
+    st: float = 0.0
+    sy: float = 0.0
+    stt: float = 0.0
+    sty: float = 0.0
+    syy: float = 0.0
+    t_last: float = -math.inf
+    observed_max: float = 0.0
+
+    def add(self, t: float, mib: float) -> None:
+        """A sample later than every earlier one."""
+        if not self.n:
+            self.t0, self.y0 = t, mib
+        dt, dy = t - self.t0, mib - self.y0
+        self.n += 1
+        self.st += dt
+        self.sy += dy
+        self.stt += dt * dt
+        self.sty += dt * dy
+        self.syy += dy * dy
+        self.t_last = t
+        self.observed_max = max(self.observed_max, mib)
+
+    def growth(
+        self, *, level: float = LEVEL, min_samples: int = MIN_SAMPLES, min_span_s: float = MIN_SPAN_S
+    ) -> Growth | NoPrediction:
+        """The line through the samples so far, or why there is none yet."""
+        n = self.n
+        if n < min_samples:
+            return NoPrediction(f"too few samples after the warm-up: {n} of the {min_samples} needed")
+        span = self.t_last - self.t0
+        if span < min_span_s:
+            return NoPrediction(f"samples span {span:g} s of the {min_span_s:g} s needed")
+        t_mean, y_mean = self.st / n, self.sy / n
+        sxx = self.stt - n * t_mean * t_mean
+        slope = (self.sty - n * t_mean * y_mean) / sxx
+        sse = max(0.0, self.syy - n * y_mean * y_mean - slope * (self.sty - n * t_mean * y_mean))
+        return Growth(
+            samples=n,
+            t_last=self.t_last,
+            t_mean=self.t0 + t_mean,
+            sxx=sxx,
+            level_mib=self.y0 + y_mean,
+            slope_mib_per_s=slope,
+            residual_sd_mib=math.sqrt(sse / (n - 2)),
+            quantile=t_quantile(1 - (1 - level) / 2, n - 2),
+            observed_max_mib=self.observed_max,
+        )
+
+
 def fit(
     samples: Sequence[Sample],
     *,
@@ -116,31 +174,11 @@ def fit(
     if not samples:
         return NoPrediction("no memory samples")
     start = samples[0][0] + warmup_s
-    kept = [(t, mib) for t, mib in samples if t >= start]
-    if len(kept) < min_samples:
-        return NoPrediction(f"too few samples after the warm-up: {len(kept)} of the {min_samples} needed")
-    span = kept[-1][0] - kept[0][0]
-    if span < min_span_s:
-        return NoPrediction(f"samples span {span:g} s of the {min_span_s:g} s needed")
-    n = len(kept)
-    base = kept[0][1]  # memory relative to the first sample: a flat series is exactly zero, not rounding
-    t_mean = sum(t for t, _ in kept) / n
-    y_mean = sum(mib - base for _, mib in kept) / n
-    sxx = sum((t - t_mean) ** 2 for t, _ in kept)
-    sxy = sum((t - t_mean) * (mib - base - y_mean) for t, mib in kept)
-    slope = sxy / sxx
-    sse = sum((mib - base - y_mean - slope * (t - t_mean)) ** 2 for t, mib in kept)
-    return Growth(
-        samples=n,
-        t_last=kept[-1][0],
-        t_mean=t_mean,
-        sxx=sxx,
-        level_mib=base + y_mean,
-        slope_mib_per_s=slope,
-        residual_sd_mib=math.sqrt(sse / (n - 2)),
-        quantile=t_quantile(1 - (1 - level) / 2, n - 2),
-        observed_max_mib=max(mib for _, mib in kept),
-    )
+    line = LineFit()
+    for t, mib in samples:
+        if t >= start:
+            line.add(t, mib)
+    return line.growth(level=level, min_samples=min_samples, min_span_s=min_span_s)
 
 
 def predict(

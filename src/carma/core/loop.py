@@ -70,7 +70,7 @@ class SchedulingLoop:
         for sample in reading.samples:
             sched.record_sample(sample)
         for gpu, procs in reading.processes.items():
-            sched.record_gpu_processes(gpu, procs.tasks, procs.foreign, now)
+            sched.record_gpu_processes(gpu, procs.tasks, procs.foreign, now, procs.used_mib)
         caught_up = self._persist() if self._unsaved else []
         if place and caught_up is not None:
             self._held += self._decide(now)

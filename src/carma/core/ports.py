@@ -35,6 +35,7 @@ class GpuProcesses:
 
     tasks: frozenset[TaskId] = frozenset()
     foreign: int = 0
+    used_mib: Mapping[TaskId, int] = field(default_factory=dict)  # each task's memory on it, where the world can tell
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ structure (`carma.core.blocked`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -16,7 +17,8 @@ from typing import Protocol
 from carma.core.backfill import DurationOf, EasyBackfill
 from carma.core.blocked import Blocked, Estimating, Preparing
 from carma.core.config import SchedulerConfig
-from carma.core.early import EarlyRestarts
+from carma.core.early import EarlyRestarts, Outgrowing
+from carma.core.growth import Prediction
 from carma.core.memory import RECOVERY_NEED, resolve_need
 from carma.core.monitor import MonitorWindow
 from carma.core.placer import Placement, Placer, for_tasks_of, outgrown_mib
@@ -63,6 +65,7 @@ class GpuStatus:
     tasks: tuple[TaskId, ...]
     foreign: int
     held_mib: int = 0  # the needs known in MiB its tasks hold (`hold_known_needs`), allocated or not
+    growth_mib: int = 0  # what its tasks are predicted to allocate yet, held too (`predict_growth`)
 
 
 REASON_CHARS = 300  # a failed task's reason is one line of the queue's listing: its log holds the rest
@@ -128,6 +131,7 @@ class Scheduler:
         self._changed: set[TaskId] = set()  # tasks changed since the world last took the changes to persist
         self.early = early
         self._restarting: dict[TaskId, str] = {}  # tasks killed to restart early, with why
+        self._growth: dict[TargetId, int] = {}  # by shared GPU: the growth its tasks are predicted to still allocate
         self._next_id = 1
         self._view = _SchedulerView(self, pairing)
         if discipline is None and self.config.backfill and durations is not None:
@@ -297,14 +301,24 @@ class Scheduler:
         window = self._windows.get(sample.gpu)
         if window is not None:  # else a sample taken before its target left
             window.add(sample)
-            if self.early is not None and not self.gpus[sample.gpu].shareable and len(self._on_gpu[sample.gpu]) == 1:
-                task = self._tasks[next(iter(self._on_gpu[sample.gpu]))]  # alone on it: its reading is the task's
-                attempt = _current(task)
-                if attempt.first_kernel_s is not None and sample.t >= attempt.first_kernel_s:
-                    self.early.observe(task.id, attempt.number, sample.t, sample.used_mib)
+            early = self.early
+            if early is not None and early.instances and not self.gpus[sample.gpu].shareable:
+                on = self._on_gpu[sample.gpu]
+                task = self._tasks[next(iter(on))] if len(on) == 1 else None  # alone on it: its reading is the task's
+                attempt = None if task is None else _current(task)
+                if task and attempt and attempt.first_kernel_s is not None and sample.t >= attempt.first_kernel_s:
+                    early.observe(task, attempt.number, sample.t, sample.used_mib)
 
-    def record_gpu_processes(self, gpu: TargetId, tasks: Iterable[TaskId], foreign: int, now: float) -> None:
-        """What a target's process list shows: carma tasks on it (first kernels) and other processes."""
+    def record_gpu_processes(
+        self,
+        gpu: TargetId,
+        tasks: Iterable[TaskId],
+        foreign: int,
+        now: float,
+        used_mib: Mapping[TaskId, int] | None = None,
+    ) -> None:
+        """What a target's process list shows: carma tasks on it (first kernels) and other processes; `used_mib`,
+        where the world can tell, the memory each task's processes hold on it (a shared GPU's growth series)."""
         if gpu not in self.gpus:
             return  # a reading taken before the target left
         self._foreign[gpu] = foreign
@@ -321,6 +335,14 @@ class Scheduler:
                     task.state = TaskState.RUNNING
                     _current(task).first_kernel_s = now
                     self._changed.add(task_id)
+        early = self.early
+        if early is not None and self.config.predict_growth and used_mib and self.gpus[gpu].shareable:
+            for task_id, mib in used_mib.items():
+                grower = self._tasks.get(task_id)
+                current = None if grower is None else grower.current
+                # one series per task: a multi-GPU task's from its first GPU
+                if grower and current and grower.state is TaskState.RUNNING and current.gpus[0] == gpu:
+                    early.observe(grower, current.number, now, mib)
 
     def record_exit(self, task_id: TaskId, exit: ProcessExit, now: float) -> ExitKind | None:
         """A task's process ended; returns how it was classified (None for a task not running)."""
@@ -440,6 +462,7 @@ class Scheduler:
                     tasks=tuple(sorted(self._on_gpu[g])),
                     foreign=self._foreign[g],
                     held_mib=self._held_mib(g) if self.config.hold_known_needs else 0,
+                    growth_mib=self._growth.get(g, 0),
                 )
             )
         return out
@@ -480,23 +503,63 @@ class Scheduler:
         self._crashed.clear()
 
     def _early_restarts(self, now: float) -> list[Action]:
-        """Kill the tasks alone on a MIG instance predicted to outgrow it; their exits relaunch them."""
-        if self.early is None:
+        """Kill the tasks predicted to outgrow where they run (alone on a MIG instance, or beside co-runners on a
+        shared GPU); their exits relaunch them. Sets each shared GPU's predicted growth for this decision."""
+        self._growth.clear()
+        early = self.early
+        if early is None:
             return []
-        kills: list[Action] = []
+        found: list[Outgrowing] = []
         for g, target in self.gpus.items():
-            tasks = self._on_gpu[g]
-            if target.shareable or len(tasks) != 1 or next(iter(tasks)) in self._restarting:
-                continue
-            task = self._tasks[next(iter(tasks))]
-            attempt = _current(task)
-            if task.state is not TaskState.RUNNING or task.cancel_requested:
-                continue
-            found = self.early.check(task, attempt.number, target.total_mib, self.placer.room_mib(target), now)
-            if found is not None:
-                self._restarting[task.id] = found.message
-                kills.append(Kill(task.id, attempt.number))
+            running = [
+                self._tasks[t]
+                for t in sorted(self._on_gpu[g])
+                if t not in self._restarting
+                and self._tasks[t].state is TaskState.RUNNING
+                and not self._tasks[t].cancel_requested
+            ]
+            if not target.shareable and early.instances and len(self._on_gpu[g]) == 1 and running:
+                (task,) = running
+                room = self.placer.room_mib(target)
+                outgrowing = early.check(task, _current(task).number, target.total_mib, room, now)
+                found += [outgrowing] if outgrowing else []
+            elif target.shareable and self.config.predict_growth and running:
+                found += self._shared_growth(g, running, now)
+        kills: list[Action] = []
+        for outgrowing in found:
+            self._restarting[outgrowing.task_id] = outgrowing.message
+            kills.append(Kill(outgrowing.task_id, outgrowing.attempt))
         return kills
+
+    def _shared_growth(self, gpu: TargetId, running: list[Task], now: float) -> list[Outgrowing]:
+        """The growth predicted on a shared GPU: what its growing tasks will still allocate, held against new tasks
+        (`_free_mib`) beyond the needs they hold already. When it will not fit in what the GPU shows free, the task
+        that grows most is restarted now, as its crash would be answered (through recovery), unless it would not
+        fit the GPU alone either. Co-runners are taken to hold what they hold now until it ends."""
+        early, latest = self.early, self._windows[gpu].latest
+        if early is None or latest is None:
+            return []
+        grows: list[tuple[float, Task, Prediction]] = []
+        held = 0.0
+        for task in running:
+            prediction = early.predicted(task, _current(task).number, now)
+            now_mib = early.latest_mib(task.id)
+            if prediction is None or now_mib is None:
+                continue
+            need = _current(task).need
+            holds = need.mib if self.config.hold_known_needs and need is not None and need.mib is not None else 0
+            held += max(0.0, prediction.peak_mib - max(now_mib, holds))
+            grows.append((prediction.peak_mib - now_mib, task, prediction))
+        self._growth[gpu] = math.ceil(held)
+        if not grows or sum(max(0.0, more) for more, _, _ in grows) <= latest.free_mib:
+            return []
+        _, task, prediction = max(grows, key=lambda grown: grown[0])
+        alone = len(self._on_gpu[gpu]) == 1 and not self._foreign[gpu]
+        if alone or prediction.peak_mib > self.placer.room_mib(self.gpus[gpu]):
+            return []  # nothing a restart could make room for: it runs out alone, as without a prediction
+        beside = latest.free_mib + (early.latest_mib(task.id) or 0.0)
+        where = f"it can have on GPU {self.shown(gpu)} beside its co-runners"
+        return [Outgrowing(task.id, _current(task).number, prediction, int(beside), where)]
 
     def _need(self, task: Task) -> MemoryNeed | None:
         """The head task's need, resolved once and kept until it is placed; None while its estimate is not
@@ -515,13 +578,15 @@ class Scheduler:
     def _free_mib(self, gpu: TargetId, hold: bool = True) -> int:
         """What a new task may take on `gpu`, less the reserve: the memory telemetry shows free, and (with
         `hold_known_needs`, unless `hold` is False) no more than the needs known in MiB of the tasks on it leave,
-        whether or not they have allocated them yet. Their margin is not held: what a task uses beyond its
-        need shows as used."""
+        whether or not they have allocated them yet, nor what its tasks are predicted to grow by (`early`). Their
+        margin is not held: what a task uses beyond its need shows as used."""
         latest = self._windows[gpu].latest
         assert latest is not None, "a GPU telemetry never read is no candidate"
         free = latest.free_mib
         if hold and self.config.hold_known_needs:
             free = min(free, latest.total_mib - self._held_mib(gpu))
+        if hold:
+            free -= self._growth.get(gpu, 0)
         return max(0, free - self.config.reserve_mib)
 
     def _held_mib(self, gpu: TargetId) -> int:

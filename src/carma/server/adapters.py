@@ -127,7 +127,10 @@ class BackendTelemetry:
             observe(readings, owner_of)
         processes = {}
         for r in readings:
-            tasks = frozenset(owner_of[p.pid] for p in r.processes if p.pid in owner_of)
+            used: dict[TaskId, int] = {}
+            for p in r.processes:
+                if p.pid in owner_of:
+                    used[owner_of[p.pid]] = used.get(owner_of[p.pid], 0) + p.used_mib
             foreign = sum(1 for p in r.processes if p.pid not in owner_of)
-            processes[r.sample.gpu] = GpuProcesses(tasks, foreign)
+            processes[r.sample.gpu] = GpuProcesses(frozenset(used), foreign, used)
         return TelemetryReading([r.sample for r in readings], processes)

@@ -134,12 +134,13 @@ class Daemon:
         durations = self.durations = HistoryDurations(self.estimates.history, self.jobs)
         if self.mig is not None:
             mig = mig or MigConfig("dynamic")
-            early = EarlyRestarts(durations.remaining) if mig.predict else None
+            early = EarlyRestarts(durations.remaining, instances=mig.predict)
             self.scheduler = mig_scheduler(
                 self.gpus, config, self.estimates, self.mig.geometries, mig, early, durations
             )
         else:
-            self.scheduler = Scheduler(self.gpus, config, self.estimates, durations=durations)
+            early = EarlyRestarts(durations.remaining, instances=False)
+            self.scheduler = Scheduler(self.gpus, config, self.estimates, durations=durations, early=early)
         self.mps = mps
         self.executor = ProcessExecutor(
             home=paths.home,

@@ -187,6 +187,7 @@ def gpu_view(index: int, status: GpuStatus) -> dict[str, Any]:
         "slot": str(target.slot) if target.slot else None,  # a MIG instance's profile and first memory slice
         "used_mib": s.used_mib if s else None,
         "held_mib": status.held_mib,  # its tasks' known needs: no other task is placed into them
+        "growth_mib": status.growth_mib,  # what its tasks are predicted to allocate yet: held as well
         "smact": s.smact if s else None,
         "smocc": s.smocc if s else None,
         "drama": s.drama if s else None,

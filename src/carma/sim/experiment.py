@@ -8,7 +8,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 from carma.core.config import SchedulerConfig
-from carma.core.early import EARLY_RESTART
+from carma.core.early import EARLY_RESTART, EarlyRestarts
 from carma.core.memory import estimated
 from carma.core.mig.scheduling import SCHEMES
 from carma.core.scheduler import Scheduler
@@ -48,7 +48,7 @@ class RunConfig:
     # instances given by best fit; the policy is not used with either
     mig: str = "off"
     scheme: str = "b"  # with dynamic MIG, MIGM's scheme: "a" groups the queue by size, "b" is FIFO
-    predict: bool = True  # with dynamic MIG, restart a task early when its memory will outgrow its instance
+    predict: bool = True  # restart a task early when its memory will outgrow its instance, or its GPU beside others
     own: bool = False  # carma's own decisions (`OWN`) on top of the policy
     layout: tuple[tuple[MigSlot, ...], ...] = ()  # with static MIG: one layout for every GPU, or one per GPU
 
@@ -77,6 +77,7 @@ class RunConfig:
             f"{policy} {memory}"
             + ("" if self.risk_filter else ", no risk filter")
             + (", carma's own" if self.own else "")
+            + ("" if self.predict else ", no prediction")
         )
 
     @property
@@ -157,7 +158,7 @@ class RunResult:
             "makespan_s": round(m.makespan_s, 1),
             "energy_mj": round(m.energy_mj, 4),
             "energy_per_task_kj": _round(m.energy_per_task_kj, 1),
-            "oom_crashes": m.oom_crashes,
+            "oom_crashes": m.oom_crashes - self.early_restarts,  # the metrics count an early restart's stop as one
             "wait_mean_s": _round(m.wait_mean_s, 1),
             "wait_p95_s": _round(m.wait_p95_s, 1),
             "exec_mean_s": _round(m.exec_mean_s, 1),
@@ -173,18 +174,21 @@ class RunResult:
             "tasks_failed": m.tasks_failed,
         } | (self._mig_row() if self.reconfigurations is not None else {})
 
+    @property
+    def early_restarts(self) -> int:
+        """Attempts stopped on a growth prediction (`carma.core.early`), relaunched before they ran out of memory."""
+        return sum(a.message.startswith(EARLY_RESTART) for t in self.tasks for a in t.attempts)
+
     def _mig_row(self) -> dict[str, object]:
         m = self.metrics
         hours = m.makespan_s / 3600
-        early = sum(a.message.startswith(EARLY_RESTART) for t in self.tasks for a in t.attempts)
         dynamic = self.config.mig == "dynamic"
         row: dict[str, object] = {
             "mig": self.config.mig,
             "scheme": self.config.scheme if dynamic else None,
             "predict": self.config.predict and dynamic,
-            "oom_crashes": m.oom_crashes - early,  # the metrics count an early restart's stop as an OOM
             "reconfigurations": self.reconfigurations,
-            "early_restarts": early,
+            "early_restarts": self.early_restarts,
             "throughput_tasks_per_h": round(m.tasks_completed / hours, 2) if hours else None,
         }
         if not dynamic:
@@ -207,12 +211,13 @@ class RecordedEstimator:
 def simulate(
     trace: Trace, run: RunConfig, twin: TwinConfig | None = None, growing: Mapping[str, int] | None = None
 ) -> RunResult:
-    """Run `trace`; with dynamic MIG, the workloads named in `growing` grow to that memory (MiB) by their end."""
+    """Run `trace`; the workloads named in `growing` grow to that memory (MiB) by their end."""
     twin = twin or TwinConfig()
     config = replace(
         twin.scheduler,
         policy=run.policy,
         risk=replace(twin.scheduler.risk, enabled=run.risk_filter),
+        predict_growth=run.predict,
         **(OWN if run.own else {}),
     )
     # Asked once a task is submitted, so the server knows its entry's workload (two entries of one name may
@@ -228,7 +233,12 @@ def simulate(
 
     def make_scheduler(gpus: list[Target]) -> Scheduler:
         hints = {"durations": durations(workload_of), "pairing": pairing(twin.interference, twin.sharing, workload_of)}
-        return Scheduler(gpus, config, estimator, **hints)
+        warmup = lambda task: workload_of(task).warmup_s  # noqa: E731 (read only by the prediction)
+        early = EarlyRestarts(remaining, warmup, instances=False)
+        return Scheduler(gpus, config, estimator, early=early, **hints)
+
+    def remaining(task: Task, now: float) -> float | None:
+        return server.left_s(task.id)
 
     server = (
         mig_server(
@@ -260,6 +270,7 @@ def simulate(
             twin.power,
             twin.fragmentation,
             oracle_memory=run.memory == "oracle",
+            growing=growing,
         )
     )
     server.run(trace)

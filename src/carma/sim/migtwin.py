@@ -9,10 +9,8 @@ holds. A reconfiguration removes the instances it destroys at once and lists tho
 telemetry reads only after `reconfiguration_s(steps)`: no task is placed on one before. Timelines, power
 and energy stay per physical GPU (NVML reads power per GPU, not per instance).
 
-A workload named in `growing` has memory that grows during its run (LLM inference with a growing context,
-training with growing sequences): from its need after the warm-up, linearly in its progress, to the given
-peak at its end, one allocation every `GROWTH_STEP_S`; past its instance it fails out of memory, unless the
-scheduler's growth prediction (`carma.core.early`) restarted it on a larger instance first.
+A workload named in `growing` grows as in the whole-GPU twin; past its instance it fails out of memory, unless
+the scheduler's growth prediction (`carma.core.early`) restarted it on a larger instance first.
 """
 
 from __future__ import annotations
@@ -47,8 +45,6 @@ from carma.sim.models import InterferenceModel, PowerModel
 from carma.sim.twin import TwinServer, _oom_exit, _SimGpu, target_id
 
 _NO_INTERFERENCE = InterferenceModel(0.0, 0.0, 0.0, 1.0)  # not read: `_slowdowns` is MIG's
-_GROW = 5  # an event of this twin's own: a growing task allocates more (above the base twin's kinds)
-GROWTH_STEP_S = 10.0
 
 
 @dataclass
@@ -90,15 +86,13 @@ class MigTwinServer(TwinServer):
         self._step_s = step_s
         self._instances: dict[TargetId, _Instance] = {}
         self._on: dict[TaskId, TargetId] = {}  # the instance each live task runs on
-        self._growing = dict(growing or {})  # workload name -> its memory at the end of its run
-        self._attempt: dict[TaskId, int] = {}  # each task's latest attempt (a growth event of an earlier one is stale)
         self._history: dict[TaskId, list[tuple[float, int]]] = {}  # the attempt's memory over time, as read
         self.reconfigurations = 0
         for i, geometry in enumerate(self.geometries.values()):
             slots = layouts[i] if layouts is not None else (MigSlot(geometry.sizing[-1].name, 0),)
             for slot, profile in checked_layout(geometry, slots):
                 self._instances[instance_id(target_id(i), slot)] = _Instance(i, slot, profile, ready_s=0.0)
-        super().__init__(gpus, scheduler_factory, _NO_INTERFERENCE, "mps", power, 0.0, oracle_memory)
+        super().__init__(gpus, scheduler_factory, _NO_INTERFERENCE, "mps", power, 0.0, oracle_memory, growing)
 
     # ----------------------------------------------------------------- Telemetry
 
@@ -142,7 +136,6 @@ class MigTwinServer(TwinServer):
         (iid,) = launch.gpus
         self._instances[iid].task = task.id
         self._on[task.id] = iid
-        self._attempt[task.id] = launch.attempt
         self._history[task.id] = []
         self._index[iid] = self._instances[iid].gpu
         super().launch(task, launch)
@@ -177,26 +170,6 @@ class MigTwinServer(TwinServer):
         self._gpus[inst.gpu].allocated[task_id] = total_mib
         self._history[task_id].append((self._now, total_mib))
         return True
-
-    def _full(self, task_id: TaskId) -> None:
-        super()._full(task_id)
-        if task_id in self._on and self._tasks[task_id].workload.name in self._growing:
-            self._push(self._now + GROWTH_STEP_S, _GROW, (task_id, self._attempt[task_id]), 0)
-
-    def _event(self, kind: int, payload: object, version: int) -> None:
-        assert kind == _GROW and isinstance(payload, tuple)
-        task_id, attempt = payload
-        if self._attempt.get(task_id) != attempt or task_id not in self._on:
-            return  # that attempt has ended
-        sim = self._tasks[task_id]
-        w = sim.workload
-        work_s = w.solo_s - w.ttfk_s - w.warmup_s
-        left_s = sim.remaining_s - sim.rate * (self._now - sim.since)
-        done = min(1.0, max(0.0, 1 - left_s / work_s)) if work_s > 0 else 1.0
-        mib = round(w.mem_mib + (self._growing[w.name] - w.mem_mib) * done)
-        if self._allocate(task_id, mib):
-            self._record(self._gpus[sim.gpus[0]])
-            self._push(self._now + GROWTH_STEP_S, _GROW, payload, 0)
 
     def _end(self, task_id: TaskId, exit: ProcessExit) -> None:
         iid = self._on.pop(task_id, None)

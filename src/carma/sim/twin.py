@@ -9,6 +9,11 @@ Between events every GPU's state is constant, so the twin keeps a piecewise-cons
 and derives samples, energy and utilization from it exactly. The scheduling loop runs on the 1 Hz grid,
 like the daemon, but only at instants where a decision could change: after an event, while a GPU's
 monitor window still holds samples from before its last change, and when a TTFK grace window ends.
+
+A workload named in `growing` has memory that grows during its run (LLM inference with a growing context,
+training with growing sequences): from its need after the warm-up, linearly in its progress, to the given
+peak at its end, one allocation every `GROWTH_STEP_S`; an allocation that does not fit ends it out of memory,
+unless the scheduler's growth prediction (`carma.core.early`) restarted it first.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from carma.core.loop import SchedulingLoop
@@ -31,8 +36,9 @@ from carma.traces.catalog import Workload
 from carma.traces.loaders import Trace, TraceEntry
 from carma.units import pluralize
 
-# event priorities at equal times: task events first, then submissions, then the decision tick
-_SEEN, _FULL, _FINISH, _SUBMIT, _TICK = 0, 1, 2, 3, 4
+# event priorities at equal times: task events first, then submissions, then the decision tick, then growth
+_SEEN, _FULL, _FINISH, _SUBMIT, _TICK, _GROW = 0, 1, 2, 3, 4, 5
+GROWTH_STEP_S = 10.0
 
 
 class SimulationStalled(RuntimeError):
@@ -61,6 +67,7 @@ class _SimTask:
     workload: Workload
     load: Load
     gpus: tuple[int, ...] = ()
+    attempt: int = 0  # the attempt running (a growth event of an earlier one is stale)
     version: int = 0  # bumped to invalidate scheduled events of an earlier attempt or rate
     remaining_s: float = 0.0  # solo-speed seconds of GPU work left
     rate: float = 0.0
@@ -79,8 +86,10 @@ class TwinServer:
         power: PowerModel,
         fragmentation: float,
         oracle_memory: bool,
+        growing: Mapping[str, int] | None = None,
     ) -> None:
         self._gpus = [_SimGpu(i, kind, target_id(i)) for i, kind in enumerate(gpus)]
+        self._growing = dict(growing or {})  # workload name -> its memory at the end of its run
         self._index = {g.id: g.index for g in self._gpus}
         self._interference = interference
         self._sharing = sharing
@@ -118,7 +127,7 @@ class TwinServer:
         k1 = math.floor(now / self._interval + 1e-9)
         self._last_read = k1 * self._interval
         samples = [self._sample(g, k * self._interval) for k in range(k0, k1 + 1) for g in self._gpus]
-        processes = {g.id: GpuProcesses(frozenset(g.allocated)) for g in self._gpus}
+        processes = {g.id: GpuProcesses(frozenset(g.allocated), used_mib=dict(g.allocated)) for g in self._gpus}
         return TelemetryReading(samples, processes)
 
     def _sample(self, gpu: _SimGpu, t: float) -> GpuSample:
@@ -129,11 +138,20 @@ class TwinServer:
         """The workload of a submitted task: its trace entry's."""
         return self._tasks[task_id].workload
 
+    def left_s(self, task_id: TaskId) -> float | None:
+        """The seconds a computing task has left at its speed now (None before it computes): what a history of
+        earlier runs would say, here known exactly."""
+        sim = self._tasks[task_id]
+        if not sim.rate:
+            return None
+        return max(0.0, sim.remaining_s - sim.rate * (self._now - sim.since)) / sim.rate
+
     # ----------------------------------------------------------------- Executor
 
     def launch(self, task: Task, launch: Launch) -> None:
         sim = self._tasks[task.id]
         sim.version += 1
+        sim.attempt = launch.attempt
         sim.gpus = tuple(self._index[g] for g in launch.gpus)
         self._push(self._now + sim.workload.ttfk_s, _SEEN, task.id, sim.version)
 
@@ -165,8 +183,8 @@ class TwinServer:
                 continue
             if kind == _SUBMIT:
                 self._submit(payload)
-            elif kind > _TICK:
-                self._event(kind, payload, version)
+            elif kind == _GROW:
+                self._grow(payload)
             elif self._tasks[payload].version != version:
                 continue  # stale: the attempt was killed or its rate changed
             elif kind == _SEEN:
@@ -185,10 +203,6 @@ class TwinServer:
                 f"{pluralize(len(stuck), 'task')} never finished on the idle server: {names}; the scheduler says: "
                 f"{why} (check the [scheduler] settings)"
             )
-
-    def _event(self, kind: int, payload: object, version: int) -> None:
-        """An event of a kind a subclass adds (numbered above the base's): the MIG twin's memory growth."""
-        raise ValueError(f"no event of kind {kind}")
 
     @property
     def timelines(self) -> list[list[Segment]]:
@@ -271,6 +285,24 @@ class TwinServer:
         for g in sim.gpus:
             self._gpus[g].running.add(task_id)
         self._reschedule(sim.gpus)
+        if w.name in self._growing:
+            self._push(self._now + GROWTH_STEP_S, _GROW, (task_id, sim.attempt), 0)
+
+    def _grow(self, payload: object) -> None:
+        """A growing task allocates its memory at its progress so far, and grows again a step later."""
+        assert isinstance(payload, tuple)
+        task_id, attempt = payload
+        sim = self._tasks[task_id]
+        if sim.attempt != attempt or not sim.gpus or task_id not in self._gpus[sim.gpus[0]].running:
+            return  # that attempt has ended
+        w = sim.workload
+        work_s = w.solo_s - w.ttfk_s - w.warmup_s
+        left_s = sim.remaining_s - sim.rate * (self._now - sim.since)
+        done = min(1.0, max(0.0, 1 - left_s / work_s)) if work_s > 0 else 1.0
+        if self._allocate(task_id, round(w.mem_mib + (self._growing[w.name] - w.mem_mib) * done)):
+            for g in sim.gpus:
+                self._record(self._gpus[g])
+            self._push(self._now + GROWTH_STEP_S, _GROW, payload, 0)
 
     def _end(self, task_id: TaskId, exit: ProcessExit) -> None:
         sim = self._tasks[task_id]
