@@ -67,8 +67,21 @@ def test_fusion_of_idle_neighbours():
     assert decision.steps == (
         DestroyInstance(InstanceKey("GPU-a", 0, "1g.5gb")),
         DestroyInstance(InstanceKey("GPU-a", 1, "1g.5gb")),
-        CreateInstance(InstanceKey("GPU-a", 0, "1g.10gb")),
+        CreateInstance(InstanceKey("GPU-a", 0, "2g.10gb")),  # both compute slices: a 1g.10gb would strand one
     )
+
+
+def test_of_the_profiles_of_equal_memory_the_one_with_most_compute_where_it_fits():
+    # 1g.10gb and 2g.10gb both take two memory slices (9856 MiB); the 2g only starts at 0, 2 or 4
+    decision = plan([gpu()], 8 * GIB)
+    assert isinstance(decision, Plan) and decision.profile.name == "2g.10gb"
+    at_six = plan([gpu(("2g.10gb", 0, True), ("2g.10gb", 2, True), ("2g.10gb", 4, True))], 8 * GIB)
+    assert isinstance(at_six, Plan) and at_six.instance == InstanceKey("GPU-a", 6, "1g.10gb")
+    # 3g.20gb and 4g.20gb both take four: the 4g at 0 leaves room for a 3g at 4 (seven compute slices in all)
+    half = plan([gpu()], 16 * GIB)
+    assert isinstance(half, Plan) and half.instance == InstanceKey("GPU-a", 0, "4g.20gb")
+    other = plan([half.after.marked(half.instance, busy=True)], 16 * GIB)
+    assert isinstance(other, Plan) and other.instance == InstanceKey("GPU-a", 4, "3g.20gb")
 
 
 def test_fission_of_an_idle_larger_instance():
@@ -84,13 +97,13 @@ def test_fission_of_an_idle_larger_instance():
 def test_busy_instances_are_never_destroyed_a_refusal_says_why():
     decision = plan([ones(busy_from=1)], 9 * GIB)
     assert decision == Refusal(
-        RefusalReason.BLOCKED, "no 1g.10gb fits beside the busy instances (idle instances: GPU-a/1g.5gb@0)"
+        RefusalReason.BLOCKED, "no 1g.10gb / 2g.10gb fits beside the busy instances (idle instances: GPU-a/1g.5gb@0)"
     )
 
 
 def test_the_margin_counts_toward_the_need():
     decision = plan([gpu()], 4800, margin_mib=100)
-    assert isinstance(decision, Plan) and decision.profile.name == "1g.10gb"  # 4900 MiB > 4864
+    assert isinstance(decision, Plan) and decision.profile.name == "2g.10gb"  # 4900 MiB > 4864
 
 
 @pytest.mark.parametrize(

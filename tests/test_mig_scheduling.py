@@ -55,9 +55,9 @@ def test_an_idle_instance_that_holds_the_need_is_taken_without_reconfiguring():
 def test_the_margin_picks_the_next_profile():
     world = MigWorld()
     loop = world.loop(config=SchedulerConfig(margin_mib=2048))
-    loop.submit(TaskSpec("small", mem_mib=4000))  # 6048 MiB with the margin: a 1g.10gb, not a 1g.5gb
+    loop.submit(TaskSpec("small", mem_mib=4000))  # 6048 MiB with the margin: a 2g.10gb, not a 1g.5gb
     settle(loop, world)
-    assert world.placed[1].split("/")[1].startswith("1g.10gb")
+    assert world.placed[1].split("/")[1].startswith("2g.10gb")
 
 
 def test_sync_removes_idle_targets_the_world_no_longer_lists_and_keeps_busy_ones():
@@ -78,7 +78,7 @@ def test_a_task_of_unknown_need_starts_small_and_restarts_on_the_next_larger_pro
         settle(loop, world)
         sizes.append(world.placed[task.id].split("/")[1].split("@")[0])
         world.end(task.id, OOM)
-    assert sizes == ["1g.5gb", "1g.10gb", "3g.20gb"]  # never a whole GPU at once
+    assert sizes == ["1g.5gb", "2g.10gb", "4g.20gb"]  # never a whole GPU at once
     settle(loop, world)
     assert task.state is TaskState.FAILED and "limit reached" in task.reason  # max_relaunches bounds it
 
@@ -99,9 +99,9 @@ def test_a_need_larger_than_the_current_instances_is_kept_not_turned_into_a_whol
     first = loop.submit(TaskSpec("small", mem_mib=4000))
     settle(loop, world)
     world.end(first.id, ProcessExit(0))
-    second = loop.submit(TaskSpec("mid", mem_mib=15000))  # more than the 1g.5gb left, less than a 3g.20gb
+    second = loop.submit(TaskSpec("mid", mem_mib=15000))  # more than the 1g.5gb left, less than a 4g.20gb
     settle(loop, world)
-    assert "3g.20gb" in world.placed[second.id]
+    assert "4g.20gb" in world.placed[second.id]
     assert second.current is not None and second.current.need is not None and second.current.need.mib == 15000
 
 
@@ -220,7 +220,7 @@ def test_a_task_predicted_to_outgrow_its_instance_restarts_early_on_a_larger_one
             break
     first, second_attempt = task.attempts
     assert first.message.startswith(EARLY_RESTART) and first.outcome is ExitKind.OOM
-    assert "1g.10gb" in second_attempt.gpus[0]  # the next larger profile, before any crash
+    assert "2g.10gb" in second_attempt.gpus[0]  # the next larger profile, before any crash
 
 
 def test_a_flat_task_or_one_of_unknown_remaining_time_is_not_restarted():
