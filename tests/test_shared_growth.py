@@ -5,9 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from carma.core import GpuSample, Kill, Scheduler, Target, TaskSpec, TaskState
+from carma.core import GpuSample, Kill, NeedKind, Scheduler, Target, TaskSpec, TaskState
 from carma.core.config import SchedulerConfig
 from carma.core.early import EarlyRestarts
+from carma.core.scheduler import PREDICTED
 from carma.core.types import ProcessExit
 from carma.reasons import waiting_reason
 from carma.server.daemon import Daemon
@@ -80,8 +81,17 @@ def test_a_crash_predicted_beside_co_runners_restarts_the_growing_task_through_r
     assert task.attempts[0].message.startswith("restarted early: its memory is predicted to reach")
     assert "beside its co-runners" in task.attempts[0].message
     assert w.sched.task(steady).state is TaskState.RUNNING  # its neighbour keeps running
-    w.sched.decide(w.t)  # the recovery scan: it waits for a whole GPU, as after an out-of-memory crash
+    assert w.sched.decide(w.t) == []  # the recovery scan; its predicted peak does not fit beside its neighbour
     assert task.state is TaskState.RECOVERING and grower in w.sched.recovery_queue
+    w.sched.record_exit(steady, ProcessExit(exit_code=0), w.t)
+    del w.mib[steady]
+    w.tick()
+    (launch,) = w.sched.decide(w.t)
+    relaunch = task.attempts[1]
+    assert launch.task_id == grower and relaunch.recovery
+    # relaunched holding the peak it was predicted to reach (with the margin, it fits the 40 GB)
+    assert relaunch.need.kind is NeedKind.KNOWN and relaunch.need.source == PREDICTED
+    assert 34_000 < relaunch.need.mib <= TOTAL - 2048 - 512
 
 
 @pytest.mark.parametrize("case", ["alone", "past the GPU", "flat"])

@@ -69,6 +69,7 @@ class GpuStatus:
 
 
 REASON_CHARS = 300  # a failed task's reason is one line of the queue's listing: its log holds the rest
+PREDICTED = "predicted peak before an early restart"  # the source of a relaunch's need after one
 
 
 class PlacerPort(Protocol):
@@ -130,7 +131,8 @@ class Scheduler:
         self._blocked: dict[TaskId, Blocked] = {}
         self._changed: set[TaskId] = set()  # tasks changed since the world last took the changes to persist
         self.early = early
-        self._restarting: dict[TaskId, str] = {}  # tasks killed to restart early, with why
+        self._restarting: dict[TaskId, Outgrowing] = {}  # tasks killed to restart early, with why
+        self._foreseen: dict[TaskId, int] = {}  # the predicted peak (MiB) of each task restarted early, until placed
         self._growth: dict[TargetId, int] = {}  # by shared GPU: the growth its tasks are predicted to still allocate
         self._next_id = 1
         self._view = _SchedulerView(self, pairing)
@@ -354,8 +356,9 @@ class Scheduler:
         early = self._restarting.pop(task_id, None)
         if self.early is not None:
             self.early.forget(task_id)
-        if early is not None and not task.cancel_requested:  # stopped before it outgrew its instance: relaunched
-            kind, exit = ExitKind.OOM, replace(exit, log_tail=early)
+        if early is not None and not task.cancel_requested:  # stopped before it outgrew where it ran: relaunched
+            kind, exit = ExitKind.OOM, replace(exit, log_tail=early.message)
+            self._foreseen[task_id] = math.ceil(early.prediction.peak_mib)
         attempt.ended_s = now
         attempt.outcome = kind
         self._changed.add(task_id)
@@ -367,7 +370,7 @@ class Scheduler:
         elif kind is ExitKind.SUCCESS:
             self._finish(task, TaskState.COMPLETED, now, "")
         elif kind is ExitKind.OOM:
-            attempt.message = early or oom_message(exit)
+            attempt.message = early.message if early is not None else oom_message(exit)
             task.state = TaskState.OOM_CRASHED
             self._crashed.append(task_id)
         else:
@@ -388,7 +391,7 @@ class Scheduler:
         def attempt(task_id: TaskId, avoid: frozenset[TargetId] = frozenset()) -> Placement | Blocked:
             task = self._tasks[task_id]
             recovery = task.state is TaskState.RECOVERING
-            need = RECOVERY_NEED if recovery else self._need(task)
+            need = self._relaunch_need(task) if recovery else self._need(task)
             if need is None:
                 self._blocked[task_id] = Estimating()  # it waits at the head: the queue stays FIFO
                 return self._blocked[task_id]
@@ -527,7 +530,7 @@ class Scheduler:
                 found += self._shared_growth(g, running, now)
         kills: list[Action] = []
         for outgrowing in found:
-            self._restarting[outgrowing.task_id] = outgrowing.message
+            self._restarting[outgrowing.task_id] = outgrowing
             kills.append(Kill(outgrowing.task_id, outgrowing.attempt))
         return kills
 
@@ -560,6 +563,17 @@ class Scheduler:
         beside = latest.free_mib + (early.latest_mib(task.id) or 0.0)
         where = f"it can have on GPU {self.shown(gpu)} beside its co-runners"
         return [Outgrowing(task.id, _current(task).number, prediction, int(beside), where)]
+
+    def _relaunch_need(self, task: Task) -> MemoryNeed:
+        """A relaunch's need: whole idle GPUs, as after any out-of-memory crash, unless the task was stopped on a
+        prediction; then its predicted peak, held where it runs next (a larger MIG instance, or a GPU with that
+        much free)."""
+        peak = self._foreseen.get(task.id)
+        if peak is None:
+            return RECOVERY_NEED
+        if peak + self.config.margin_mib > self._usable(task.spec.gpus):
+            return MemoryNeed(NeedKind.WHOLE_GPU, peak, f"{PREDICTED}, more than a GPU has with the margin")
+        return MemoryNeed(NeedKind.KNOWN, peak, PREDICTED)
 
     def _need(self, task: Task) -> MemoryNeed | None:
         """The head task's need, resolved once and kept until it is placed; None while its estimate is not
@@ -598,6 +612,7 @@ class Scheduler:
     def _launch(self, task: Task, placement: Placement, need: MemoryNeed, now: float, recovery: bool) -> Launch:
         self._queues.take(task.id, recovery)
         self._needs.pop(task.id, None)
+        self._foreseen.pop(task.id, None)
         gpus = placement.gpus
         shared = any(self._on_gpu[g] or self._foreign[g] for g in gpus)
         for g in gpus:
@@ -634,6 +649,7 @@ class Scheduler:
         task.reason = reason
         task.ended_s = now
         self._needs.pop(task.id, None)
+        self._foreseen.pop(task.id, None)
         self.placer.ended(task.id)
         self._changed.add(task.id)
 

@@ -136,13 +136,16 @@ class MigPlacer:
     def want_mib(self, task: Task, need: MemoryNeed) -> int | None:
         """The memory the task's instance must hold: its need in MiB with the margin; for a need not known,
         `min_mib`; for a relaunch after an OOM crash on an instance, the next larger profile's (None when it
-        ran out on the largest; a relaunch also keeps what its need asked)."""
+        ran out on the largest; a relaunch also keeps what its need asked, and one restarted early holds its
+        predicted peak)."""
         asked = self.min_mib if need.mib is None or need.kind is NeedKind.UNKNOWN else need.mib + self.margin_mib
         if task.state is not TaskState.RECOVERING:
             return asked
         first = task.attempts[0].need
         if first is not None and first.mib is not None and first.kind is not NeedKind.UNKNOWN:
             asked = first.mib + self.margin_mib
+        if need.kind is NeedKind.KNOWN and need.mib is not None:  # restarted early: its predicted peak
+            asked = max(asked, need.mib + self.margin_mib)
         outgrown = self._ran_on.get(task.id)
         if outgrown is None:
             return asked  # it crashed on a whole GPU: its need decides
