@@ -4,6 +4,7 @@ figures `carma simulate --mig dynamic` adds."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -91,6 +92,10 @@ def test_simulate_mig_dynamic_prints_the_mig_figures_and_whole_gpu_runs_do_not()
     assert row["early_restarts"] == 0 and row["throughput_tasks_per_h"] > 0
     whole = run_carma("simulate", "--gpus", "1xA100-40GB", "--limit", "5", "--json")
     assert "reconfigurations" not in json.loads(whole.stdout)["runs"][0]
+    table = run_carma(
+        "simulate", "--gpus", "1xA100-40GB", "--mig", "dynamic", "--scheme", "a", "--memory", "oracle", "--limit", "5"
+    )
+    assert re.search(rf"MIG reconfigurations\s+│\s+{row['reconfigurations']} ", table.stdout), table.stdout
 
 
 def test_simulate_refuses_a_sweep_with_mig_and_an_unknown_scheme():

@@ -102,7 +102,7 @@ def run_table(result: RunResult, title: str) -> Table:
             "energy per completed task",
             NOT_MEASURED if m.energy_per_task_kj is None else f"{m.energy_per_task_kj:.0f} kJ",
         ),
-        ("OOM crashes", str(m.oom_crashes)),
+        ("OOM crashes", str(m.oom_crashes - result.early_restarts)),
         ("tasks completed / failed", f"{m.tasks_completed} / {m.tasks_failed}"),
         ("waiting mean / p95", _minutes(m.wait_mean_s, m.wait_p95_s)),
         ("execution mean / p95", _minutes(m.exec_mean_s, m.exec_p95_s)),
@@ -110,9 +110,20 @@ def run_table(result: RunResult, title: str) -> Table:
         ("SMACT / SMOCC / DRAMA mean", f"{m.smact_mean:.2f} / {m.smocc_mean:.2f} / {m.drama_mean:.2f}"),
         ("GPU memory used, mean", f"{m.mem_used_mean_mib / 1024:.1f} GiB"),
         ("power, mean per GPU", f"{m.power_mean_w:.0f} W"),
+        *_growth_and_mig(result),
     ):
         table.add_row(label, value)
     return table
+
+
+def _growth_and_mig(result: RunResult) -> list[tuple[str, str]]:
+    """The rows only some runs have: restarts on a growth prediction, and a MIG run's layout changes."""
+    rows = [("early restarts (predicted growth)", str(result.early_restarts))] if result.early_restarts else []
+    if result.config.mig == "static":
+        rows.append(("MIG layout (static)", result.config.layout_text))
+    elif result.reconfigurations is not None:
+        rows.append(("MIG reconfigurations", str(result.reconfigurations)))
+    return rows
 
 
 def add_gain_shares(rows: Sequence[dict[str, object]], bounds: Bounds, exclusive_s: float) -> None:
