@@ -33,13 +33,13 @@ def home(tmp_path):
     return paths
 
 
-def mig_daemon(paths: Paths, control: FakeMigControl | None = None) -> Daemon:
+def mig_daemon(paths: Paths, control: FakeMigControl | None = None, config: SchedulerConfig | None = None) -> Daemon:
     backend = FakeGpuBackend(paths.fake_gpus)
     control = control or FakeMigControl(backend.device)
     return Daemon(
         paths,
         backend,
-        SchedulerConfig(),
+        config or SchedulerConfig(),
         20.0,
         fake_env(paths.fake_gpus),
         mig=MigConfig("dynamic"),
@@ -77,8 +77,9 @@ def test_each_task_runs_on_the_tightest_instance_its_need_holds(home):
 
 
 def test_a_task_predicted_to_outgrow_its_instance_is_restarted_early_on_a_larger_one(home):
-    """Its history (an earlier successful run of the same command) gives the prediction its horizon."""
-    d = mig_daemon(home)
+    """Its history (an earlier successful run of the same command) gives the prediction its horizon; the fit
+    leaves out a monitoring window after its first kernel (5 s here: the job grows for a minute)."""
+    d = mig_daemon(home, config=SchedulerConfig(window_samples=5))
     growing = (*fakejob(60, "3GiB"), "--grow-to", "12GiB")
     first = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=11 * 1024))  # room enough: its run time is learnt
     step_until(d, lambda: d.scheduler.task(first.id).state is TaskState.COMPLETED)

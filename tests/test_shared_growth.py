@@ -138,7 +138,11 @@ def test_the_daemon_holds_the_growth_its_history_predicts_against_a_task_that_wo
     """On fake GPUs: the command's earlier run gives the horizon; a 22 GiB task that fits beside the grower today
     (and would run it out of memory as it reaches 20 GiB) waits until it ends."""
     d = Daemon(
-        home, FakeGpuBackend(home.fake_gpus), SchedulerConfig(ttfk_unknown_only=True), 20.0, fake_env(home.fake_gpus)
+        home,
+        FakeGpuBackend(home.fake_gpus),
+        SchedulerConfig(ttfk_unknown_only=True, window_samples=5),
+        20.0,
+        fake_env(home.fake_gpus),
     )
     growing = JobSpec("grows", (*fakejob(60, "3GiB"), "--grow-to", "20GiB"), "/tmp", mem_mib=3 * 1024)
     first = d.submit(growing)

@@ -15,6 +15,7 @@ predicted. A prediction beyond the most its GPU can give is left to run: a resta
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,10 @@ from carma.core.types import Task, TaskId
 Remaining = Callable[[Task, float], float | None]
 Warmup = Callable[[Task], float]
 
+# The fit reads the later half of the time since the warm-up: a jump early in a run (loading, the first
+# iterations' allocations, a data loader starting) is forgotten once the run has gone on as long again, while a
+# growth that lasts stays in view.
+RECENT = 0.5
 EARLY_RESTART = "restarted early"  # how an attempt stopped on a prediction begins its message
 
 
@@ -52,7 +57,8 @@ class Outgrowing:
 class _Series:
     attempt: int
     settled_s: float  # its warm-up's end: earlier samples are left out of the fit
-    line: LineFit = field(default_factory=LineFit)  # the samples from `settled_s` on
+    line: LineFit = field(default_factory=LineFit)  # the recent samples from `settled_s` on, once it moved
+    flat: deque[float] = field(default_factory=deque)  # until then, only the times of the recent samples
     last: Sample | None = None
     low: float = float("inf")  # the least and most memory read since the warm-up: equal, nothing to fit
     high: float = 0.0
@@ -67,6 +73,7 @@ class EarlyRestarts:
         self.warmup_s = warmup_s
         self.instances = instances
         self._series: dict[TaskId, _Series] = {}
+        self.moving: set[TaskId] = set()  # the tasks whose memory moved since their warm-up: those worth a fit
 
     def observe(self, task: Task, attempt: int, t: float, used_mib: int) -> None:
         """A reading of a task's memory (its instance's, or its processes' on a shared GPU), from its first kernel
@@ -74,15 +81,31 @@ class EarlyRestarts:
         kept = self._series.get(task.id)
         if kept is None or kept.attempt != attempt:
             kept = self._series[task.id] = _Series(attempt, t + self.warmup_s(task))
+            self.moving.discard(task.id)
         if kept.last is not None and t <= kept.last[0]:
             return  # a reading already taken (a world may hand a window over again)
         kept.last = (t, float(used_mib))
-        if t >= kept.settled_s:
-            kept.line.add(t, used_mib)
-            kept.low, kept.high = min(kept.low, used_mib), max(kept.high, used_mib)
+        if t < kept.settled_s:
+            return
+        cut = kept.settled_s + (t - kept.settled_s) * (1 - RECENT)
+        if not kept.line.n and (not kept.flat or used_mib == kept.low):  # flat so far: most tasks, no sums kept
+            kept.low = kept.high = used_mib
+            flat = kept.flat
+            flat.append(t)
+            while flat[0] < cut:
+                flat.popleft()
+            return
+        for earlier in kept.flat:  # its first move: the flat samples kept join the line
+            kept.line.add(earlier, kept.low)
+        kept.flat.clear()
+        self.moving.add(task.id)
+        kept.low, kept.high = min(kept.low, used_mib), max(kept.high, used_mib)
+        kept.line.add(t, used_mib)
+        kept.line.drop_before(cut)
 
     def forget(self, task_id: TaskId) -> None:
         self._series.pop(task_id, None)
+        self.moving.discard(task_id)
 
     def latest_mib(self, task_id: TaskId) -> float | None:
         """The task's latest reading (None before the first)."""

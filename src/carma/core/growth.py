@@ -37,8 +37,9 @@ What is simplified against MIGM, and why:
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 Sample = tuple[float, float]  # (seconds, on any clock; MiB used)
@@ -46,6 +47,7 @@ Sample = tuple[float, float]  # (seconds, on any clock; MiB used)
 LEVEL = 0.99  # MIGM's 99% band
 MIN_SAMPLES = 10  # ten seconds at 1 Hz: a line through fewer is a guess
 MIN_SPAN_S = 8.0
+MIN_SLOPE = 1e-6  # MiB/s, 0.09 MiB a day: below it a slope is rounding, not growth
 FEWEST_SAMPLES = 6  # below this the t quantile's expansion is not accurate (and a band means little)
 
 
@@ -87,8 +89,9 @@ class Growth:
 
     @property
     def growing(self) -> bool:
-        """The slope is positive at the band's level: its lower bound is above zero."""
-        return self.slope_mib_per_s > self.quantile * self.residual_sd_mib / math.sqrt(self.sxx)
+        """The slope is positive at the band's level: its lower bound is above zero (and above what rounding in
+        running sums makes of a flat series)."""
+        return self.slope_mib_per_s > max(self.quantile * self.residual_sd_mib / math.sqrt(self.sxx), MIN_SLOPE)
 
     def at(self, horizon_s: float) -> Prediction:
         """The peak predicted `horizon_s` seconds after the last sample (at the end of the task's run)."""
@@ -106,8 +109,8 @@ class Growth:
 @dataclass
 class LineFit:
     """A least-squares line kept as running sums, so that a prediction at every decision costs the same however
-    long the series: one sample added at a time, the fit read in constant time. Times and memory are kept
-    relative to the first sample (a flat series sums to exactly zero, not to rounding)."""
+    long the series: one sample added (or the oldest dropped) at a time, the fit read in constant time. Sums are
+    kept relative to the first sample ever added (a flat series sums to exactly zero, not to rounding)."""
 
     t0: float = 0.0
     y0: float = 0.0
@@ -118,21 +121,31 @@ class LineFit:
     sty: float = 0.0
     syy: float = 0.0
     t_last: float = -math.inf
-    observed_max: float = 0.0
+    observed_max: float = 0.0  # of every sample added, dropped or not: the task has held that much
+    kept: deque[Sample] = field(default_factory=deque)
 
     def add(self, t: float, mib: float) -> None:
         """A sample later than every earlier one."""
         if not self.n:
             self.t0, self.y0 = t, mib
-        dt, dy = t - self.t0, mib - self.y0
-        self.n += 1
-        self.st += dt
-        self.sy += dy
-        self.stt += dt * dt
-        self.sty += dt * dy
-        self.syy += dy * dy
+        self._sum(t, mib, 1.0)
+        self.kept.append((t, mib))
         self.t_last = t
         self.observed_max = max(self.observed_max, mib)
+
+    def drop_before(self, t: float) -> None:
+        """Leave the samples older than `t` out of the line."""
+        while self.kept and self.kept[0][0] < t:
+            self._sum(*self.kept.popleft(), -1.0)
+
+    def _sum(self, t: float, mib: float, sign: float) -> None:
+        dt, dy = t - self.t0, mib - self.y0
+        self.n += int(sign)
+        self.st += sign * dt
+        self.sy += sign * dy
+        self.stt += sign * dt * dt
+        self.sty += sign * dt * dy
+        self.syy += sign * dy * dy
 
     def growth(
         self, *, level: float = LEVEL, min_samples: int = MIN_SAMPLES, min_span_s: float = MIN_SPAN_S
@@ -141,7 +154,7 @@ class LineFit:
         n = self.n
         if n < min_samples:
             return NoPrediction(f"too few samples after the warm-up: {n} of the {min_samples} needed")
-        span = self.t_last - self.t0
+        span = self.t_last - self.kept[0][0]
         if span < min_span_s:
             return NoPrediction(f"samples span {span:g} s of the {min_span_s:g} s needed")
         t_mean, y_mean = self.st / n, self.sy / n

@@ -514,20 +514,28 @@ class Scheduler:
             return []
         found: list[Outgrowing] = []
         for g, target in self.gpus.items():
+            on = self._on_gpu[g]
+            if target.shareable:
+                if not self.config.predict_growth or on.isdisjoint(early.moving):
+                    continue  # nothing on it has grown since its warm-up: most GPUs, at most decisions
+            elif not early.instances or len(on) != 1:
+                continue
             running = [
                 self._tasks[t]
-                for t in sorted(self._on_gpu[g])
+                for t in sorted(on)
                 if t not in self._restarting
                 and self._tasks[t].state is TaskState.RUNNING
                 and not self._tasks[t].cancel_requested
             ]
-            if not target.shareable and early.instances and len(self._on_gpu[g]) == 1 and running:
+            if not running:
+                continue
+            if target.shareable:
+                found += self._shared_growth(g, running, now)
+            else:
                 (task,) = running
                 room = self.placer.room_mib(target)
                 outgrowing = early.check(task, _current(task).number, target.total_mib, room, now)
                 found += [outgrowing] if outgrowing else []
-            elif target.shareable and self.config.predict_growth and running:
-                found += self._shared_growth(g, running, now)
         kills: list[Action] = []
         for outgrowing in found:
             self._restarting[outgrowing.task_id] = outgrowing
@@ -535,14 +543,16 @@ class Scheduler:
         return kills
 
     def _shared_growth(self, gpu: TargetId, running: list[Task], now: float) -> list[Outgrowing]:
-        """The growth predicted on a shared GPU: what its growing tasks will still allocate, held against new tasks
-        (`_free_mib`) beyond the needs they hold already. When it will not fit in what the GPU shows free, the task
-        that grows most is restarted now, as its crash would be answered (through recovery), unless it would not
-        fit the GPU alone either. Co-runners are taken to hold what they hold now until it ends."""
+        """The growth predicted on a shared GPU: what its growing tasks may still allocate (the band's top), held
+        against new tasks (`_free_mib`) beyond the needs they hold already; a wrong hold only delays a placement.
+        When what they are expected to allocate (the fitted line) will not fit in what the GPU shows free, the
+        task that grows most is restarted now, as its crash would be answered (through recovery), unless it would
+        not fit the GPU alone either; a wrong restart costs a healthy task its work, so the band does not decide
+        it. Co-runners are taken to hold what they hold now until it ends."""
         early, latest = self.early, self._windows[gpu].latest
         if early is None or latest is None:
             return []
-        grows: list[tuple[float, Task, Prediction]] = []
+        grows: list[tuple[float, Task, Prediction]] = []  # expected growth, the task, its prediction
         held = 0.0
         for task in running:
             prediction = early.predicted(task, _current(task).number, now)
@@ -552,13 +562,13 @@ class Scheduler:
             need = _current(task).need
             holds = need.mib if self.config.hold_known_needs and need is not None and need.mib is not None else 0
             held += max(0.0, prediction.peak_mib - max(now_mib, holds))
-            grows.append((prediction.peak_mib - now_mib, task, prediction))
+            grows.append((max(0.0, prediction.trend_mib - now_mib), task, prediction))
         self._growth[gpu] = math.ceil(held)
-        if not grows or sum(max(0.0, more) for more, _, _ in grows) <= latest.free_mib:
+        if not grows or sum(more for more, _, _ in grows) <= latest.free_mib:
             return []
         _, task, prediction = max(grows, key=lambda grown: grown[0])
         alone = len(self._on_gpu[gpu]) == 1 and not self._foreign[gpu]
-        if alone or prediction.peak_mib > self.placer.room_mib(self.gpus[gpu]):
+        if alone or prediction.trend_mib > self.placer.room_mib(self.gpus[gpu]):
             return []  # nothing a restart could make room for: it runs out alone, as without a prediction
         beside = latest.free_mib + (early.latest_mib(task.id) or 0.0)
         where = f"it can have on GPU {self.shown(gpu)} beside its co-runners"

@@ -132,14 +132,17 @@ class Daemon:
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
         )
         durations = self.durations = HistoryDurations(self.estimates.history, self.jobs)
+        # a task's memory settles within CARMA's monitoring window after its first kernel: the growth fit leaves
+        # that window out (the twin knows each job's own warm-up)
+        settling = config.window_s
         if self.mig is not None:
             mig = mig or MigConfig("dynamic")
-            early = EarlyRestarts(durations.remaining, instances=mig.predict)
+            early = EarlyRestarts(durations.remaining, lambda task: settling, instances=mig.predict)
             self.scheduler = mig_scheduler(
                 self.gpus, config, self.estimates, self.mig.geometries, mig, early, durations
             )
         else:
-            early = EarlyRestarts(durations.remaining, instances=False)
+            early = EarlyRestarts(durations.remaining, lambda task: settling, instances=False)
             self.scheduler = Scheduler(self.gpus, config, self.estimates, durations=durations, early=early)
         self.mps = mps
         self.executor = ProcessExecutor(
