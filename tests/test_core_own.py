@@ -70,6 +70,21 @@ def test_open_warm_ups_need_the_needs_held():
     assert b.placed() == {}  # nothing holds the first task's memory: CARMA's rule stays
 
 
+def test_open_warm_ups_beside_memory_no_need_holds_count_the_needs_not_shown_yet():
+    """Beside a task of unknown need, whose memory only telemetry shows, the needs of tasks placed since the last
+    reading are not in the free memory shown: they are taken from it, or a third 8 GiB task would be placed into
+    memory that is not there."""
+    b = bench(1, ttfk_unknown_only=True)  # 40 GiB
+    unknown = b.submit("unknown")
+    b.decide()
+    b.first_kernel(unknown.id)
+    b.set(0, used_mib=20000)
+    b.advance(31)  # its window has passed: the GPU is open, 20960 MiB shown free
+    first, second, third = (b.submit(name, mem_mib=8000) for name in "abc")
+    assert b.placed() == {first.id: (0,), second.id: (0,)}  # 20960 - 2 x 8000 - 512 < 8000 + 2048 for the third
+    assert isinstance(b.sched.blocked(third.id), MemoryShort)
+
+
 # ----------------------------------------------------------------- backfilling
 
 

@@ -58,7 +58,7 @@ def test_predicted_growth_closes_a_shared_gpu_to_a_task_that_fits_today():
     for predict in (True, False):
         w = World(left_s=1000, predict=predict)
         grower, steady = w.start(8000), w.start(8000)
-        w.tick(30, grow={grower: 20})  # 20 MiB/s: about 20 GB more over the 1000 s it has left
+        w.tick(40, grow={grower: 20})  # past their TTFK window; 20 MiB/s: about 20 GB more over the 1000 s left
         late = w.sched.submit(TaskSpec("late", 1, 8000), w.t)
         actions = w.sched.decide(w.t)
         if predict:
@@ -72,7 +72,7 @@ def test_predicted_growth_closes_a_shared_gpu_to_a_task_that_fits_today():
 def test_a_crash_predicted_beside_co_runners_restarts_the_growing_task_through_recovery():
     w = World(left_s=1300)
     grower, steady = w.start(8000), w.start(8000)
-    w.tick(30, grow={grower: 20})  # about 26 GB more by its end: past the 23 GB free, within the GPU
+    w.tick(40, grow={grower: 20})  # about 26 GB more by its end: past the 23 GB free, within the GPU
     (kill,) = w.sched.decide(w.t)
     assert kill == Kill(grower, 1)
     w.sched.record_exit(grower, ProcessExit(exit_code=None, signal=9, log_tail="Killed"), w.t)
@@ -100,7 +100,7 @@ def test_no_restart_where_it_could_not_help_or_nothing_grows(case):
     grower = w.start(8000)
     if case != "alone":
         w.start(8000)
-    w.tick(30, grow={grower: 0 if case == "flat" else 20})
+    w.tick(40, grow={grower: 0 if case == "flat" else 20})
     assert w.sched.decide(w.t) == []
 
 
