@@ -76,6 +76,7 @@ def test_a_task_shows_on_its_gpu_and_timeline_and_leaves_when_cancelled(browser,
     expect(cards.nth(1)).to_contain_text("A100-40GB")
     expect(page.locator("#summary")).to_contain_text("policy magm", timeout=WAIT_MS)
     assert "token" not in page.url  # the token left the address bar
+    expect(page.locator("#mig")).to_be_hidden()  # no MIG layout on a server without dynamic MIG
 
     task = server.submit(*fakejob(100_000, "512MiB", "--smact", "0.5"), name="resnet-demo", mem="512MiB")
     chip = page.locator(f"[data-gpu] [data-task='{task}']")
@@ -145,6 +146,47 @@ def test_the_charts_key_every_gpu_of_a_large_server_apart_and_inside_the_chart(b
     assert len(set(colours)) == 12
     ARTIFACTS.mkdir(exist_ok=True)
     chart.screenshot(path=str(ARTIFACTS / "dashboard-chart-12-gpus.png"))
+    page.close()
+
+
+def test_a_mig_gpus_layout_and_reconfigurations_show_in_the_gpus_and_timeline(browser, start_server):  # type: ignore[no-untyped-def]
+    """Each instance a block over its memory slices, with its task; the free slices; a mark in the timeline at
+    each reconfiguration, saying what it did."""
+    from playwright.sync_api import expect
+
+    port = free_port()
+    mig = ("--fake-gpus", "1xA100-40GB", "--fake-mig", "--mig", "dynamic", "--time-scale", "50")
+    server = start_server(*mig, "--tcp", f"127.0.0.1:{port}")
+    small = server.submit(*fakejob(100_000, "3GiB"), name="small", mem="3GiB")
+    large = server.submit(*fakejob(100_000, "15GiB"), name="large", mem="15GiB")
+    server.wait_state(small, "running")
+    server.wait_state(large, "running")
+    page = browser.new_page(viewport={"width": 1280, "height": 1300})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server.cli("dashboard").stdout.strip())
+    layout = page.locator("#mig [data-mig]")
+    expect(layout).to_contain_text("A100-40GB", timeout=WAIT_MS)
+    # as `carma gpus` lists it: 4g.20gb@0 (task large), 2g.10gb@4 (task small); free memory slices 6, 7
+    expect(layout.locator("[data-slot='4g.20gb@0']")).to_contain_text(f"#{large} large")
+    expect(layout.locator("[data-slot='2g.10gb@4']")).to_contain_text(f"#{small} small")
+    expect(layout.locator("[data-free]")).to_have_attribute("data-free", "6,7")
+    widths = layout.evaluate(  # each block spans its memory slices: 4, 2 and the 2 free ones of 8
+        "m => ['[data-slot=\"4g.20gb@0\"]', '[data-slot=\"2g.10gb@4\"]', '[data-free]']"
+        ".map((s) => m.querySelector(s).getBoundingClientRect().width)"
+    )
+    assert widths[0] > 1.8 * widths[1] and abs(widths[1] - widths[2]) < 1, widths
+    marks = page.locator("#timeline g.reconfiguration")
+    expect(marks).to_have_count(3, timeout=WAIT_MS)  # the whole GPU made at the start, then one per task
+    expect(marks.nth(0).locator("title")).to_contain_text("MIG created 7g.40gb@0: done")
+    expect(marks.locator("title", has_text="created 4g.20gb@0")).to_contain_text(": done, -")
+    expect(page.locator("#legend-mig")).to_be_visible()
+    page.locator(f"#mig [data-task='{small}']").click()  # a task opens from its instance too
+    expect(page.locator("#task")).to_contain_text(f"task {small}: small", timeout=WAIT_MS)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-mig.png"), full_page=True)
+    assert server.cli("cancel", str(small), str(large)).returncode == 0
+    assert errors == []
     page.close()
 
 

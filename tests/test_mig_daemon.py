@@ -1,9 +1,11 @@
 """Dynamic MIG in the daemon (`carma server --mig dynamic`) on fake GPUs made with MIG mode enabled: tasks get
 the tightest instance their need holds, reconfigurations are journaled and a killed one is finished at the next
-start, a refused step loses nothing, and the fake GPUs refuse what NVML refuses."""
+start, a refused step loses nothing, every reconfiguration is kept for the dashboard's timeline, and the fake
+GPUs refuse what NVML refuses."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -13,6 +15,7 @@ from carma.core import SchedulerConfig, TaskState
 from carma.core.mig.scheduling import MigConfig
 from carma.core.types import MigSlot, Reconfigure
 from carma.server.daemon import Daemon
+from carma.server.dashboard import timeline_view
 from carma.server.metrics import Metrics
 from carma.server.mig import JOURNAL
 from carma.server.paths import Paths
@@ -22,7 +25,7 @@ from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
 from carma.telemetry.fakemig import FakeMigControl
 from carma.telemetry.mig import MigError
 from servers import fakejob
-from support import cli_env, run_carma, step_until
+from support import cli_env, run_carma, step_until, wait_until
 
 
 @pytest.fixture
@@ -33,7 +36,12 @@ def home(tmp_path):
     return paths
 
 
-def mig_daemon(paths: Paths, control: FakeMigControl | None = None, config: SchedulerConfig | None = None) -> Daemon:
+def mig_daemon(
+    paths: Paths,
+    control: FakeMigControl | None = None,
+    config: SchedulerConfig | None = None,
+    keep_ended_s: float | None = None,
+) -> Daemon:
     backend = FakeGpuBackend(paths.fake_gpus)
     control = control or FakeMigControl(backend.device)
     return Daemon(
@@ -44,6 +52,7 @@ def mig_daemon(paths: Paths, control: FakeMigControl | None = None, config: Sche
         fake_env(paths.fake_gpus),
         mig=MigConfig("dynamic"),
         mig_control=control,
+        keep_ended_s=keep_ended_s,
     )
 
 
@@ -117,6 +126,12 @@ def test_a_reconfiguration_killed_midway_is_finished_at_the_next_start(home):
     second = mig_daemon(home)  # its start finishes what the first meant
     assert second.store.meta(JOURNAL) is None
     assert [g.slot for g in second.gpus] == [MigSlot("3g.20gb", 4)]
+    interrupted = reconfigurations(second)[-1]  # in the timeline, with what the start did
+    assert (interrupted["outcome"], interrupted["created"]) == ("interrupted", ["3g.20gb@4"])
+    assert (
+        interrupted["reason"]
+        == "under way when the daemon stopped; at its next start: finished creating MIG instance 3g.20gb@4"
+    )
     task = second.submit(job("3GiB", 3072, seconds=5))
     step_until(second, lambda: second.scheduler.task(task.id).state is TaskState.COMPLETED)
     second.close()
@@ -135,6 +150,51 @@ def test_a_step_the_gpu_refuses_ends_the_reconfiguration_consistent(home, caplog
     assert layout(device) == ["7g.40gb@0"]
     assert d.store.meta(JOURNAL) is None
     assert "in use: a process runs on it" in caplog.text
+    d.close()
+
+
+def reconfigurations(d: Daemon) -> list[dict]:
+    """The reconfigurations of the dashboard's timeline over the last day, as the API sends them."""
+    return json.loads(json.dumps(timeline_view(d, d.clock.now() - 86400)["reconfigurations"]))
+
+
+def test_every_reconfiguration_is_in_the_timeline_refused_ones_too_and_after_a_restart(home):
+    d = mig_daemon(home)
+    gpu, whole = d.gpus[0].parent, d.gpus[0].id
+    (at_start,) = reconfigurations(d)
+    assert at_start["gpu"] == gpu and (at_start["destroyed"], at_start["created"]) == ([], ["7g.40gb@0"])
+    assert (at_start["outcome"], at_start["reason"]) == ("done", "at the daemon's start: the GPU had no MIG instance")
+    device = d.backend.device
+    assert device.allocate(os.getpid(), [whole], 1024) == (True, "")  # a process carma did not start
+    try:
+        d.mig.reconfigure(Reconfigure(gpu, (MigSlot("7g.40gb", 0),), (MigSlot("1g.5gb", 0),)))
+    finally:
+        device.release(os.getpid())
+    task = d.submit(job("3GiB", 3072, seconds=5))
+    step_until(d, lambda: d.scheduler.task(task.id).state is TaskState.COMPLETED)
+    (instance,) = d.scheduler.task(task.id).attempts[0].gpus
+    _, refused, done = seen = reconfigurations(d)
+    assert (refused["destroyed"], refused["created"], refused["outcome"]) == (["7g.40gb@0"], ["1g.5gb@0"], "refused")
+    assert "in use: a process runs on it" in refused["reason"]
+    assert (done["gpu"], done["destroyed"], done["outcome"], done["reason"]) == (gpu, ["7g.40gb@0"], "done", None)
+    assert done["created"] == [str(d.scheduler.gpus[instance].slot)]  # the instance the task then ran on
+    dispatched = d.scheduler.task(task.id).attempts[0].dispatched_s
+    assert at_start["t_s"] <= refused["t_s"] <= done["t_s"] <= dispatched
+    d.close()
+
+    again = mig_daemon(home)  # the store keeps them; the layout needs nothing at this start
+    assert reconfigurations(again) == seen
+    assert [r["t_s"] for r in timeline_view(again, done["t_s"])["reconfigurations"]] == [done["t_s"]]  # in the window
+    again.close()
+
+
+def test_reconfigurations_are_kept_as_long_as_ended_tasks(home):
+    d = mig_daemon(home, keep_ended_s=1.0)  # a clock second: 50 ms at the fake GPUs' 20x
+    (at_start,) = reconfigurations(d)
+    wait_until(lambda: d.clock.now() > at_start["t_s"] + 1.0, 5, "a clock second")
+    gpu = d.gpus[0].parent
+    d.mig.reconfigure(Reconfigure(gpu, (MigSlot("7g.40gb", 0),), (MigSlot("3g.20gb", 4),)))
+    assert [r["created"] for r in reconfigurations(d)] == [["3g.20gb@4"]]
     d.close()
 
 
@@ -185,6 +245,10 @@ def test_carma_server_mig_dynamic_through_the_cli(start_server):  # type: ignore
     )
     assert "on MIG instance 2g.10gb@4 of GPU-fake-0-" in server.cli("show", small).stdout
     assert server.json("status")["mig"]["reconfigurations"] == 2
+    timeline = server.client.request("GET", "/v1/timeline", {"hours": 1})["reconfigurations"]
+    made = [r for r in timeline if r["reason"] is None]
+    assert [r["outcome"] for r in made] == ["done", "done"]
+    assert {s for r in made for s in r["created"]} >= {"4g.20gb@0", "2g.10gb@4"}
 
 
 def test_dynamic_mig_on_gpus_without_mig_mode_is_refused_in_one_line(tmp_path):

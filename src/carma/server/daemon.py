@@ -118,7 +118,11 @@ class Daemon:
         self.store = open_store(paths, faults=self.faults)
         with self._starting():
             self.clock = self._clock(time_scale)
-        self.mig = MigManager(mig_control, self.store, backend.refresh, self.faults) if mig_control else None
+        self.mig = (
+            MigManager(mig_control, self.store, backend.refresh, self.faults, self.clock.now, keep_ended_s)
+            if mig_control
+            else None
+        )
         if self.mig is not None:
             with self._starting():
                 for line in self.mig.start():

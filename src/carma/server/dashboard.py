@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from importlib import resources
 from typing import Annotated, Any
 
@@ -45,7 +46,8 @@ def _assets() -> dict[str, tuple[bytes, str]]:
 
 
 def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
-    """Every attempt that ran after `since_s` (or still runs), for the per-GPU Gantt chart."""
+    """Every attempt that ran after `since_s` (or still runs), for the per-GPU Gantt chart, and the MIG
+    reconfigurations since then (from the store: those before a restart too)."""
     rows = []
     for task in daemon.scheduler.tasks:
         job = daemon.jobs[task.id]
@@ -67,7 +69,8 @@ def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
                     "recovery": a.recovery,
                 }
             )
-    return {"now_s": daemon.clock.now(), "since_s": since_s, "attempts": rows}
+    reconfigurations = [asdict(r) for r in daemon.store.reconfigurations(since_s)]
+    return {"now_s": daemon.clock.now(), "since_s": since_s, "attempts": rows, "reconfigurations": reconfigurations}
 
 
 def snapshot(daemon: Daemon) -> dict[str, Any]:
@@ -106,7 +109,8 @@ def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
     async def timeline(
         _: who, hours: Annotated[float, Query(gt=0, le=24 * 90, allow_inf_nan=False)] = 6.0
     ) -> dict[str, Any]:
-        """Attempts that ran in the last `hours` (running ones included), per task and GPU."""
+        """Attempts that ran in the last `hours` (running ones included), per task and GPU, and the MIG
+        reconfigurations of those hours."""
         return timeline_view(daemon, daemon.clock.now() - hours * 3600)
 
     @router.get("/v1/series")

@@ -6,6 +6,9 @@ killed in the middle finds at its next start what it meant to do and ends consis
 GPU instance left without its compute instance is completed or destroyed; nothing else needs undoing, as
 every layout between two steps is valid. A step the GPU refuses (a process that is not carma's started on an
 instance) ends the reconfiguration where it is: the placer plans again from the layout as it then is.
+
+Each reconfiguration, carried out, refused or found interrupted at a start, is kept in the store for the
+dashboard's timeline, as long as ended tasks are (`[server] keep_ended_days`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from carma.core.mig.control import MigControl, carry_out, finish, geometry_of
 from carma.core.mig.geometry import Geometry, UnknownModel
 from carma.core.types import MigSlot, Reconfigure, TargetId
 from carma.server.faults import WORLD_FAULTS, FaultLog
-from carma.server.store import Store
+from carma.server.store import Reconfiguration, Store
 from carma.telemetry.mig import MigError, MigUnavailable
 
 log = logging.getLogger("carma.mig")
@@ -27,9 +30,19 @@ JOURNALING = "journaling a MIG reconfiguration"
 
 
 class MigManager:
-    """Carries out reconfigurations and counts them; `refresh` makes the GPU backend list the new layout."""
+    """Carries out reconfigurations, counts them and keeps their history; `refresh` makes the GPU backend list the
+    new layout, `clock` is the daemon's (the timeline's times), and the history is kept `keep_s` seconds (None:
+    for good, as ended tasks)."""
 
-    def __init__(self, control: MigControl, store: Store, refresh: Callable[[], None], faults: FaultLog) -> None:
+    def __init__(
+        self,
+        control: MigControl,
+        store: Store,
+        refresh: Callable[[], None],
+        faults: FaultLog,
+        clock: Callable[[], float],
+        keep_s: float | None,
+    ) -> None:
         gpus = control.mig_gpus()
         if not gpus:
             raise MigUnavailable(
@@ -46,6 +59,8 @@ class MigManager:
         self._store = store
         self._refresh = refresh
         self._faults = faults
+        self._clock = clock
+        self._keep_s = keep_s
 
     def start(self) -> list[str]:
         """Before the first decision: finish the reconfiguration a killed daemon left under way, and give a MIG GPU
@@ -56,15 +71,19 @@ class MigManager:
         if isinstance(pending, dict):
             action = _action(pending)
             geometry = self.geometries.get(action.gpu)
-            if geometry is not None:
-                done += finish(self.control, action, geometry)
+            finished = finish(self.control, action, geometry) if geometry is not None else []
+            done += finished
             done.append(f"GPU {action.gpu}: a reconfiguration was under way when the daemon stopped; layout now read")
             self._store.set_meta(JOURNAL, None)
+            what = "; ".join(line.removeprefix(f"GPU {action.gpu}: ") for line in finished) or "nothing left half-made"
+            self._remember(action, "interrupted", f"under way when the daemon stopped; at its next start: {what}")
         for gpu, geometry in self.geometries.items():
             if not self.control.gpu_instances(gpu):
                 whole = geometry.sizing[-1]
-                carry_out(self.control, Reconfigure(gpu, (), (MigSlot(whole.name, 0),)), geometry)
+                created = Reconfigure(gpu, (), (MigSlot(whole.name, 0),))
+                carry_out(self.control, created, geometry)
                 done.append(f"GPU {gpu}: no MIG instance; created {whole.name}, which carma splits as tasks need")
+                self._remember(created, "done", "at the daemon's start: the GPU had no MIG instance")
         self._refresh()
         return done
 
@@ -83,16 +102,24 @@ class MigManager:
             carry_out(self.control, action, geometry)
             self.reconfigurations += 1
             log.info("GPU %s: MIG %s", action.gpu, describe(action))
+            self._remember(action, "done")
         except (MigError, LookupError) as e:
             self.refused += 1
             log.warning("GPU %s: MIG reconfiguration stopped (%s): %s", action.gpu, describe(action), e)
             for line in finish(self.control, action, geometry):
                 log.warning("%s", line)
+            self._remember(action, "refused", str(e))
         try:
             self._store.set_meta(JOURNAL, None)
         except WORLD_FAULTS as e:  # left journaled, the next start reads the layout and finds nothing to finish
             self._faults.failed(JOURNALING, e)
         self._refresh()
+
+    def _remember(self, action: Reconfigure, outcome: str, reason: str | None = None) -> None:
+        now = self._clock()
+        slots = (tuple(map(str, action.destroy)), tuple(map(str, action.create)))
+        kept_after = None if self._keep_s is None else now - self._keep_s
+        self._store.add_reconfiguration(Reconfiguration(now, action.gpu, *slots, outcome, reason), kept_after)
 
 
 def describe(action: Reconfigure) -> str:

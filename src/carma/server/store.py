@@ -104,6 +104,16 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     temperature_c REAL,
     PRIMARY KEY (t, gpu)
 );
+CREATE TABLE IF NOT EXISTS mig_reconfigurations (
+    id INTEGER PRIMARY KEY,
+    t REAL NOT NULL,
+    gpu TEXT NOT NULL,
+    destroyed TEXT NOT NULL,
+    created TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT
+);
+CREATE INDEX IF NOT EXISTS mig_reconfigurations_t ON mig_reconfigurations (t);  -- the timeline's window
 """
 # columns added since the first release, for databases that predate them
 ADDED_COLUMNS = {
@@ -138,6 +148,20 @@ class Observation:
     smocc_mean: float | None
     drama_mean: float | None
     samples: int = 0  # the samples the means are over: a restarted daemon goes on averaging from there
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """A MIG reconfiguration as the timeline shows it: when it ended, on which GPU, the instances (`profile@start`)
+    it destroyed and created, `done`, `refused` (a step the GPU refused: `reason` says which) or `interrupted` (the
+    daemon stopped midway; its next start ended it consistent, as `reason` says)."""
+
+    t_s: float
+    gpu: TargetId
+    destroyed: tuple[str, ...]
+    created: tuple[str, ...]
+    outcome: str
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -410,6 +434,18 @@ class Store:
             )
             db.execute("DELETE FROM gpu_samples WHERE t < ?", (keep_after_s,))
 
+    def add_reconfiguration(self, r: Reconfiguration, keep_after_s: float | None) -> None:
+        """Keep a MIG reconfiguration for the timeline, and forget those from before `keep_after_s` (best effort:
+        the GPU's layout is what it is whether or not its past is kept)."""
+        with self._best_effort("the MIG reconfiguration history"), self._transaction() as db:
+            db.execute(
+                "INSERT INTO mig_reconfigurations (t, gpu, destroyed, created, outcome, reason) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (r.t_s, r.gpu, json.dumps(r.destroyed), json.dumps(r.created), r.outcome, r.reason),
+            )
+            if keep_after_s is not None:
+                db.execute("DELETE FROM mig_reconfigurations WHERE t < ?", (keep_after_s,))
+
     def add_estimate(self, fingerprint: str, estimate: Estimate, t: float) -> None:
         """Keep a job's memory estimate, so the same job is not estimated again (after a restart too; best
         effort: one not kept is made again)."""
@@ -546,6 +582,17 @@ class Store:
             for field, value in zip(SERIES_FIELDS, values, strict=True):
                 series[field].append(value)
         return out
+
+    def reconfigurations(self, since_s: float) -> list[Reconfiguration]:
+        """The MIG reconfigurations that ended at `since_s` or later, oldest first."""
+        rows = self._db.execute(
+            "SELECT t, gpu, destroyed, created, outcome, reason FROM mig_reconfigurations WHERE t >= ? ORDER BY t, id",
+            (since_s,),
+        )
+        return [
+            Reconfiguration(t, gpu, tuple(json.loads(destroyed)), tuple(json.loads(created)), outcome, reason)
+            for t, gpu, destroyed, created, outcome, reason in rows
+        ]
 
     def load(self) -> list[StoredTask]:
         """Every task with its job and attempts, in submission order (to restore the scheduler); a row that

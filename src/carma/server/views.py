@@ -41,7 +41,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
 
 def mig_view(daemon: Daemon) -> dict[str, Any] | None:
     """Dynamic MIG (None without it): the reconfigurations so far, and each MIG GPU's layout: its instances (by
-    start: profile, position, tasks) and the memory slices no instance holds."""
+    start: profile, memory slices, position, tasks) and the memory slices no instance holds."""
     mig = daemon.mig
     if mig is None:
         return None
@@ -55,12 +55,15 @@ def mig_view(daemon: Daemon) -> dict[str, Any] | None:
             size = geometry.profile(slot.profile).memory_slices
             taken.update(range(slot.start, slot.start + size))
             position = daemon.scheduler.shown(status.gpu.id)
-            instances.append({"slot": str(slot), "start": slot.start, "gpu": position, "tasks": list(status.tasks)})
+            instances.append(
+                {"slot": str(slot), "start": slot.start, "slices": size, "gpu": position, "tasks": list(status.tasks)}
+            )
         free = [i for i in range(geometry.memory_slices) if i not in taken]
         layouts.append(
             {
                 "gpu": gpu,
                 "model": geometry.model,
+                "memory_slices": geometry.memory_slices,
                 "instances": sorted(instances, key=lambda i: i["start"]),
                 "free_slices": free,
             }

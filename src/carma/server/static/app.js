@@ -150,6 +150,7 @@ function onSnapshot(s) {
   state.snapshot = s;
   for (const t of s.tasks) state.names[t.id] = t.name;
   renderSummary(s);
+  renderMig(s);
   renderGpus(s);
   renderQueue(s);
   appendSamples(s);
@@ -239,6 +240,44 @@ function renderGpus(s) {
       <div class="tasks">${tasks || '<span class="muted">no tasks</span>'}</div>
     </div>`;
   }).join("");
+}
+
+// Each MIG GPU's layout (dynamic MIG): its memory slices in a row, each instance a block from its first slice
+// over the slices it holds (profile, position, its task or idle), the slices no instance holds marked free.
+function renderMig(s) {
+  const mig = s.status.mig;
+  const area = $("#mig");
+  area.hidden = mig === null;
+  if (mig === null) return;
+  const chip = (id) => `<span class="task" data-task="${id}">#${id} ${esc(state.names[id] || "")}</span>`;
+  const counts = `${mig.reconfigurations} reconfiguration${mig.reconfigurations === 1 ? "" : "s"}, ${mig.refused} refused since the start`;
+  area.innerHTML = mig.gpus.map((g) => {
+    const cell = (start, span) => `grid-column: ${start + 1} / span ${span}`;
+    const blocks = g.instances.map((i) => {
+      const busy = i.tasks.length > 0;
+      const slices = Array.from({ length: i.slices }, (_, k) => i.start + k).join(", ");
+      const title = `${i.slot}: GPU ${i.gpu}, memory slices ${slices}, ${busy ? "busy" : "idle"}`;
+      return `<div class="instance ${busy ? "busy" : "idle"}" data-slot="${esc(i.slot)}" style="${cell(i.start, i.slices)}" title="${esc(title)}">
+        <b>${esc(i.slot.split("@")[0])}</b> <span class="muted">GPU ${i.gpu}</span>
+        <div>${busy ? i.tasks.map(chip).join("") : '<span class="muted">idle</span>'}</div></div>`;
+    });
+    // the free slices, a block per run of neighbours
+    const runs = [];
+    for (const slice of g.free_slices) {
+      const last = runs[runs.length - 1];
+      if (last && last[0] + last.length === slice) last.push(slice);
+      else runs.push([slice]);
+    }
+    for (const run of runs) {
+      blocks.push(`<div class="instance free" data-free="${run.join(",")}" style="${cell(run[0], run.length)}" title="memory slice${run.length > 1 ? "s" : ""} ${run.join(", ")}: no instance">free</div>`);
+    }
+    const ruler = Array.from({ length: g.memory_slices }, (_, k) => `<span>${k}</span>`).join("");
+    return `<div class="mig" data-mig="${esc(g.gpu)}">
+      <h3><span>MIG <span class="name" title="${esc(g.gpu)}">${esc(g.gpu)}</span></span><span class="name">${esc(g.model)}</span></h3>
+      <div class="slices" style="grid-template-columns: repeat(${g.memory_slices}, 1fr)">${blocks.join("")}</div>
+      <div class="slices ruler" style="grid-template-columns: repeat(${g.memory_slices}, 1fr)" title="memory slices">${ruler}</div>
+    </div>`;
+  }).join("") + `<div class="facts">${counts}</div>`;
 }
 
 // The memory a task is (or will be) placed with, as `carma queue` shows it; its source in the tooltip.
@@ -333,6 +372,15 @@ async function loadTimeline() {
 }
 
 const OUTCOME_WORDS = { running: "running", success: "completed", oom: "out of memory", error: "failed", killed: "cancelled" };
+const RECONFIGURATION_WORDS = { done: "done", refused: "refused", interrupted: "interrupted by the daemon stopping" };
+
+// A reconfiguration as the daemon logs it: `destroyed 1g.5gb@0; created 2g.10gb@0`.
+function reconfigurationText(r) {
+  const parts = [];
+  if (r.destroyed.length) parts.push(`destroyed ${r.destroyed.join(", ")}`);
+  if (r.created.length) parts.push(`created ${r.created.join(", ")}`);
+  return parts.join("; ");
+}
 
 // Each GPU's attempts in lanes: attempts that overlap in time (collocated) get lanes of their own, so none
 // hides another (one row per GPU drew the last over the others).
@@ -359,17 +407,18 @@ function renderTimeline() {
   const gpus = state.snapshot ? state.snapshot.gpus.map((g) => g.index) : [...new Set(data.attempts.flatMap((a) => a.gpus))].sort((a, b) => a - b);
   const now = state.snapshot ? state.snapshot.now_s : data.now_s;
   // the chosen window, shortened to what there is to show (at least ten minutes)
-  const first = Math.min(now - 600, ...data.attempts.map((a) => a.start_s));
+  const first = Math.min(now - 600, ...data.attempts.map((a) => a.start_s), ...data.reconfigurations.map((r) => r.t_s));
   const since = Math.max(now - Number($("#hours").value) * 3600, first - 0.02 * (now - first));
   const width = $("#timeline").clientWidth || 1000, left = 52, right = 10, laneH = 20, minRowH = 26, top = 6, axis = 20;
   const { lanes, bars } = timelineLanes(data.attempts, gpus, since, now);
   const x = (t) => left + ((Math.max(t, since) - since) / (now - since)) * (width - left - right);
   const parts = [];
-  const rowTop = {};
+  const rowTop = {}, rowEnd = {};
   let y = top;
   for (const gpu of gpus) {
     rowTop[gpu] = y;
     y += Math.max(minRowH, lanes[gpu].length * laneH + 6);
+    rowEnd[gpu] = y;
     parts.push(`<text x="4" y="${rowTop[gpu] + 17}">GPU ${gpu}</text><line class="grid" x1="${left}" x2="${width - right}" y1="${y}" y2="${y}"/>`);
   }
   const height = Math.max(y, top + minRowH) + axis;
@@ -381,12 +430,30 @@ function renderTimeline() {
     const w = Math.max(2, x(end) - x(a.start_s));
     parts.push(`<rect class="attempt ${kind}${a.recovery ? " recovery" : ""}" data-task="${a.task_id}" x="${x(a.start_s)}" y="${rowTop[gpu] + 3 + lane * laneH}" width="${w}" height="${h}" rx="2"><title>${esc(label)}</title></rect>`);
   }
+  parts.push(...reconfigurationMarks(data.reconfigurations, since, now, x, rowTop, rowEnd, top, y));
+  $("#legend-mig").hidden = data.reconfigurations.length === 0;
   const ticks = Math.max(2, Math.min(6, Math.floor((width - left - right) / 110)));  // labels ~80 px wide
   for (let i = 0; i <= ticks; i++) {
     const t = since + ((now - since) * i) / ticks;
     parts.push(`<text x="${x(t)}" y="${height - 5}" text-anchor="${i === 0 ? "start" : i === ticks ? "end" : "middle"}">${i === ticks ? "now" : "-" + duration(now - t)}</text>`);
   }
   $("#timeline").innerHTML = `<svg width="${width}" height="${height}">${parts.join("")}</svg>`;
+}
+
+// A MIG reconfiguration: a mark at its time across the rows of its GPU's instances (as the GPU cards list them
+// now), or across every row when none of its instances is left; what it did and why in the tooltip.
+function reconfigurationMarks(reconfigurations, since, now, x, rowTop, rowEnd, top, bottom) {
+  const parents = state.snapshot ? state.snapshot.gpus : [];
+  return reconfigurations.filter((r) => r.t_s >= since).map((r, i) => {
+    const rows = parents.filter((g) => g.parent === r.gpu && g.index in rowTop);
+    const y1 = rows.length ? Math.min(...rows.map((g) => rowTop[g.index])) : top;
+    const y2 = rows.length ? Math.max(...rows.map((g) => rowEnd[g.index])) : bottom;
+    const at = x(r.t_s);
+    const label = `GPU ${r.gpu}: MIG ${reconfigurationText(r)}: ${RECONFIGURATION_WORDS[r.outcome] || r.outcome}, -${duration(now - r.t_s)}${r.reason ? `. ${r.reason}` : ""}`;
+    return `<g class="reconfiguration ${esc(r.outcome)}" data-reconfiguration="${i}"><title>${esc(label)}</title>
+      <line x1="${at}" x2="${at}" y1="${y1}" y2="${y2}"/><rect class="hit" x="${at - 4}" y="${y1}" width="8" height="${y2 - y1}"/>
+      <path d="M${at - 5},${y1} L${at + 5},${y1} L${at},${y1 + 7} Z"/></g>`;
+  });
 }
 
 // ---------------------------------------------------------------- metric charts
