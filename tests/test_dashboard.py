@@ -181,6 +181,8 @@ def test_a_mig_gpus_layout_and_reconfigurations_show_in_the_gpus_and_timeline(br
     expect(marks.nth(0).locator("title")).to_contain_text("MIG created 7g.40gb@0: done")
     expect(marks.locator("title", has_text="created 4g.20gb@0")).to_contain_text(": done, -")
     expect(page.locator("#legend-mig")).to_be_visible()
+    colours = page.locator("[data-chart='smact'] .keys span").evaluate_all("spans => spans.map((s) => s.style.color)")
+    assert "" not in colours and len(set(colours)) == len(colours)  # an instance since destroyed, keyed by its id
     page.locator(f"#mig [data-task='{small}']").click()  # a task opens from its instance too
     expect(page.locator("#task")).to_contain_text(f"task {small}: small", timeout=WAIT_MS)
     ARTIFACTS.mkdir(exist_ok=True)

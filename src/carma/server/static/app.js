@@ -6,7 +6,7 @@ const CHART_MINUTES = 30;
 const TIMELINE_REFRESH_S = 10;
 const GPU_COLORS = ["#3d6fb6", "#d98a1c", "#3a9a5b", "#c9423a", "#7a5bb5", "#2a9d9f", "#b5487f", "#7f7f3a"];
 // beyond the eight, hues a golden angle apart: no two GPUs (MIG instances count) share a colour
-const gpuColor = (gpu) => GPU_COLORS[gpu] || `hsl(${(gpu * 137.508) % 360}, 55%, 42%)`;
+const gpuColor = (i) => GPU_COLORS[i] || `hsl(${(i * 137.508) % 360}, 55%, 42%)`;
 const CHARTS = [
   { key: "mem_pct", title: "Memory used (%)", max: 100 },
   { key: "smact", title: "SMACT", max: 1, threshold: "smact" },
@@ -486,6 +486,8 @@ function renderCharts() {
   const now = state.snapshot ? state.snapshot.now_s : 0;
   const since = now - CHART_MINUTES * 60;
   const width = 600, height = 150, left = 36, right = 8, top = 8, bottom = 18;
+  // by the series' order, the GPUs by position first: a MIG instance since destroyed is named by its id, not a number
+  const color = Object.fromEntries(Object.keys(state.series).map((gpu, i) => [gpu, gpuColor(i)]));
   $("#charts").innerHTML = CHARTS.map((chart) => {
     let max = chart.max;
     if (max === undefined) {
@@ -502,7 +504,7 @@ function renderCharts() {
     for (const [gpu, s] of Object.entries(state.series)) {
       let run = [];
       const flush = () => {
-        if (run.length > 1) parts.push(`<polyline stroke="${gpuColor(Number(gpu))}" points="${run.join(" ")}"><title>GPU ${gpu}</title></polyline>`);
+        if (run.length > 1) parts.push(`<polyline stroke="${color[gpu]}" points="${run.join(" ")}"><title>GPU ${gpu}</title></polyline>`);
         run = [];
       };
       s.t.forEach((t, i) => {
@@ -514,7 +516,7 @@ function renderCharts() {
     }
     parts.push(`<text x="${left}" y="${height - 4}">-${CHART_MINUTES}m</text><text x="${width - right}" y="${height - 4}" text-anchor="end">now</text>`);
     // the key below the chart, wrapping: one line inside it ran past its edges beyond eight GPUs
-    const keys = Object.keys(state.series).map((gpu) => `<span style="color:${gpuColor(Number(gpu))}">■ GPU ${gpu}</span>`).join("");
+    const keys = Object.keys(state.series).map((gpu) => `<span style="color:${color[gpu]}">■ GPU ${esc(gpu)}</span>`).join("");
     return `<div class="chart" data-chart="${chart.key}"><h4>${chart.title}</h4><svg viewBox="0 0 ${width} ${height}">${parts.join("")}</svg><div class="keys">${keys}</div></div>`;
   }).join("");
 }
