@@ -64,6 +64,16 @@ def test_a_task_waits_for_its_instance_while_it_is_being_made():
     assert task.attempts[0].dispatched_s >= 2.0 and result.reconfigurations == 1
 
 
+def test_a_longer_reconfiguration_step_delays_the_task_by_its_steps():
+    run = RunConfig("magm", "oracle", mig="dynamic")
+    default = simulate(trace("resnet"), run, A100)
+    slow = simulate(trace("resnet"), run, replace(A100, reconfiguration_s=5.0))
+    (fast_task,), (slow_task,) = default.tasks, slow.tasks
+    # two steps (the 7g.40gb destroyed, a 2g.10gb created) of 5 s instead of 1 s: 8 s later, start and end
+    assert slow_task.attempts[0].dispatched_s - fast_task.attempts[0].dispatched_s == pytest.approx(8.0)
+    assert slow_task.ended_s - fast_task.ended_s == pytest.approx(8.0)
+
+
 def test_a_task_of_unknown_need_grows_through_the_profiles_after_ooms():
     result = simulate(trace("BERT_large"), RunConfig("magm", "none", mig="dynamic"), A100)
     (task,) = result.tasks

@@ -17,6 +17,7 @@ from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
 from carma.sim.hints import durations, pairing
+from carma.sim.migspeed import RECONFIGURATION_S
 from carma.sim.migtwin import MigTwinServer, full_layouts, geometries, layout_text, mig_server, static_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
 from carma.sim.twin import TwinServer
@@ -126,6 +127,7 @@ class TwinConfig:
     interference: InterferenceModel = field(default_factory=calibrated_interference)
     power: PowerModel = field(default_factory=calibrated_power)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    reconfiguration_s: float = RECONFIGURATION_S  # one MIG plan step (not measured: `carma.sim.migspeed`)
 
     def __post_init__(self) -> None:
         if self.sharing not in SHARING_MODES:
@@ -250,6 +252,7 @@ def simulate(
             oracle_memory=run.memory == "oracle",
             predict=run.predict,
             growing=growing,
+            step_s=twin.reconfiguration_s,
         )
         if run.mig == "dynamic"
         else static_server(

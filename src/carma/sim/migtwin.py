@@ -273,11 +273,13 @@ def mig_server(
     growing: Mapping[str, int] | None = None,
     max_passes: int = DEFAULT_MAX_PASSES,
     min_mib: int = DEFAULT_MIN_MIB,
+    step_s: float = RECONFIGURATION_S,
 ) -> MigTwinServer:
     """A dynamic MIG twin whose scheduler (`mig_scheduler`) partitions every GPU by the task's need, orders the
     queue by `scheme` and, with `predict`, restarts a task early when its memory is predicted to outgrow its
     instance. The prediction's horizon is the time left of the run the twin's speed model gives on its
-    instance (what a history of earlier runs on that profile would say); its warm-up, the catalog's."""
+    instance (what a history of earlier runs on that profile would say); its warm-up, the catalog's. Each step
+    of a reconfiguration takes `step_s`."""
     mig = MigConfig("dynamic", scheme, max_passes, min_mib, predict)
 
     def make_scheduler(targets: list[Target]) -> Scheduler:
@@ -290,7 +292,7 @@ def mig_server(
             return None
         return max(0.0, expected - (now - attempt.dispatched_s))
 
-    server = MigTwinServer(gpus, make_scheduler, power, oracle_memory, growing=growing)
+    server = MigTwinServer(gpus, make_scheduler, power, oracle_memory, step_s, growing=growing)
     return server
 
 
