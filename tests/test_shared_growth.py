@@ -140,7 +140,7 @@ def test_the_daemon_holds_the_growth_its_history_predicts_against_a_task_that_wo
     d = Daemon(
         home,
         FakeGpuBackend(home.fake_gpus),
-        SchedulerConfig(ttfk_unknown_only=True, window_samples=5),
+        SchedulerConfig(ttfk_unknown_only=True, window_samples=5, predict_growth=True),
         20.0,
         fake_env(home.fake_gpus),
     )

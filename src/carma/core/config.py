@@ -43,7 +43,7 @@ class SchedulerConfig:
     # issue 47: with a memory series per task (a world that gives the scheduler `early`), a task on a shared GPU
     # whose memory is predicted to grow holds that growth against new tasks, and one whose growth will not fit
     # beside its co-runners is relaunched through recovery before it crashes (`carma.core.early`)
-    predict_growth: bool = True
+    predict_growth: bool = False  # off by default: see docs/mig.md#on-shared-gpus (a step in memory can read as growth)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
