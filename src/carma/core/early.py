@@ -60,8 +60,7 @@ class _Series:
     line: LineFit = field(default_factory=LineFit)  # the recent samples from `settled_s` on, once it moved
     flat: deque[float] = field(default_factory=deque)  # until then, only the times of the recent samples
     last: Sample | None = None
-    low: float = float("inf")  # the least and most memory read since the warm-up: equal, nothing to fit
-    high: float = 0.0
+    level: float = 0.0  # its memory while flat since the warm-up (the line holds samples once it moved)
 
 
 class EarlyRestarts:
@@ -88,18 +87,17 @@ class EarlyRestarts:
         if t < kept.settled_s:
             return
         cut = kept.settled_s + (t - kept.settled_s) * (1 - RECENT)
-        if not kept.line.n and (not kept.flat or used_mib == kept.low):  # flat so far: most tasks, no sums kept
-            kept.low = kept.high = used_mib
+        if not kept.line.n and (not kept.flat or used_mib == kept.level):  # flat so far: most tasks, no sums kept
+            kept.level = used_mib
             flat = kept.flat
             flat.append(t)
             while flat[0] < cut:
                 flat.popleft()
             return
         for earlier in kept.flat:  # its first move: the flat samples kept join the line
-            kept.line.add(earlier, kept.low)
+            kept.line.add(earlier, kept.level)
         kept.flat.clear()
         self.moving.add(task.id)
-        kept.low, kept.high = min(kept.low, used_mib), max(kept.high, used_mib)
         kept.line.add(t, used_mib)
         kept.line.drop_before(cut)
 
@@ -116,7 +114,7 @@ class EarlyRestarts:
         """The peak of `task` (attempt `attempt`) over the rest of its run, when its memory grows (None: flat since
         its warm-up, too few readings, or its remaining time not known)."""
         kept = self._series.get(task.id)
-        if kept is None or kept.attempt != attempt or not kept.high > kept.low:
+        if kept is None or kept.attempt != attempt or not kept.line.n:
             return None
         left = self.remaining(task, now)
         growth = kept.line.growth()
