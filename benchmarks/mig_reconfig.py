@@ -8,6 +8,7 @@ range) and 30 s (a pessimistic point outside it), against the twin's default of 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -51,6 +52,7 @@ def print_pivot(
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help says what it measures
     rows = []
     for label, trace, gpus, memory in workloads():
         twin = TwinConfig(gpus=parse_gpus(gpus))
