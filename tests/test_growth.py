@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from carma.core.early import MAX_KEPT, EarlyRestarts
 from carma.core.growth import NoPrediction, Prediction, fit, predict, remaining_from_fraction, t_quantile
+from carma.core.types import Task, TaskSpec
 
 GIB = 1024
 
@@ -214,3 +216,29 @@ def test_the_remaining_run_from_the_fraction_done():
         remaining_from_fraction(100, 0)
     with pytest.raises(ValueError, match="elapsed"):
         remaining_from_fraction(-1, 0.5)
+
+
+# ----------------------------------------------------------------- a running task's series (carma.core.early)
+
+
+def _series(remaining_s: float, samples: list[tuple[float, float]]) -> tuple[EarlyRestarts, Task]:
+    early = EarlyRestarts(lambda task, now: remaining_s)
+    task = Task(1, TaskSpec("job"), 0.0)
+    for t, mib in samples:
+        early.observe(task, 1, t, int(mib))
+    return early, task
+
+
+def test_the_peak_is_predicted_at_the_end_of_the_run_however_late_the_last_reading():
+    early, task = _series(100.0, line(2000, 4.0, 60))
+    at_reading, later = early.predicted(task, 1, 59.0), early.predicted(task, 1, 89.0)
+    assert (at_reading.horizon_s, later.horizon_s) == (100.0, 130.0)  # the run ends 100 s after `now`
+    assert later.trend_mib == pytest.approx(2000 + 4.0 * (89 + 100), rel=1e-6)
+
+
+def test_a_series_of_days_keeps_bounded_memory_and_still_predicts_its_peak():
+    early, task = _series(3600.0, line(2000, 0.05, 3 * MAX_KEPT))
+    assert early._series[task.id].line.n <= MAX_KEPT
+    prediction = early.predicted(task, 1, 3 * MAX_KEPT - 1.0)
+    assert prediction.trend_mib == pytest.approx(2000 + 0.05 * (3 * MAX_KEPT - 1 + 3600), rel=0.01)
+    assert early.lasting(task.id)

@@ -1,6 +1,7 @@
 """Memory-growth prediction on shared GPUs (issue 47, item 4): a task predicted to outgrow what its GPU has free
 closes the GPU to new tasks by its predicted growth, and a crash predicted beside co-runners is answered first."""
 
+from copy import deepcopy
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,7 @@ from carma.core import GpuSample, Kill, NeedKind, Scheduler, Target, TaskSpec, T
 from carma.core.config import SchedulerConfig
 from carma.core.early import EarlyRestarts
 from carma.core.scheduler import PREDICTED
-from carma.core.types import ProcessExit
+from carma.core.types import Attempt, ExitKind, MemoryNeed, ProcessExit, Task
 from carma.reasons import waiting_reason
 from carma.server.daemon import Daemon
 from carma.server.paths import Paths
@@ -29,10 +30,10 @@ GPU = "0"
 class World:
     """One shared GPU fed the way both worlds feed it: a sample and each task's memory per second."""
 
-    def __init__(self, left_s: float, predict: bool = True) -> None:
+    def __init__(self, left_s: float, predict: bool = True, **settings) -> None:
         early = EarlyRestarts(lambda task, now: left_s, instances=False)
         # known needs leave the GPU open: no window to wait out
-        config = SchedulerConfig(ttfk_unknown_only=True, predict_growth=predict)
+        config = SchedulerConfig(ttfk_unknown_only=True, predict_growth=predict, **settings)
         self.sched = Scheduler([Target(GPU, "GPU-40GB", TOTAL)], config, early=early)
         self.t = 0.0
         self.mib: dict[int, int] = {}
@@ -92,6 +93,84 @@ def test_a_crash_predicted_beside_co_runners_restarts_the_growing_task_through_r
     # relaunched holding the peak it was predicted to reach (with the margin, it fits the 40 GB)
     assert relaunch.need.kind is NeedKind.KNOWN and relaunch.need.source == PREDICTED
     assert 34_000 < relaunch.need.mib <= TOTAL - 2048 - 512
+
+
+def test_a_single_step_in_memory_is_held_against_new_tasks_but_stops_no_task():
+    w = World(left_s=1300)
+    stepper, steady = w.start(8000), w.start(8000)
+    w.tick(40)
+    w.tick(1, grow={stepper: 500})  # an evaluation pass: one step, then flat again
+    w.tick(20)
+    # a line through the step would reach 30 GB more by its end: past the 23 GB free, within the GPU
+    assert w.sched.decide(w.t) == []
+    assert {w.sched.task(t).state for t in (stepper, steady)} == {TaskState.RUNNING}
+    (gpu,) = w.sched.gpu_status(w.t)
+    assert gpu.growth_mib > 0  # but it may be growth that lasts: new tasks wait for the next readings
+    w.tick(90, grow={stepper: 20})  # it goes on growing: new highs all along
+    assert w.sched.decide(w.t) == [Kill(stepper, 1)]
+
+
+def test_no_second_task_is_stopped_while_the_first_stop_is_pending():
+    w = World(left_s=1300)
+    first, second = w.start(8000), w.start(8000)
+    w.tick(40, grow={first: 20, second: 19})
+    (kill,) = w.sched.decide(w.t)
+    assert kill == Kill(first, 1)
+    w.tick(3, grow={first: 20, second: 19})  # its exit not reported yet: its memory is still in use
+    assert w.sched.decide(w.t) == []
+    assert w.sched.task(second).state is TaskState.RUNNING
+
+
+def test_no_early_restart_when_no_relaunch_would_follow():
+    w = World(left_s=1300, max_relaunches=0)
+    grower, _ = w.start(8000), w.start(8000)
+    w.tick(40, grow={grower: 20})
+    assert w.sched.decide(w.t) == []  # stopped, it would fail: it runs on, as without a prediction
+
+
+def _stopped() -> tuple[World, int]:
+    w = World(left_s=1300)
+    grower, _ = w.start(8000), w.start(8000)
+    w.tick(40, grow={grower: 20})
+    assert w.sched.decide(w.t) == [Kill(grower, 1)]
+    return w, grower
+
+
+def test_a_task_that_ends_well_before_its_stop_lands_is_completed():
+    w, grower = _stopped()
+    w.sched.record_exit(grower, ProcessExit(exit_code=0), w.t)
+    task = w.sched.task(grower)
+    assert task.state is TaskState.COMPLETED
+    assert (task.attempts[0].message, task.attempts[0].restart_mib) == ("", None)
+
+
+def test_a_pending_stop_survives_a_restart_of_the_server():
+    w, grower = _stopped()
+    task = w.sched.task(grower)
+    assert task.attempts[0].restart_mib > 30_000
+    assert task in w.sched.take_changes()  # persisted with the stop, before the kill is carried out
+    again = World(left_s=1300)
+    again.sched.restore(deepcopy(task), w.t)
+    again.sched.record_exit(grower, ProcessExit(exit_code=None, signal=9, log_tail="Killed"), w.t)
+    (launch,) = again.sched.decide(w.t)  # relaunched, not failed for the signal
+    first, relaunch = again.sched.task(grower).attempts
+    assert first.message.startswith("restarted early") and launch.recovery
+    assert (relaunch.need.source, relaunch.need.mib) == (PREDICTED, first.restart_mib)
+
+
+def test_a_relaunch_after_a_stop_goes_only_to_a_gpu_that_holds_its_predicted_peak():
+    gpus = [Target("small", "GPU-24GB", 24_000), Target("big", "GPU-80GB", 80_000)]
+    sched = Scheduler(gpus, SchedulerConfig())
+    need = MemoryNeed(NeedKind.KNOWN, 8000, "user")
+    stopped = Attempt(1, ("small",), 0.0, False, False, 10.0, 100.0, ExitKind.OOM, "restarted early", need, True)
+    stopped.restart_mib = 30_000
+    task = Task(1, TaskSpec("job", 1, 8000), 0.0, TaskState.RECOVERING, [stopped])
+    sched.restore(task, 100.0)
+    for gpu in gpus:
+        sched.record_sample(GpuSample(gpu.id, 100.0, 0, gpu.total_mib, 0.0, 0.0, 0.0))
+    (launch,) = sched.decide(100.0)
+    assert launch.gpus == ("big",)
+    assert task.attempts[1].need.mib == 30_000
 
 
 @pytest.mark.parametrize("case", ["alone", "past the GPU", "flat"])

@@ -44,6 +44,7 @@ def test_states_attempts_and_processes_round_trip(path):
     task.attempts[0].first_kernel_s = 15.0
     task.attempts[0].ended_s, task.attempts[0].outcome = 40.0, ExitKind.OOM
     task.attempts[0].message = "torch.OutOfMemoryError: CUDA out of memory."
+    task.attempts[0].restart_mib = 30_000  # stopped on a predicted growth: its relaunch holds that peak
     task.state = TaskState.RECOVERING
     store.save([task])
     store.close()

@@ -15,6 +15,8 @@ predicted. A prediction beyond the most its GPU can give is left to run: a resta
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +33,10 @@ Warmup = Callable[[Task], float]
 # iterations' allocations, a data loader starting) is forgotten once the run has gone on as long again, while a
 # growth that lasts stays in view.
 RECENT = 0.5
+# Growth that lasts set new highs in each part of that window; a single step (an evaluation pass, a larger batch
+# once) sets them in one part only, and a line through a step still slopes upward.
+PARTS = 3
+MAX_KEPT = 4096  # samples kept per series at most: beyond, every other one is let go (the fit thins, never stops)
 EARLY_RESTART = "restarted early"  # how an attempt stopped on a prediction begins its message
 
 
@@ -61,6 +67,39 @@ class _Series:
     flat: deque[float] = field(default_factory=deque)  # until then, only the times of the recent samples
     last: Sample | None = None
     level: float = 0.0  # its memory while flat since the warm-up (the line holds samples once it moved)
+    high: float = -math.inf  # the most it has held since the warm-up
+    rises: list[float] = field(default_factory=list)  # when it set a new high, from `first` on
+    first: int = 0
+
+    def cut(self, t: float) -> float:
+        """The start of the window the fit reads at `t`."""
+        return self.settled_s + (t - self.settled_s) * (1 - RECENT)
+
+    def rise(self, t: float, mib: float) -> None:
+        if mib > self.high:
+            if self.high > -math.inf:
+                self.rises.append(t)
+                if len(self.rises) - self.first > MAX_KEPT:  # rising at every reading: every other rise is enough
+                    self.rises = self.rises[self.first :: 2]
+                    self.first = 0
+            self.high = mib
+
+    def lasting(self) -> bool:
+        """Whether its memory set new highs in each of the window's `PARTS` parts."""
+        assert self.last is not None
+        end = self.last[0]
+        start = self.cut(end)
+        self.first = bisect_left(self.rises, start, self.first)
+        if self.first > MAX_KEPT:  # rises out of every later window
+            del self.rises[: self.first]
+            self.first = 0
+        width = (end - start) / PARTS
+        rises, at = self.rises, self.first
+        for k in range(PARTS):
+            at = bisect_left(rises, start + k * width, at)
+            if at == len(rises) or (k < PARTS - 1 and rises[at] >= start + (k + 1) * width):
+                return False
+        return True
 
 
 class EarlyRestarts:
@@ -86,13 +125,16 @@ class EarlyRestarts:
         kept.last = (t, float(used_mib))
         if t < kept.settled_s:
             return
-        cut = kept.settled_s + (t - kept.settled_s) * (1 - RECENT)
+        cut = kept.cut(t)
+        kept.rise(t, used_mib)
         if not kept.line.n and (not kept.flat or used_mib == kept.level):  # flat so far: most tasks, no sums kept
             kept.level = used_mib
             flat = kept.flat
             flat.append(t)
             while flat[0] < cut:
                 flat.popleft()
+            if len(flat) > MAX_KEPT:
+                kept.flat = deque(list(flat)[::2])
             return
         for earlier in kept.flat:  # its first move: the flat samples kept join the line
             kept.line.add(earlier, kept.level)
@@ -100,6 +142,8 @@ class EarlyRestarts:
         self.moving.add(task.id)
         kept.line.add(t, used_mib)
         kept.line.drop_before(cut)
+        if kept.line.n > MAX_KEPT:
+            kept.line.thin()
 
     def forget(self, task_id: TaskId) -> None:
         self._series.pop(task_id, None)
@@ -112,7 +156,8 @@ class EarlyRestarts:
 
     def predicted(self, task: Task, attempt: int, now: float) -> Prediction | None:
         """The peak of `task` (attempt `attempt`) over the rest of its run, when its memory grows (None: flat since
-        its warm-up, too few readings, or its remaining time not known)."""
+        its warm-up, too few readings, or its remaining time not known). Enough to hold memory against new tasks
+        (a wrong hold delays a placement); a restart asks `lasting` too."""
         kept = self._series.get(task.id)
         if kept is None or kept.attempt != attempt or not kept.line.n:
             return None
@@ -120,8 +165,14 @@ class EarlyRestarts:
         growth = kept.line.growth()
         if left is None or not isinstance(growth, Growth):
             return None
-        prediction = growth.at(max(0.0, left - (now - growth.t_last)))
+        prediction = growth.at(max(0.0, left + (now - growth.t_last)))
         return prediction if prediction.growing else None
+
+    def lasting(self, task_id: TaskId) -> bool:
+        """Whether the task's memory keeps growing: new highs in each part of the fit's window, not one step (a
+        wrong restart costs a healthy task its work)."""
+        kept = self._series.get(task_id)
+        return kept is not None and kept.last is not None and kept.lasting()
 
     def check(self, task: Task, attempt: int, capacity_mib: int, room_mib: int, now: float) -> Outgrowing | None:
         """Whether `task` (attempt `attempt`, alone on a target of `capacity_mib`, whose GPU can make one of up to
@@ -129,6 +180,6 @@ class EarlyRestarts:
         if room_mib <= capacity_mib:
             return None
         prediction = self.predicted(task, attempt, now)
-        if prediction is None or not capacity_mib < prediction.peak_mib <= room_mib:
+        if prediction is None or not capacity_mib < prediction.peak_mib <= room_mib or not self.lasting(task.id):
             return None
         return Outgrowing(task.id, attempt, prediction, capacity_mib)

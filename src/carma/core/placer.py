@@ -34,7 +34,7 @@ class Placer:
     def place(self, task: Task, need: MemoryNeed, view: View) -> Placement | Blocked:
         """GPUs for `task` with `need` (a relaunch's: whole GPUs), or why it must wait."""
         if task.state is TaskState.RECOVERING:
-            return self._relaunch(task, view)
+            return self._relaunch(task, need, view)
         cfg, policy = self.config, self.policy
         n = task.spec.gpus
         idle = self._whole(for_tasks_of(n, view.idle_gpus(), view.gpus), need, n, view)
@@ -80,20 +80,23 @@ class Placer:
     def ended(self, task_id: TaskId) -> None:
         """Nothing kept per task."""
 
-    def _relaunch(self, task: Task, view: View) -> Placement | Blocked:
+    def _relaunch(self, task: Task, need: MemoryNeed, view: View) -> Placement | Blocked:
         """A relaunch after an OOM crash: whole idle GPUs; after running out alone, the largest idle ones larger
-        than those it outgrew; with a need known in MiB when first placed, ones that hold it with the margin."""
+        than those it outgrew; with a need known in MiB when first placed, ones that hold it with the margin, and
+        after a stop on a predicted growth (`need` known), ones that hold that too."""
         n = task.spec.gpus
         outgrown = outgrown_mib(task, view.gpus)
-        first_need = task.attempts[0].need  # what it was first placed with: a GPU must hold a known one
+        holds = task.attempts[0].need  # what it was first placed with: a GPU must hold a known one
+        if need.mib is not None and (holds is None or holds.mib is None or need.mib > holds.mib):
+            holds = need
         idle = sorted(
             (g for g in for_tasks_of(n, view.idle_gpus(), view.gpus) if _total(g, view) > outgrown),
             key=lambda g: -_total(g, view) if outgrown else 0,
         )
-        if first_need is not None:
-            idle = self._whole(idle, first_need, n, view)
+        if holds is not None:
+            idle = self._whole(idle, holds, n, view)
         if len(idle) < n:
-            required = None if first_need is None else self._whole_mib(first_need, n, view)
+            required = None if holds is None else self._whole_mib(holds, n, view)
             return WholeIdle(n, required, larger_than_mib=outgrown, relaunch=True)
         return Placement(tuple(idle[:n]))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from carma.core.backfill import DurationOf, EasyBackfill
@@ -131,8 +131,6 @@ class Scheduler:
         self._blocked: dict[TaskId, Blocked] = {}
         self._changed: set[TaskId] = set()  # tasks changed since the world last took the changes to persist
         self.early = early
-        self._restarting: dict[TaskId, Outgrowing] = {}  # tasks killed to restart early, with why
-        self._foreseen: dict[TaskId, int] = {}  # the predicted peak (MiB) of each task restarted early, until placed
         self._growth: dict[TargetId, int] = {}  # by shared GPU: the growth its tasks are predicted to still allocate
         self._next_id = 1
         self._view = _SchedulerView(self, pairing)
@@ -353,12 +351,12 @@ class Scheduler:
             return None
         attempt = _current(task)
         kind = classify_exit(exit, killed_by_request=task.cancel_requested)
-        early = self._restarting.pop(task_id, None)
         if self.early is not None:
             self.early.forget(task_id)
-        if early is not None and not task.cancel_requested:  # stopped before it outgrew where it ran: relaunched
-            kind, exit = ExitKind.OOM, replace(exit, log_tail=early.message)
-            self._foreseen[task_id] = math.ceil(early.prediction.peak_mib)
+        if attempt.restart_mib is not None and kind is ExitKind.SUCCESS:  # it ended before its stop reached it
+            attempt.restart_mib, attempt.message = None, ""
+        elif attempt.restart_mib is not None and kind is not ExitKind.KILLED:  # its stop: relaunched on its peak
+            kind = ExitKind.OOM
         attempt.ended_s = now
         attempt.outcome = kind
         self._changed.add(task_id)
@@ -370,7 +368,8 @@ class Scheduler:
         elif kind is ExitKind.SUCCESS:
             self._finish(task, TaskState.COMPLETED, now, "")
         elif kind is ExitKind.OOM:
-            attempt.message = early.message if early is not None else oom_message(exit)
+            if attempt.restart_mib is None:
+                attempt.message = oom_message(exit)
             task.state = TaskState.OOM_CRASHED
             self._crashed.append(task_id)
         else:
@@ -520,35 +519,45 @@ class Scheduler:
                     continue  # nothing on it has grown since its warm-up: most GPUs, at most decisions
             elif not early.instances or len(on) != 1:
                 continue
+            tasks = [self._tasks[t] for t in sorted(on)]
+            stopping = any(_current(t).restart_mib is not None for t in tasks)
             running = [
-                self._tasks[t]
-                for t in sorted(on)
-                if t not in self._restarting
-                and self._tasks[t].state is TaskState.RUNNING
-                and not self._tasks[t].cancel_requested
+                t
+                for t in tasks
+                if t.state is TaskState.RUNNING and not t.cancel_requested and _current(t).restart_mib is None
             ]
             if not running:
                 continue
             if target.shareable:
-                found += self._shared_growth(g, running, now)
-            else:
+                found += self._shared_growth(g, running, now, stopping)
+            elif self._may_relaunch(running[0]):
                 (task,) = running
                 room = self.placer.room_mib(target)
                 outgrowing = early.check(task, _current(task).number, target.total_mib, room, now)
                 found += [outgrowing] if outgrowing else []
         kills: list[Action] = []
         for outgrowing in found:
-            self._restarting[outgrowing.task_id] = outgrowing
+            task = self._tasks[outgrowing.task_id]
+            attempt = _current(task)
+            attempt.restart_mib = math.ceil(outgrowing.prediction.peak_mib)
+            attempt.message = outgrowing.message
+            self._changed.add(task.id)  # persisted before the stop: a restarted world still relaunches it
             kills.append(Kill(outgrowing.task_id, outgrowing.attempt))
         return kills
 
-    def _shared_growth(self, gpu: TargetId, running: list[Task], now: float) -> list[Outgrowing]:
+    def _may_relaunch(self, task: Task) -> bool:
+        """Whether a stop would be answered by a relaunch (`max_relaunches`): otherwise it would end the task."""
+        return sum(1 for a in task.attempts if a.recovery) < self.config.max_relaunches
+
+    def _shared_growth(self, gpu: TargetId, running: list[Task], now: float, stopping: bool) -> list[Outgrowing]:
         """The growth predicted on a shared GPU: what its growing tasks may still allocate (the band's top), held
         against new tasks (`_free_mib`) beyond the needs they hold already; a wrong hold only delays a placement.
         When what they are expected to allocate (the fitted line) will not fit in what the GPU shows free, the
         task that grows most is restarted now, as its crash would be answered (through recovery), unless it would
         not fit the GPU alone either; a wrong restart costs a healthy task its work, so the band does not decide
-        it. Co-runners are taken to hold what they hold now until it ends."""
+        it, nor a step its memory has not repeated (`EarlyRestarts.lasting`), and while a task on the GPU is
+        `stopping` its memory is not free yet: no second task is stopped for it. Co-runners are taken to hold what
+        they hold now until it ends."""
         early, latest = self.early, self._windows[gpu].latest
         if early is None or latest is None:
             return []
@@ -564,9 +573,13 @@ class Scheduler:
             held += max(0.0, prediction.peak_mib - max(now_mib, holds))
             grows.append((max(0.0, prediction.trend_mib - now_mib), task, prediction))
         self._growth[gpu] = math.ceil(held)
-        if not grows or sum(more for more, _, _ in grows) <= latest.free_mib:
+        grows = [grown for grown in grows if early.lasting(grown[1].id)]
+        if stopping or sum(more for more, _, _ in grows) <= latest.free_mib:
             return []
-        _, task, prediction = max(grows, key=lambda grown: grown[0])
+        stoppable = [grown for grown in grows if self._may_relaunch(grown[1])]
+        if not stoppable:
+            return []
+        _, task, prediction = max(stoppable, key=lambda grown: grown[0])
         alone = len(self._on_gpu[gpu]) == 1 and not self._foreign[gpu]
         if alone or prediction.trend_mib > self.placer.room_mib(self.gpus[gpu]):
             return []  # nothing a restart could make room for: it runs out alone, as without a prediction
@@ -578,7 +591,7 @@ class Scheduler:
         """A relaunch's need: whole idle GPUs, as after any out-of-memory crash, unless the task was stopped on a
         prediction; then its predicted peak, held where it runs next (a larger MIG instance, or a GPU with that
         much free)."""
-        peak = self._foreseen.get(task.id)
+        peak = _current(task).restart_mib
         if peak is None:
             return RECOVERY_NEED
         if peak + self.config.margin_mib > self._usable(task.spec.gpus):
@@ -634,7 +647,6 @@ class Scheduler:
     def _launch(self, task: Task, placement: Placement, need: MemoryNeed, now: float, recovery: bool) -> Launch:
         self._queues.take(task.id, recovery)
         self._needs.pop(task.id, None)
-        self._foreseen.pop(task.id, None)
         gpus = placement.gpus
         shared = any(self._on_gpu[g] or self._foreign[g] for g in gpus)
         for g in gpus:
@@ -671,7 +683,6 @@ class Scheduler:
         task.reason = reason
         task.ended_s = now
         self._needs.pop(task.id, None)
-        self._foreseen.pop(task.id, None)
         self.placer.ended(task.id)
         self._changed.add(task.id)
 

@@ -184,6 +184,7 @@ class Attempt:
     message: str = ""
     need: MemoryNeed | None = None
     shared: bool = False  # another task ran on one of its GPUs at some point during the attempt
+    restart_mib: int | None = None  # stopped to restart early: the peak predicted, which its relaunch holds
 
 
 @dataclass

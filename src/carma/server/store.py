@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     smocc_mean REAL,
     drama_mean REAL,
     observed_samples INTEGER,
+    restart_mib INTEGER,
     PRIMARY KEY (task_id, number)
 );
 CREATE INDEX IF NOT EXISTS attempts_ended ON attempts (ended_s);  -- the history read since its last end
@@ -123,6 +124,7 @@ ADDED_COLUMNS = {
         "smocc_mean": "REAL",
         "drama_mean": "REAL",
         "observed_samples": "INTEGER",
+        "restart_mib": "INTEGER",
     },
     "estimates": {"notes": "TEXT NOT NULL DEFAULT '[]'"},
 }
@@ -370,11 +372,11 @@ class Store:
                 for a in task.attempts:
                     db.execute(
                         """INSERT INTO attempts (task_id, number, gpus, dispatched_s, exclusive, recovery,
-                               first_kernel_s, ended_s, outcome, message, need, shared)
-                           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                               first_kernel_s, ended_s, outcome, message, need, shared, restart_mib)
+                           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                            ON CONFLICT (task_id, number) DO UPDATE SET first_kernel_s = excluded.first_kernel_s,
                                ended_s = excluded.ended_s, outcome = excluded.outcome, message = excluded.message,
-                               shared = excluded.shared""",
+                               shared = excluded.shared, restart_mib = excluded.restart_mib""",
                         (
                             task.id,
                             a.number,
@@ -388,6 +390,7 @@ class Store:
                             a.message,
                             json.dumps(asdict(a.need)) if a.need else None,
                             int(a.shared),
+                            a.restart_mib,
                         ),
                     )
                 if self._states.get(task.id) != task.state.value:
@@ -641,7 +644,7 @@ def _need(text: str | None) -> MemoryNeed | None:
 
 def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:
     (_, number, gpus, dispatched_s, exclusive, recovery, first_kernel_s, ended_s, outcome, message, need, shared,
-     pid, start_ticks, run_dir, peak, smact, smocc, drama, samples) = row  # fmt: skip
+     pid, start_ticks, run_dir, peak, smact, smocc, drama, samples, restart_mib) = row  # fmt: skip
     attempt = Attempt(
         number=number,
         gpus=tuple(json.loads(gpus)),
@@ -654,6 +657,7 @@ def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:
         message=message,
         need=_need(need),
         shared=bool(shared),
+        restart_mib=restart_mib,
     )
     spawn = Spawn(pid, start_ticks, run_dir) if pid is not None else None
     observed = Observation(peak, smact, smocc, drama, samples or 0) if peak is not None else None
