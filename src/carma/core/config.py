@@ -41,9 +41,10 @@ class SchedulerConfig:
     # of known duration may start where it cannot delay the head's reserved start; off: strict FIFO.
     backfill: bool = False
     # issue 47: with a memory series per task (a world that gives the scheduler `early`), a task on a shared GPU
-    # whose memory is predicted to grow holds that growth against new tasks, and one whose growth will not fit
-    # beside its co-runners is relaunched through recovery before it crashes (`carma.core.early`)
-    predict_growth: bool = False  # off by default: see docs/mig.md#on-shared-gpus (a step in memory can read as growth)
+    # whose memory is predicted to grow holds that growth against new tasks while it rises, and one whose growth
+    # lasts and will not fit beside its co-runners is relaunched through recovery before it crashes
+    # (`carma.core.early`)
+    predict_growth: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:

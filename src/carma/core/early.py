@@ -36,6 +36,7 @@ RECENT = 0.5
 # Growth that lasts set new highs in each part of that window; a single step (an evaluation pass, a larger batch
 # once) sets them in one part only, and a line through a step still slopes upward.
 PARTS = 3
+RISING_S = 60.0  # a new high this recent (or in the window's last part) may begin a growth: its band is held
 MAX_KEPT = 4096  # samples kept per series at most: beyond, every other one is let go (the fit thins, never stops)
 EARLY_RESTART = "restarted early"  # how an attempt stopped on a prediction begins its message
 
@@ -84,8 +85,8 @@ class _Series:
                     self.first = 0
             self.high = mib
 
-    def lasting(self) -> bool:
-        """Whether its memory set new highs in each of the window's `PARTS` parts."""
+    def risen(self) -> list[bool]:
+        """Whether its memory set a new high in each of the window's `PARTS` parts, oldest first."""
         assert self.last is not None
         end = self.last[0]
         start = self.cut(end)
@@ -94,12 +95,11 @@ class _Series:
             del self.rises[: self.first]
             self.first = 0
         width = (end - start) / PARTS
-        rises, at = self.rises, self.first
+        rises, at, risen = self.rises, self.first, []
         for k in range(PARTS):
             at = bisect_left(rises, start + k * width, at)
-            if at == len(rises) or (k < PARTS - 1 and rises[at] >= start + (k + 1) * width):
-                return False
-        return True
+            risen.append(at < len(rises) and (k == PARTS - 1 or rises[at] < start + (k + 1) * width))
+        return risen
 
 
 class EarlyRestarts:
@@ -156,8 +156,8 @@ class EarlyRestarts:
 
     def predicted(self, task: Task, attempt: int, now: float) -> Prediction | None:
         """The peak of `task` (attempt `attempt`) over the rest of its run, when its memory grows (None: flat since
-        its warm-up, too few readings, or its remaining time not known). Enough to hold memory against new tasks
-        (a wrong hold delays a placement); a restart asks `lasting` too."""
+        its warm-up, too few readings, or its remaining time not known). A hold asks `rising` too, a restart
+        `lasting`."""
         kept = self._series.get(task.id)
         if kept is None or kept.attempt != attempt or not kept.line.n:
             return None
@@ -172,7 +172,15 @@ class EarlyRestarts:
         """Whether the task's memory keeps growing: new highs in each part of the fit's window, not one step (a
         wrong restart costs a healthy task its work)."""
         kept = self._series.get(task_id)
-        return kept is not None and kept.last is not None and kept.lasting()
+        return kept is not None and kept.last is not None and all(kept.risen())
+
+    def rising(self, task_id: TaskId) -> bool:
+        """Whether the task's memory set a new high lately (in the last `RISING_S` or the last part of the fit's
+        window): a growth that may have begun, worth holding memory for; a step long past is not."""
+        kept = self._series.get(task_id)
+        if kept is None or kept.last is None or not kept.rises:
+            return False
+        return kept.last[0] - kept.rises[-1] <= RISING_S or kept.risen()[-1]
 
     def check(self, task: Task, attempt: int, capacity_mib: int, room_mib: int, now: float) -> Outgrowing | None:
         """Whether `task` (attempt `attempt`, alone on a target of `capacity_mib`, whose GPU can make one of up to

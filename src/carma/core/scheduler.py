@@ -551,7 +551,8 @@ class Scheduler:
 
     def _shared_growth(self, gpu: TargetId, running: list[Task], now: float, stopping: bool) -> list[Outgrowing]:
         """The growth predicted on a shared GPU: what its growing tasks may still allocate (the band's top), held
-        against new tasks (`_free_mib`) beyond the needs they hold already; a wrong hold only delays a placement.
+        against new tasks (`_free_mib`) beyond the needs they hold already while their memory rises (`rising`: not
+        for a step long past); a wrong hold only delays a placement.
         When what they are expected to allocate (the fitted line) will not fit in what the GPU shows free, the
         task that grows most is restarted now, as its crash would be answered (through recovery), unless it would
         not fit the GPU alone either; a wrong restart costs a healthy task its work, so the band does not decide
@@ -566,7 +567,7 @@ class Scheduler:
         for task in running:
             prediction = early.predicted(task, _current(task).number, now)
             now_mib = early.latest_mib(task.id)
-            if prediction is None or now_mib is None:
+            if prediction is None or now_mib is None or not early.rising(task.id):
                 continue
             need = _current(task).need
             holds = need.mib if self.config.hold_known_needs and need is not None and need.mib is not None else 0
