@@ -393,6 +393,7 @@ def test_a_commands_expected_duration_is_learnt_from_its_successful_runs_only(ho
     assert d.durations(d.submit(job("true"))) == pytest.approx(sum(times) / 2)  # the median of two
     assert d.durations(d.submit(job("false"))) is None  # it never succeeded
     assert d.durations(d.submit(job("true", workdir="/"))) is None  # another workdir: another command
+    assert d.durations(d.submit(job("true", duration_s=5400.0))) == 5400.0  # declared: before the history
     d.close()
 
 

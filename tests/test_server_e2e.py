@@ -150,12 +150,16 @@ def test_task_file_and_shell(start_server, tmp_path):  # type: ignore[no-untyped
         "X=1",
         "--workdir",
         str(tmp_path / "elsewhere"),
+        "--duration",
+        "1h30m",
     ]
     task_id = json.loads(server.cli("submit", "-f", task_file, *flags, "--json").stdout)["id"]
     assert server.cli("wait", task_id).returncode == 0
     assert (tmp_path / "elsewhere" / "out.txt").read_text() == "hello you\n"
     shown = server.json("show", task_id)
     assert (shown["name"], shown["mem_mib"], shown["estimate"]) == ("mine", None, "history")
+    assert shown["duration_s"] == 5400  # what backfilling reads before the command's history
+    assert "expected run time: 90.0 min (declared)" in server.cli("show", task_id).stdout
     refused = server.cli("submit", "-f", task_file, "--shell")
     assert (refused.returncode, refused.stderr) == (
         2,
@@ -596,6 +600,8 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["history", "--hours", "0"], "--hours must be a positive number; got 0"),  # was the API's query.hours
         (["history", "--hours", "inf"], "--hours must be a finite number; got inf"),  # "positive ... got inf"
         (["wait", "1", "--timeout", "nan"], "--timeout must be a number of seconds; got nan"),  # it waited forever
+        (["submit", "--duration", "90", "--", "true"], "--duration: cannot read '90' as a run time: write e.g. 2h"),
+        (["submit", "-f", _file(tmp_path, "long.yaml", b"command: run\nduration: 2 weeks\n")], "duration: cannot"),
     ]
     for args, message in cases:
         result = server.cli(*args)
@@ -1018,6 +1024,22 @@ def test_a_30_task_replay_matches_the_twin(start_server):  # type: ignore[no-unt
     assert figures["collocated_attempts"] > 10  # MAGM collocated
     assert abs(figures["makespan_s"] / twin.makespan_s - 1) < 0.10, (figures, twin.makespan_s)
     assert abs(figures["oom_crashes"] - twin.oom_crashes) <= 2
+
+
+def test_a_replay_declares_run_times_and_its_twin_mirrors_carmas_own_decisions(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    config = tmp_path / "carma.toml"
+    config.write_text("[scheduler]\nttfk_unknown_only = true\nbackfill = true\n")
+    server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400", "--config", str(config))
+    trace = tmp_path / "two.yaml"
+    trace.write_text("name: two\ntasks:\n  - {at: 0, task: mobilenet}\n  - {at: 0, task: vgg}\n")
+    result = server.cli("replay", trace, "--memory", "oracle", "--duration", "oracle", "--wait", "--json")
+    assert result.returncode == 0, result.stderr
+    replayed = json.loads(result.stdout)
+    catalog = load_catalog()
+    declared = [server.json("show", i)["duration_s"] for i in replayed["ids"]]
+    assert declared == [catalog["mobilenet"].solo_s, catalog["vgg"].solo_s]
+    assert replayed["twin"]["config"].startswith("MAGM oracle, open warm-ups, backfilling on ")
+    assert "backfills knowing" not in result.stderr  # no note: the server knew the run times too
 
 
 def test_a_replay_whose_task_was_cancelled_counts_it_and_exits_1(start_server, tmp_path):  # type: ignore[no-untyped-def]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from carma.units import in_unit, inflect, parse_mib, pluralize, time_unit
+from carma.units import in_unit, inflect, parse_mib, parse_seconds, pluralize, time_unit
 
 KIB, GIB, TIB = 2**10, 2**30, 2**40
 
@@ -130,3 +130,19 @@ def test_sizes_for_people_keep_a_small_model_s_kibibytes(n, text):
     from carma.units import size_text
 
     assert size_text(n) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("2h", 7200), ("90min", 5400), ("90m", 5400), ("1h30m", 5400), ("1.5h", 5400), ("45s", 45), ("1d", 86400),
+     (" 2 h ", 7200), ("90MIN", 5400), (3600, 3600), (12.5, 12.5)],
+)  # fmt: skip
+def test_a_run_time_is_read_with_its_units_and_a_number_is_seconds(text, seconds):
+    assert parse_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["2", "2x", "", "h", "2h later", "0s", -5, "400d"])
+def test_a_run_time_without_a_unit_or_out_of_range_is_refused_in_one_line(text):
+    with pytest.raises(ValueError, match=r"run time") as e:
+        parse_seconds(text)
+    assert "\n" not in str(e.value)

@@ -50,6 +50,28 @@ def parse_mib(text: str | int | float, *, bare_mib: bool = True) -> int:
     return mib
 
 
+_NUMBER, _TIME_UNIT = r"\d+(?:\.\d*)?|\.\d+", r"[dDhHsS]|[mM](?:[iI][nN])?"
+_DURATION_PART_RE = re.compile(rf"\s*({_NUMBER})\s*({_TIME_UNIT})\s*")
+DURATION_PATTERN = rf"^(?:\s*(?:{_NUMBER})\s*(?:{_TIME_UNIT})\s*)+$"  # a whole run time, as JSON Schema says it
+_DURATION_S = {"d": 86400.0, "h": 3600.0, "min": 60.0, "m": 60.0, "s": 1.0}
+MAX_DURATION_S = 366 * 86400.0
+
+
+def parse_seconds(text: str | int | float) -> float:
+    """Parse a run time into seconds: `2h`, `90min` (or `90m`), `1h30m`, `45s`, `1d`; a number is seconds."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        text = str(text)
+        parts = _DURATION_PART_RE.findall(text)
+        if not parts or "".join(f"{v}{u}" for v, u in parts) != re.sub(r"\s+", "", text):
+            raise ValueError(f"cannot read {text!r} as a run time: write e.g. 2h, 90min, 1h30m or 45s")
+        seconds = sum(float(v) * _DURATION_S[u.lower()] for v, u in parts)
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise ValueError(f"a run time must be above 0 and at most a year, got {text!r}")
+    return seconds
+
+
 def size_text(n: int) -> str:
     """Bytes for people: GiB from 1 GiB up, MiB from 0.1 MiB, KiB below (a small model's parameters read
     "0.0 MiB" when they were a few KiB)."""

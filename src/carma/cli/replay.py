@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
@@ -44,6 +45,13 @@ def replay_cmd(
         ),
     ] = None,
     memory: Annotated[str, typer.Option(help="none (recovery only) or oracle (submit the measured need).")] = "none",
+    duration: Annotated[
+        str,
+        typer.Option(
+            help="none (the server's history of earlier runs) or oracle (declare each task's solo run time, as the"
+            " twin knows it)."
+        ),
+    ] = "none",
     limit: Annotated[int | None, typer.Option(help="Only the first N tasks.", min=1)] = None,
     skip_unknown: Annotated[bool, typer.Option("--skip-unknown", help="Leave out unknown tasks.")] = False,
     wait: Annotated[
@@ -62,6 +70,7 @@ def replay_cmd(
 
     try:
         memory = choice(memory, ("none", "oracle"), "--memory")
+        declared = _Declared(memory == "oracle", choice(duration, ("none", "oracle"), "--duration") == "oracle")
         if time_scale is not None:
             positive(time_scale, "--time-scale")
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
@@ -80,18 +89,18 @@ def replay_cmd(
                 f"note: submitting at {time_scale:g}x while the server's GPUs run tasks at {server_scale:g}x: "
                 "the trace's arrivals and run times are not kept on one clock"
             )
-        _check_all(client, entries, memory == "oracle")
+        _check_all(client, entries, declared)
         with _Progress(len(entries), quiet=as_json) if wait else nullcontext() as progress:
             ended = _Ended(client, ids, progress)  # read whole as they end: a server's retention may forget them
             on_wait = ended.look if wait else None
-            _submit_all(client, entries, time_scale or server_scale, memory == "oracle", as_json, ids, on_wait)
+            _submit_all(client, entries, time_scale or server_scale, declared, as_json, ids, on_wait)
             figures = run_figures(ended.all()) if wait else None
         gpus = [g["name"] for g in client.gpus()] if wait else []
     except ClientError as e:
         raise fail(f"{e} ({_submitted(ids, len(entries))})") from None
     except KeyboardInterrupt:
         raise fail(f"interrupted ({_submitted(ids, len(entries))})", code=130) from None
-    twin = _twin_run(Trace(loaded.name, entries), status, gpus, memory) if figures else None
+    twin = _twin_run(Trace(loaded.name, entries), status, gpus, declared) if figures else None
     if as_json:
         extra = {"figures": figures, **({"twin": _twin_figures(twin)} if twin else {})} if figures else {}
         print(json.dumps({"trace": loaded.name, "ids": ids, **extra}))
@@ -108,10 +117,15 @@ class _Twin(NamedTuple):
     label: str
 
 
-def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], memory: str) -> _Twin | None:
-    """The twin's run of the replayed tasks on the server's GPUs with its policy and risk filter, and its name;
-    None (said on stderr) where the twin does not model the server's GPUs or policy."""
+# carma's own decisions as a run's label names them
+_DECISION_WORDS = {"ttfk_unknown_only": "open warm-ups", "backfill": "backfilling"}
+
+
+def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _Declared) -> _Twin | None:
+    """The twin's run of the replayed tasks on the server's GPUs with its policy, risk filter and carma's own
+    decisions, and its name; None (said on stderr) where the twin does not model the server's GPUs or policy."""
     from carma.cli.simulate import server_name
+    from carma.core.config import SchedulerConfig
     from carma.core.policies import POLICY_NAMES
     from carma.sim.experiment import RunConfig, TwinConfig, simulate
     from carma.sim.gpus import GPU_TYPES
@@ -121,10 +135,19 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], memory: str
         what = f"policy {status['policy']}" if all(kinds) else f"GPUs ({', '.join(sorted(set(gpus)))})"
         err.print(f"note: no twin figure to compare with: the twin does not model the server's {what}")
         return None
-    run = RunConfig(status["policy"], memory, status["risk"]["enabled"])
-    config = TwinConfig(gpus=tuple(k for k in kinds if k))
+    decisions = status.get("decisions") or {}  # a server of an earlier release: none of them
+    memory = "oracle" if declared.memory else "none"
+    run = RunConfig(status["policy"], memory, status["risk"]["enabled"], predict=decisions.get("predict_growth", False))
+    switches = {name: decisions[name] for name in ("hold_known_needs", *_DECISION_WORDS) if name in decisions}
+    config = TwinConfig(gpus=tuple(k for k in kinds if k), scheduler=replace(SchedulerConfig(), **switches))
+    if switches.get("backfill") and not declared.duration:
+        err.print(
+            "note: the twin backfills knowing every task's run time, the server only its command's earlier runs "
+            "(--duration oracle declares them)"
+        )
     result = simulate(trace, run, config)
-    return _Twin(result, f"{run.label} on {server_name(result, config)}")
+    own = "".join(f", {words}" for name, words in _DECISION_WORDS.items() if switches.get(name))
+    return _Twin(result, f"{run.label}{own} on {server_name(result, config)}")
 
 
 def _twin_figures(twin: _Twin) -> dict[str, Any]:
@@ -223,16 +246,25 @@ class _Ended:
         return [i for i in self._ids if i not in self._ended]
 
 
-def _spec(w: Workload, oracle: bool) -> dict[str, Any]:
+class _Declared(NamedTuple):
+    """What each replayed task declares: its measured memory need, its solo run time."""
+
+    memory: bool
+    duration: bool
+
+
+def _spec(w: Workload, declared: _Declared) -> dict[str, Any]:
     spec: dict[str, Any] = {"command": fakejob_command(w), "workdir": str(absolute()), "gpus": w.gpus, "name": w.name}
-    if oracle:
+    if declared.memory:
         spec["mem"] = w.mem_mib
     else:
         spec["estimate"] = "none"  # recovery only, as the twin's run it is compared with, not the server's default
+    if declared.duration:
+        spec["duration"] = w.solo_s
     return spec
 
 
-def _check_all(client, entries, oracle: bool) -> None:  # type: ignore[no-untyped-def]
+def _check_all(client, entries, declared: _Declared) -> None:  # type: ignore[no-untyped-def]
     """Ask the server, before the first submission, about every entry's GPU count and memory (a dry run), so
     that a task it can never run stops the replay with nothing submitted rather than hours into it. Without
     --memory oracle a task larger than every GPU is still replayed, as a job that will run out of memory: a
@@ -246,18 +278,18 @@ def _check_all(client, entries, oracle: bool) -> None:  # type: ignore[no-untype
             continue
         seen.add((w.gpus, w.mem_mib))
         try:
-            client.check(_spec(w, oracle))
+            client.check(_spec(w, declared))
         except Refused as e:  # a task this server cannot take: the trace's line says which
             raise Refused(f"{entry.where}: {e}", e.status) from None
-        if oracle:
+        if declared.memory:
             continue
         try:
-            client.check(_spec(w, oracle=True))
+            client.check(_spec(w, declared._replace(memory=True)))
         except Refused as e:
             err.print(f"warning: {entry.where}: {e}: replayed without its need, it will run out of memory")
 
 
-def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: list[int], on_wait=None) -> None:  # type: ignore[no-untyped-def]
+def _submit_all(client, entries, scale: float, declared: _Declared, quiet: bool, ids: list[int], on_wait=None) -> None:  # type: ignore[no-untyped-def]
     """Submit each entry at its arrival time, appending each id to `ids` as soon as it is known; `on_wait` is
     called every second of a wait between two submissions. A server that is not answering (restarting) is
     waited for, as `carma wait` does; one that closed the connection during a submission may have taken the
@@ -273,7 +305,7 @@ def _submit_all(client, entries, scale: float, oracle: bool, quiet: bool, ids: l
                 on_wait()
         w = entry.workload
         try:
-            submit = partial(client.submit, _spec(w, oracle))
+            submit = partial(client.submit, _spec(w, declared))
             task = through_restarts(submit, f"going on with the replay at {entry.where}", err.print, NotAnswering)
         except Refused as e:  # the server changed since the check (restarted with fewer GPUs, say)
             raise Refused(f"{entry.where}: {e}", e.status) from None

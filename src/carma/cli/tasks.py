@@ -28,13 +28,13 @@ from carma.cli.common import (
     positive,
 )
 from carma.textfiles import NotText, load_yaml, read_text, yaml_problem
-from carma.units import parse_mib, pluralize, size_text
+from carma.units import in_unit, parse_mib, parse_seconds, pluralize, size_text, time_unit
 
 if TYPE_CHECKING:
     from carma.server.client import Client
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "estimate", "env", "shell", "mps_threads"}
+TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "estimate", "duration", "env", "shell", "mps_threads"}
 
 
 def _client() -> Client:
@@ -131,6 +131,13 @@ def submit_cmd(
             "(default: the server's, history)."
         ),
     ] = None,
+    duration: Annotated[
+        str | None,
+        typer.Option(
+            help="The run time you expect (not a limit), e.g. 2h, 90min, 1h30m: backfilling may start the task "
+            "where it ends in time (default: its command's earlier runs)."
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="A name for the queue (default: the program's).")] = None,
     workdir: Annotated[
         Path | None, typer.Option(help="Working directory (default: the current one).", **PATH_VALUE)
@@ -169,6 +176,7 @@ def submit_cmd(
         "gpus": gpus,
         "mem": mem,
         "estimate": estimate,
+        "duration": duration,
         "name": name,
         "workdir": str(absolute(workdir)) if workdir else None,
         "mps_threads": mps_threads,
@@ -201,6 +209,11 @@ def submit_cmd(
         if left_out := [k for k in undecodable(os.environ) if k not in spec["env"]]:
             err.print(f"note: not passed to the task, their values are not UTF-8 text: {', '.join(left_out)}")
     spec = {k: v for k, v in spec.items() if v is not None}
+    if isinstance(spec.get("duration"), str):  # read here: the server's schema would only quote its pattern
+        try:
+            parse_seconds(spec["duration"])
+        except ValueError as e:
+            raise fail(f"{'--duration' if duration is not None else 'duration'}: {e}") from None
     from carma.server.client import DRAINING
 
     if dry_run:  # as sbatch --test-only: the same checks, and a refusal the same error
@@ -309,6 +322,9 @@ def show_cmd(task_id: int, as_json: JsonOption = False) -> None:
         f"command: {_escaped(command)}{shell}",
         f"workdir: {_escaped(task['workdir'])}; GPUs: {task['gpus_requested']}; memory need: " + _declared_need(task),
     ]
+    if task.get("duration_s"):
+        unit = time_unit(task["duration_s"])
+        lines.append(f"expected run time: {in_unit(task['duration_s'], unit)} {unit[1]} (declared)")
     lines += _estimate_lines(task["memory_estimate"])
     if task["waiting_reason"]:
         lines.append(f"waiting: {task['waiting_reason']}")

@@ -17,7 +17,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,7 +32,7 @@ from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
 from carma.server.views import gpu_views, status_view, task_summary, task_view
-from carma.units import parse_mib
+from carma.units import DURATION_PATTERN, MAX_DURATION_S, parse_mib, parse_seconds
 
 LOG_CHUNK = 1 << 20
 NO_ESTIMATE = "none"  # `estimate`: recovery only, whatever the server's default
@@ -70,6 +70,11 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": Problem, "description": ERRORS[code]} for code in (401, *codes, 503)}
 
 
+# a run time as `carma.units.parse_seconds` reads it, said in the schema so that a client (or a fuzzer) can tell
+RunTimeText = Annotated[StrictStr, StringConstraints(pattern=DURATION_PATTERN)]
+PositiveSeconds = Annotated[StrictInt | StrictFloat, Field(gt=0, le=MAX_DURATION_S)]
+
+
 class SubmitRequest(BaseModel):
     """A task spec: argv (or one shell line with `shell`), working directory, GPUs, memory, environment."""
 
@@ -88,6 +93,11 @@ class SubmitRequest(BaseModel):
         None,
         description=f"memory estimator when mem is not given: {', '.join(METHODS)}, or none (recovery only); "
         "absent: the server's [estimate] default",
+    )
+    duration: RunTimeText | PositiveSeconds | None = Field(
+        None,
+        description="the run time expected, not a limit, e.g. 2h, 90min, 1h30m, or seconds as a number; absent: "
+        "its command's history",
     )
 
 
@@ -258,6 +268,10 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             mem = parse_mib(request.mem) if request.mem is not None else None
         except ValueError as e:
             raise HTTPException(422, f"invalid request: mem: {e}") from None
+        try:
+            duration_s = parse_seconds(request.duration) if request.duration is not None else None
+        except ValueError as e:
+            raise HTTPException(422, f"invalid request: duration: {e}") from None
         if request.estimate is not None and request.estimate not in (*METHODS, NO_ESTIMATE):
             raise HTTPException(422, f"invalid request: estimate: choose one of {', '.join(METHODS)} or none")
         if request.estimate is not None and mem is not None:
@@ -286,6 +300,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             user=who.user,
             mps_threads=request.mps_threads,
             estimator=None if request.estimate == NO_ESTIMATE else request.estimate,
+            duration_s=duration_s,
         )
         try:
             if dry_run:

@@ -70,8 +70,11 @@ class HistoryDurations:
         self._jobs = jobs
 
     def __call__(self, task: Task) -> float | None:
-        """The median run time of its command's successful runs; None when there is none."""
+        """The run time its submitter declared, else the median run time of its command's successful runs; None
+        when there is neither."""
         job = self._jobs.get(task.id)
+        if job is not None and job.duration_s is not None:
+            return job.duration_s
         times = self._history.runs(job).times if job is not None else []
         return statistics.median(times) if times else None
 

@@ -72,6 +72,9 @@ class JobSpec:
     user: str = ""
     mps_threads: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, when the server runs tasks under MPS
     estimator: str | None = None  # the memory estimator to ask when `mem_mib` is not given (carma.estimate)
+    # the run time its submitter expects, not a limit: backfilling and the growth prediction read it before the
+    # command's history
+    duration_s: float | None = None
 
     def task_spec(self) -> TaskSpec:
         return TaskSpec(self.name, self.gpus, self.mem_mib)

@@ -17,6 +17,10 @@ from carma.server.daemon import Daemon
 NOT_SEEN_YET = "started; not yet seen on its GPU"  # a dispatched task: running once its first kernel shows
 
 
+# carma's own scheduling switches ([scheduler], docs/policy.md): what a twin run of the same tasks needs to mirror
+OWN_SWITCHES = ("hold_known_needs", "ttfk_unknown_only", "backfill", "predict_growth")
+
+
 def status_view(daemon: Daemon) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for task in daemon.scheduler.tasks:
@@ -29,6 +33,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "time_scale": daemon.clock.scale,
         "policy": daemon.scheduler.config.policy,
         "risk": asdict(risk),  # the server's [scheduler.risk], all of it: weights and `missing` were left out
+        "decisions": {name: getattr(daemon.scheduler.config, name) for name in OWN_SWITCHES},
         "draining": daemon.draining,
         "gpus": len(daemon.scheduler.gpus),  # the targets now: a MIG reconfiguration changes them
         "mps": daemon.mps is not None,
@@ -142,6 +147,7 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
         "shell": job.shell,
         "workdir": job.workdir,
         "env": dict(job.env),
+        "duration_s": job.duration_s,  # the run time declared at submission (None: its command's history)
         "memory_estimate": estimate.to_json() if estimate else None,  # `carma estimate --json`'s object
         "attempt_list": [
             {
