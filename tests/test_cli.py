@@ -294,7 +294,7 @@ BAD_INPUTS = {
     "sweep-policy-empty": (["--sweep", "--policy", ""], "--sweep runs the paper's configuration list"),
     "memory": (
         ["--memory", "guess"],
-        "--memory must be one of none, oracle, horus, faketensor, gpumemnet, xmem; got 'guess'",
+        "--memory must be one of none, oracle, horus, faketensor, gpumemnet, xmem, xmem+history; got 'guess'",
     ),
     "trace-name": (
         ["--trace", "carma-t3"],

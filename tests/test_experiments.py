@@ -102,3 +102,28 @@ def test_estimators_without_an_estimate_place_tasks_on_whole_gpus(t1):
     bert = next(t for t in result.tasks if t.spec.name == "BERT_base")
     assert bert.attempts[0].need.kind.value == "whole_gpu"
     assert bert.attempts[0].exclusive
+
+
+def test_with_history_a_task_without_an_estimate_takes_the_peak_of_an_earlier_completed_run(tmp_path):
+    """`xmem+history`: dlrm has no xMem estimate. Its first run and a second submitted while it runs take a whole
+    GPU (no run had completed: causal, not an oracle); a third, after one completed, takes dlrm's peak and starts
+    beside the filler, where with xMem alone it waits for the filler to end."""
+    trace = tmp_path / "repeats.csv"
+    trace.write_text(
+        "submit_s,task,solo_s,mem_mib,xmem_mib\n0,dlrm,,,\n10,dlrm,,,\n5000,filler,6000,10000,10000\n5100,dlrm,,,\n"
+    )
+    one_gpu = TwinConfig(gpus=parse_gpus("1xA100-40GB"))
+    runs = {
+        memory: simulate(load_trace(str(trace), load_catalog()), RunConfig("magm", memory), one_gpu)
+        for memory in ("xmem", "xmem+history")
+    }
+    history = runs["xmem+history"]
+    assert history.config.label == "MAGM xMem + history" and history.row()["memory"] == "xmem+history"
+    first, second, filler, third = history.tasks
+    assert [t.attempts[0].need.source for t in (first, second)] == ["xmem: no usable estimate"] * 2
+    assert third.attempts[0].need == MemoryNeed(NeedKind.KNOWN, 1468, "history")
+    filler_end = filler.attempts[0].ended_s
+    assert third.attempts[0].dispatched_s < filler_end
+    alone = runs["xmem"].tasks[3].attempts[0]
+    assert alone.need.kind is NeedKind.WHOLE_GPU and alone.dispatched_s >= runs["xmem"].tasks[2].attempts[0].ended_s
+    assert all(run.metrics.oom_crashes == 0 for run in runs.values())

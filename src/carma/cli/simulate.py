@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -13,7 +14,7 @@ import typer
 
 from carma.cli.common import PATH_VALUE, UsageError, app, check_writable, choice, err, fail, naming, out
 from carma.sim.models import SHARING_MODES
-from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES
+from carma.traces.catalog import ESTIMATOR_COLUMNS, HISTORY, MEMORY_SOURCES
 from carma.traces.loaders import BUILTIN_TRACES
 from carma.units import pluralize
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from carma.core.types import Task
-    from carma.sim.experiment import RunResult, TwinConfig
+    from carma.sim.experiment import RunConfig, RunResult, TwinConfig
     from carma.traces.loaders import Trace
 
 
@@ -78,7 +79,20 @@ def simulate_cmd(
         bool,
         typer.Option("--bounds", help="Also print what no policy can beat, and each run's share of that gain."),
     ] = False,
-    jobs: Annotated[int, typer.Option(help="Processes for a sweep (worth it for long traces).", min=1)] = 1,
+    jobs: Annotated[
+        int, typer.Option(help="Processes for a sweep or jittered copies (worth it for long traces).", min=1)
+    ] = 1,
+    jitter: Annotated[
+        float | None,
+        typer.Option(
+            help="Run seeded copies of the trace, each arrival moved by up to this many seconds either way, and "
+            "report each figure's mean and spread over them.",
+            min=0,
+        ),
+    ] = None,
+    seeds: Annotated[
+        int | None, typer.Option(help="With --jitter: how many copies, seeds 0 to N-1 (default 4).", min=1)
+    ] = None,
     mig: Annotated[
         str,
         typer.Option(
@@ -113,8 +127,9 @@ def simulate_cmd(
     from carma.pyplot import PlotsUnavailable, pyplot
     from carma.reports.plots import plot_sweep
     from carma.reports.record import from_run_result, write_records
+    from carma.reports.seeds import seed_rows, seed_table
     from carma.reports.tables import run_table, sweep_rows, sweep_table, write_csv
-    from carma.sim.experiment import MIG_MODES, RunConfig, simulate
+    from carma.sim.experiment import MIG_MODES, RunConfig, paper_sweep
     from carma.sim.migtwin import parse_layout
     from carma.sim.twin import SimulationStalled
     from carma.traces.catalog import load_catalog
@@ -128,6 +143,7 @@ def simulate_cmd(
             raise UsageError(
                 "--save - : the report file is written to a file; give its name (--json prints the figures)"
             )
+        seed_list = _seeds(jitter, seeds, bounds=show_bounds, plot=plot, save=save)
         if plot:
             pyplot()  # missing matplotlib, or a folder that cannot be made, is said before the simulation
             if plot.exists() and not plot.is_dir():
@@ -148,8 +164,7 @@ def simulate_cmd(
                 raise UsageError("--sweep runs the paper's configurations on whole GPUs; drop --mig")
             if policy is not None or memory != "none" or no_risk_filter:
                 raise UsageError("--sweep runs the paper's configuration list; drop --policy/--memory/--no-risk-filter")
-            results = _run_sweep(loaded, twin, jobs, quiet=as_json or csv_out)
-            _note_missing_estimates(loaded, ESTIMATOR_COLUMNS)
+            runs = paper_sweep(twin.scheduler.risk.enabled)
         else:
             chosen = choice(policy, POLICY_NAMES, "--policy") if policy is not None else None
             mode = choice(mig, MIG_MODES, "--mig")
@@ -165,9 +180,12 @@ def simulate_cmd(
                 predict=not no_predict,
                 layout=tuple(parse_layout(gpu) for gpu in layout.split(";")) if layout else (),
             )
-            results = [simulate(loaded, run, twin)]
-            _note_missing_estimates(loaded, [run.memory])
-        rows = sweep_rows(results) if sweep_all else [r.row() for r in results]
+            runs = (run,)
+        per_seed = _simulated(loaded, runs, twin, jobs, as_json or csv_out, jitter or 0.0, seed_list)
+        _note_missing_estimates(loaded, dict.fromkeys(run.memory for run in runs))
+        results = [result for copy in per_seed for result in copy]
+        rows_of = sweep_rows if sweep_all else lambda copy: [r.row() for r in copy]
+        rows = rows_of(results) if seed_list is None else seed_rows(per_seed)
         bounds, bounds_shown = _bounds(loaded, twin, results, rows) if show_bounds else (None, None)
         if csv_out:
             write_csv(rows, sys.stdout)
@@ -184,6 +202,9 @@ def simulate_cmd(
     if as_json or csv_out:
         if as_json:
             document = {"trace": loaded.name, "gpus": list(results[0].gpus), "sharing": twin.sharing, "runs": rows}
+            if seed_list is not None:  # and each seed's runs, as a run without --jitter gives them
+                copies = [{"seed": seed, "runs": rows_of(copy)} for seed, copy in zip(seed_list, per_seed, strict=True)]
+                document |= {"jitter_s": jitter, "seeds": seed_list, "seed_runs": copies}
             print(json.dumps(document | ({"bounds": bounds} if bounds else {})))
         for path in [*charts, save]:
             if path:
@@ -191,7 +212,10 @@ def simulate_cmd(
         _note_failures(results)
         return
     title = f"trace {loaded.name}: {pluralize(len(loaded.entries), 'task')} on {server_name(results[0], twin)}"
-    if sweep_all:
+    if seed_list is not None:
+        spread = f"arrivals moved by up to ±{jitter:g} s, seeds {_listed(seed_list)}"
+        out.print(seed_table(rows, f"{title}; {spread}: each figure's mean (least-most) over the seeds"))
+    elif sweep_all:
         out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
     else:
         out.print(run_table(results[0], f"{title}, {results[0].config.label}"))
@@ -222,27 +246,32 @@ def _bounds(
 
 def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:
     """Say how many tasks an estimator run places on a whole GPU for want of a recorded estimate (a trace's
-    own tasks have one only where it gives `<estimator>_mib`), so the run is not read as the estimator's."""
-    lacking = [
-        f"{source} {missing} of {len(trace.entries)}"
-        for source in sources
-        if source in ESTIMATOR_COLUMNS
-        and (missing := sum(e.workload.estimates.get(source) is None for e in trace.entries))
-    ]
-    if lacking:
-        err.print(f"note: tasks without a recorded estimate run on a whole GPU: {', '.join(lacking)}")
+    own tasks have one only where it gives `<estimator>_mib`), so the run is not read as the estimator's; with
+    history, unless an earlier run of the same task completed."""
+    for history in (False, True):
+        lacking = [
+            f"{source} {missing} of {len(trace.entries)}"
+            for source in sources
+            if source.endswith(HISTORY) == history
+            and (estimator := source.removesuffix(HISTORY)) in ESTIMATOR_COLUMNS
+            and (missing := sum(e.workload.estimates.get(estimator) is None for e in trace.entries))
+        ]
+        if lacking:
+            unless = " unless a run of the same task completed before" if history else ""
+            err.print(f"note: tasks without a recorded estimate run on a whole GPU{unless}: {', '.join(lacking)}")
 
 
 def _note_failures(results: Sequence[RunResult], limit: int = 5) -> None:
     """Name the failed tasks and why, which the figures only count (a task needing more memory than every
-    simulated GPU has fails even alone)."""
+    simulated GPU has fails even alone). A task is its id and name: a jittered copy of the trace numbers its
+    tasks in their new order."""
     from carma.core.types import TaskState
 
-    failed: dict[int, list[tuple[RunResult, Task]]] = {}
+    failed: dict[tuple[int, str], list[tuple[RunResult, Task]]] = {}
     for result in results:
         for task in result.tasks:
             if task.state is TaskState.FAILED:
-                failed.setdefault(task.id, []).append((result, task))
+                failed.setdefault((task.id, task.spec.name), []).append((result, task))
     for shown, runs in enumerate(failed.values()):
         if shown == limit:
             err.print(f"note: {pluralize(len(failed) - limit, 'more task')} failed")
@@ -261,13 +290,46 @@ def server_name(result: RunResult, twin: TwinConfig) -> str:
     return ", ".join(f"{n}x{name}" for name, n in counts.items()) + f" ({sharing})"
 
 
-def _run_sweep(trace, twin: TwinConfig, jobs: int, quiet: bool) -> list[RunResult]:
+def _seeds(jitter: float | None, seeds: int | None, **one_run: object) -> list[int] | None:
+    """The seeds of the trace's jittered copies (None: the trace as it is); `one_run`, the options given that
+    take a single run of a single trace, refused with --jitter."""
+    if jitter is None:
+        if seeds is not None:
+            raise UsageError("--seeds takes --jitter (the seconds each arrival may move)")
+        return None
+    if not math.isfinite(jitter):
+        raise UsageError(f"--jitter must be a finite number of seconds; got {jitter:g}")
+    taken = next((f"--{option}" for option, value in one_run.items() if value), None)
+    if taken:
+        raise UsageError(
+            f"{taken} takes the runs of the trace itself, not of jittered copies: drop {taken} or --jitter"
+        )
+    return list(range(4 if seeds is None else seeds))
+
+
+def _listed(seeds: Sequence[int]) -> str:
+    return str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}"
+
+
+def _simulated(
+    trace: Trace,
+    runs: Sequence[RunConfig],
+    twin: TwinConfig,
+    jobs: int,
+    quiet: bool,
+    jitter_s: float,
+    seeds: list[int] | None,
+) -> list[list[RunResult]]:
+    """The runs on the trace, or on each seed's jittered copy of it: one list of results per copy (one copy without
+    seeds), with a progress bar on a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from carma.sim.experiment import paper_sweep, sweep
+    from carma.sim.experiment import seeded_sweep, sweep
 
-    runs = paper_sweep(twin.scheduler.risk.enabled)
     columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True, disable=quiet or not sys.stderr.isatty()) as bar:
-        task = bar.add_task("sweep", total=len(runs))
-        return sweep(trace, runs, twin, jobs, progress=lambda _: bar.advance(task))
+        task = bar.add_task("sweep", total=len(runs) * len(seeds or [None]))
+        advance = lambda _: bar.advance(task)  # noqa: E731
+        if seeds is None:
+            return [sweep(trace, runs, twin, jobs, progress=advance)]
+        return seeded_sweep(trace, runs, jitter_s, seeds, twin, jobs, progress=advance)

@@ -16,12 +16,13 @@ from carma.core.types import MemoryNeed, MigSlot, Target, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
-from carma.sim.hints import durations, pairing
+from carma.sim.hints import durations, history_peak, pairing
 from carma.sim.migspeed import RECONFIGURATION_S
 from carma.sim.migtwin import MigTwinServer, full_layouts, geometries, layout_text, mig_server, static_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
 from carma.sim.twin import TwinServer
-from carma.traces.catalog import ESTIMATOR_COLUMNS, MEMORY_SOURCES, Workload
+from carma.traces.catalog import ESTIMATOR_COLUMNS, HISTORY, MEMORY_SOURCES, Workload
+from carma.traces.jitter import jittered
 from carma.traces.loaders import Trace
 
 MEMORY_MODES = MEMORY_SOURCES
@@ -32,6 +33,7 @@ _MEMORY_LABELS = {
     "horus": "Horus",
     "faketensor": "FakeTensor",
     "xmem": "xMem",
+    "xmem" + HISTORY: "xMem + history",
 }
 # carma's own decisions (`carma.core.config`): tasks of known need leave their GPUs open during their warm-up,
 # and later tasks backfill past a waiting head (docs/policy.md)
@@ -200,14 +202,24 @@ class RunResult:
 
 class RecordedEstimator:
     """An estimator port that answers with the estimate recorded for each task's workload (CARMA's table,
-    or a trace entry's own `<estimator>_mib`)."""
+    or a trace entry's own `<estimator>_mib`); where none is recorded, with `history`'s peak when it gives one
+    (`carma.sim.hints.history_peak`), else a whole GPU."""
 
-    def __init__(self, name: str, workload_of: Callable[[Task], Workload]) -> None:
+    def __init__(
+        self,
+        name: str,
+        workload_of: Callable[[Task], Workload],
+        history: Callable[[Task], int | None] | None = None,
+    ) -> None:
         self.name = name
         self._workload_of = workload_of
+        self._history = history
 
     def need(self, task: Task) -> MemoryNeed:
-        return estimated(self.name, self._workload_of(task).estimates.get(self.name))
+        recorded = self._workload_of(task).estimates.get(self.name)
+        if recorded is None and self._history is not None and (peak := self._history(task)) is not None:
+            return estimated("history", peak)
+        return estimated(self.name, recorded)
 
 
 def simulate(
@@ -222,16 +234,15 @@ def simulate(
         predict_growth=run.predict,
         **(OWN if run.own else {}),
     )
-    # Asked once a task is submitted, so the server knows its entry's workload (two entries of one name may
-    # differ in their recorded estimates).
-    estimator = (
-        RecordedEstimator(run.memory, lambda task: server.workload(task.id))
-        if run.memory in ESTIMATOR_COLUMNS
-        else None
-    )
 
+    # A task's own entry's workload (two entries of one name may differ in their recorded estimates): asked once
+    # the task is submitted, so the server knows it.
     def workload_of(task: Task) -> Workload:
         return server.workload(task.id)
+
+    source = run.memory.removesuffix(HISTORY)
+    history = history_peak(workload_of, lambda: server.loop.scheduler.tasks) if source != run.memory else None
+    estimator = RecordedEstimator(source, workload_of, history) if source in ESTIMATOR_COLUMNS else None
 
     def make_scheduler(gpus: list[Target]) -> Scheduler:
         hints = {"durations": durations(workload_of), "pairing": pairing(twin.interference, twin.sharing, workload_of)}
@@ -284,8 +295,23 @@ def simulate(
     return RunResult(run, metrics, tasks, timelines, tuple(g.name for g in twin.gpus), reconfigurations)
 
 
-def _simulate_args(args: tuple[Trace, RunConfig, TwinConfig, Mapping[str, int] | None]) -> RunResult:
+Work = tuple[Trace, RunConfig, TwinConfig, Mapping[str, int] | None]
+
+
+def _simulate_args(args: Work) -> RunResult:
     return simulate(*args)
+
+
+def _simulate_all(work: Sequence[Work], jobs: int, progress: Callable[[RunResult], None] | None) -> list[RunResult]:
+    """Every simulation of `work`, in `jobs` processes; results in its order."""
+    jobs = max(1, min(jobs, len(work)))
+    results: list[RunResult] = []
+    with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else nullcontext() as pool:
+        for result in (pool.map if pool else map)(_simulate_args, work):
+            results.append(result)
+            if progress:
+                progress(result)
+    return results
 
 
 def sweep(
@@ -298,15 +324,24 @@ def sweep(
 ) -> list[RunResult]:
     """Run every configuration, in `jobs` processes (worth it for long traces); results keep the given order."""
     twin = twin or TwinConfig()
-    jobs = max(1, min(jobs, len(runs)))
-    work = [(trace, run, twin, growing) for run in runs]
-    results: list[RunResult] = []
-    with ProcessPoolExecutor(max_workers=jobs) if jobs > 1 else nullcontext() as pool:
-        for result in (pool.map if pool else map)(_simulate_args, work):
-            results.append(result)
-            if progress:
-                progress(result)
-    return results
+    return _simulate_all([(trace, run, twin, growing) for run in runs], jobs, progress)
+
+
+def seeded_sweep(
+    trace: Trace,
+    runs: Sequence[RunConfig],
+    jitter_s: float,
+    seeds: Sequence[int],
+    twin: TwinConfig | None = None,
+    jobs: int = 1,
+    progress: Callable[[RunResult], None] | None = None,
+) -> list[list[RunResult]]:
+    """Every configuration on each seed's jittered copy of `trace` (`carma.traces.jitter`): one list of results
+    per seed, in `runs`' order, so that a comparison reads over arrival patterns, not one."""
+    twin = twin or TwinConfig()
+    copies = [jittered(trace, jitter_s, seed) for seed in seeds]
+    results = _simulate_all([(copy, run, twin, None) for copy in copies for run in runs], jobs, progress)
+    return [results[i : i + len(runs)] for i in range(0, len(results), len(runs))]
 
 
 def static_layouts(gpus: Sequence[GpuType], need_mib: int) -> list[tuple[tuple[MigSlot, ...], ...]]:

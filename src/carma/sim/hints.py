@@ -1,5 +1,6 @@
 """What the twin tells the core beyond telemetry, as a server with history would know it: each task's expected
-duration (backfilling) and how much collocated tasks slow each other (interference-aware pairing).
+duration (backfilling), how much collocated tasks slow each other (interference-aware pairing), and the peak of
+a workload's earlier runs (the daemon's default memory estimate).
 
 A duration is the workload's solo time from the trace's catalog, the figure a daemon's history of earlier runs
 of the same command gives; the interference model is the twin's own fitted one. The core receives both as
@@ -8,11 +9,11 @@ ports (`carma.core.backfill.DurationOf`, `carma.core.policies.pair.PairingModel`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from carma.core.backfill import DurationOf
 from carma.core.policies.pair import PairingModel
-from carma.core.types import Task
+from carma.core.types import Task, TaskState
 from carma.sim.models import InterferenceModel, Load
 from carma.traces.catalog import Workload
 
@@ -37,3 +38,17 @@ def pairing(model: InterferenceModel, sharing: str, workload_of: WorkloadOf) -> 
         return sum(model.slowdowns([*loads, load(task)], sharing)) - before
 
     return cost
+
+
+def history_peak(workload_of: WorkloadOf, tasks: Callable[[], Iterable[Task]]) -> Callable[[Task], int | None]:
+    """The daemon's default estimator (`[estimate] default = "history"`: the largest peak of the command's earlier
+    successful runs) as the twin knows it: the largest memory (the catalog's peak) of the runs of the task's
+    workload that completed in this simulation before the task's need is asked for; None before any did. Causal,
+    not an oracle: a run still going, or one that crashed, tells nothing."""
+
+    def peak(task: Task) -> int | None:
+        name = task.spec.name
+        done = (t for t in tasks() if t.state is TaskState.COMPLETED and t.spec.name == name)
+        return max((workload_of(t).mem_mib for t in done), default=None)
+
+    return peak

@@ -21,8 +21,11 @@ ESTIMATOR_COLUMNS = {
     "gpumemnet": "gpumemnet_mib",
     "xmem": "xmem_mib",
 }
-# where an experiment's memory needs come from: nothing (recovery only), the measured need, or an estimate
-MEMORY_SOURCES = ("none", "oracle", *ESTIMATOR_COLUMNS)
+# where an experiment's memory needs come from: nothing (recovery only), the measured need, or an estimate; with
+# HISTORY, a task the estimator has none for takes what the daemon's default estimator would give it (the peak of
+# an earlier completed run of its workload, `carma.sim.hints.history_peak`)
+HISTORY = "+history"
+MEMORY_SOURCES = ("none", "oracle", *ESTIMATOR_COLUMNS, "xmem" + HISTORY)
 PROFILE_FIELDS = ("gract", "smact", "smocc", "drama", "ttfk_s", "warmup_s", "mem_first_mib")
 _FRACTIONS = ("gract", "smact", "smocc", "drama")
 # The longest time a trace may give (about 317 years): a larger one is another unit's (milliseconds or
