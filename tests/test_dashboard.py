@@ -167,12 +167,12 @@ def test_a_mig_gpus_layout_and_reconfigurations_show_in_the_gpus_and_timeline(br
     page.goto(server.cli("dashboard").stdout.strip())
     layout = page.locator("#mig [data-mig]")
     expect(layout).to_contain_text("A100-40GB", timeout=WAIT_MS)
-    # as `carma gpus` lists it: 4g.20gb@0 (task large), 2g.10gb@4 (task small); free memory slices 6, 7
+    # as `carma gpus` lists it: 4g.20gb@0 (task large), 1g.10gb@6 (task small); free memory slices 4, 5
     expect(layout.locator("[data-slot='4g.20gb@0']")).to_contain_text(f"#{large} large")
-    expect(layout.locator("[data-slot='2g.10gb@4']")).to_contain_text(f"#{small} small")
-    expect(layout.locator("[data-free]")).to_have_attribute("data-free", "6,7")
+    expect(layout.locator("[data-slot='1g.10gb@6']")).to_contain_text(f"#{small} small")
+    expect(layout.locator("[data-free]")).to_have_attribute("data-free", "4,5")
     widths = layout.evaluate(  # each block spans its memory slices: 4, 2 and the 2 free ones of 8
-        "m => ['[data-slot=\"4g.20gb@0\"]', '[data-slot=\"2g.10gb@4\"]', '[data-free]']"
+        "m => ['[data-slot=\"4g.20gb@0\"]', '[data-slot=\"1g.10gb@6\"]', '[data-free]']"
         ".map((s) => m.querySelector(s).getBoundingClientRect().width)"
     )
     assert widths[0] > 1.8 * widths[1] and abs(widths[1] - widths[2]) < 1, widths

@@ -76,8 +76,8 @@ def test_each_task_runs_on_the_tightest_instance_its_need_holds(home):
         (target,) = d.scheduler.task(t.id).attempts[0].gpus
         profiles[t.id] = d.scheduler.gpus[target].slot.profile
     # 3 GiB and the 2 GiB margin need 2 memory slices (a 1g.5gb holds 4.75 GiB), 15 GiB and the margin 4; of those
-    # sizes, the most compute
-    assert profiles == {small.id: "2g.10gb", large.id: "4g.20gb"}
+    # sizes, where the most layouts stay open, then the most compute
+    assert profiles == {small.id: "1g.10gb", large.id: "4g.20gb"}
     step_until(d, lambda: all(d.scheduler.task(t.id).state is TaskState.COMPLETED for t in tasks))
     assert d.mig is not None and d.mig.reconfigurations == 2
     assert 'carma_mig_reconfigurations_total{outcome="done"} 2.0' in Metrics(d).render().decode()
@@ -93,7 +93,7 @@ def test_a_task_predicted_to_outgrow_its_instance_is_restarted_early_on_a_larger
     first = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=11 * 1024))  # room enough: its run time is learnt
     step_until(d, lambda: d.scheduler.task(first.id).state is TaskState.COMPLETED)
     assert d.durations(d.scheduler.task(first.id)) is not None
-    second = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=3 * 1024))  # declared too low: a 2g.10gb
+    second = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=3 * 1024))  # declared too low: a 1g.10gb
     step_until(d, lambda: d.scheduler.task(second.id).state is TaskState.COMPLETED, timeout=40)
     attempts = d.scheduler.task(second.id).attempts
     assert len(attempts) == 2 and attempts[0].message.startswith("restarted early")
@@ -237,18 +237,18 @@ def test_carma_server_mig_dynamic_through_the_cli(start_server):  # type: ignore
     server.wait_state(small, "running")
     server.wait_state(large, "running")
     gpus = {g["slot"]: g for g in server.json("gpus")}
-    assert gpus["2g.10gb@4"]["tasks"] == [small] and gpus["4g.20gb@0"]["tasks"] == [large]
+    assert gpus["1g.10gb@6"]["tasks"] == [small] and gpus["4g.20gb@0"]["tasks"] == [large]
     listing = server.cli("gpus").stdout
     layout = next(line for line in listing.splitlines() if line.startswith("MIG "))
     assert re.search(
-        r"4g\.20gb@0 \(GPU \d, task \d\), 2g\.10gb@4 \(GPU \d, task \d\); free memory slices 6, 7$", layout
+        r"4g\.20gb@0 \(GPU \d, task \d\), 1g\.10gb@6 \(GPU \d, task \d\); free memory slices 4, 5$", layout
     )
-    assert "on MIG instance 2g.10gb@4 of GPU-fake-0-" in server.cli("show", small).stdout
+    assert "on MIG instance 1g.10gb@6 of GPU-fake-0-" in server.cli("show", small).stdout
     assert server.json("status")["mig"]["reconfigurations"] == 2
     timeline = server.client.request("GET", "/v1/timeline", {"hours": 1})["reconfigurations"]
     made = [r for r in timeline if r["reason"] is None]
     assert [r["outcome"] for r in made] == ["done", "done"]
-    assert {s for r in made for s in r["created"]} >= {"4g.20gb@0", "2g.10gb@4"}
+    assert {s for r in made for s in r["created"]} >= {"4g.20gb@0", "1g.10gb@6"}
 
 
 def test_dynamic_mig_on_gpus_without_mig_mode_is_refused_in_one_line(tmp_path):

@@ -71,17 +71,36 @@ def test_fusion_of_idle_neighbours():
     )
 
 
-def test_of_the_profiles_of_equal_memory_the_one_with_most_compute_where_it_fits():
-    # 1g.10gb and 2g.10gb both take two memory slices (9856 MiB); the 2g only starts at 0, 2 or 4
-    decision = plan([gpu()], 8 * GIB)
-    assert isinstance(decision, Plan) and decision.profile.name == "2g.10gb"
-    at_six = plan([gpu(("2g.10gb", 0, True), ("2g.10gb", 2, True), ("2g.10gb", 4, True))], 8 * GIB)
-    assert isinstance(at_six, Plan) and at_six.instance == InstanceKey("GPU-a", 6, "1g.10gb")
-    # 3g.20gb and 4g.20gb both take four: the 4g at 0 leaves room for a 3g at 4 (seven compute slices in all)
+def test_of_one_memory_footprint_the_most_compute_where_it_costs_no_reachability():
+    # 1g.10gb and 2g.10gb both take two memory slices (9856 MiB); the 2g only starts at 0, 2 or 4, and a 1g.10gb
+    # at 6 keeps the most layouts open (33 against 22 for a 2g.10gb at 4)
+    first = plan([gpu()], 8 * GIB)
+    assert isinstance(first, Plan) and first.instance == InstanceKey("GPU-a", 6, "1g.10gb")
+    second = plan([first.after.marked(first.instance, busy=True)], 8 * GIB)
+    assert isinstance(second, Plan) and second.instance == InstanceKey("GPU-a", 4, "2g.10gb")  # 11 layouts either way
+    # 3g.20gb and 4g.20gb both take four: a 3g at 4 keeps 11 layouts, anything at 0 seven; then the 4g at 0
     half = plan([gpu()], 16 * GIB)
-    assert isinstance(half, Plan) and half.instance == InstanceKey("GPU-a", 0, "4g.20gb")
+    assert isinstance(half, Plan) and half.instance == InstanceKey("GPU-a", 4, "3g.20gb")
     other = plan([half.after.marked(half.instance, busy=True)], 16 * GIB)
-    assert isinstance(other, Plan) and other.instance == InstanceKey("GPU-a", 4, "3g.20gb")
+    assert isinstance(other, Plan) and other.instance == InstanceKey("GPU-a", 0, "4g.20gb")
+
+
+def test_a_footprint_reported_a_few_mib_apart_is_still_one_footprint():
+    # A card reporting its 2g.10gb 6 MiB below its 1g.10gb: both still hold the need, and reachability decides
+    reported = A100.with_reported({"2g.10gb": 9850})
+    decision = plan([gpu(geometry=reported)], 8 * GIB)
+    assert isinstance(decision, Plan) and decision.instance == InstanceKey("GPU-a", 6, "1g.10gb")
+
+
+def test_tasks_of_10_10_and_20_gb_all_fit_one_a100_40gb_in_that_order():
+    # Taking the most compute first (2g.10gb@4, then 2g.10gb@0) leaves slices 2-3 and 6-7: no 20 GB instance fits
+    state, placed = gpu(), []
+    for need in (9 * GIB, 9 * GIB, 19 * GIB):
+        decision = plan([state], need)
+        assert isinstance(decision, Plan), f"refused after {placed}: {decision}"
+        state = decision.after.marked(decision.instance, busy=True)
+        placed.append(str(decision.instance))
+    assert state.text() == "4g.20gb@0 busy | 2g.10gb@4 busy | 1g.10gb@6 busy"
 
 
 def test_fission_of_an_idle_larger_instance():
@@ -103,7 +122,7 @@ def test_busy_instances_are_never_destroyed_a_refusal_says_why():
 
 def test_the_margin_counts_toward_the_need():
     decision = plan([gpu()], 4800, margin_mib=100)
-    assert isinstance(decision, Plan) and decision.profile.name == "2g.10gb"  # 4900 MiB > 4864
+    assert isinstance(decision, Plan) and decision.profile.memory_slices == 2  # 4900 MiB > 4864
 
 
 @pytest.mark.parametrize(

@@ -157,9 +157,10 @@ class Geometry:
 
     @cached_property
     def sizing(self) -> tuple[Profile, ...]:
-        """The profiles a task may be given, tightest first: by usable memory, then fewest compute slices
-        (an equal-memory instance with fewer slices leaves more compute to others). `+me` profiles and those
-        whose memory no source gave are left out."""
+        """The profiles a task may be given, tightest first: by usable memory, then compute slices. The order
+        among profiles of one memory footprint (1g.10gb, 2g.10gb) is no preference: the partition manager weighs
+        them all by where they fit (`partition.plan`). `+me` profiles and those whose memory no source gave are
+        left out."""
         usable = [p for p in self.profiles if not p.media and p.memory_mib is not None]
         return tuple(sorted(usable, key=lambda p: (p.memory_mib, p.compute_slices)))
 
@@ -168,7 +169,8 @@ class Geometry:
         return tuple(p for p in self.sizing if p.memory_mib is not None and p.memory_mib >= need_mib)
 
     def next_larger(self, profile: Profile) -> Profile | None:
-        """The profile an out-of-memory crash on `profile` restarts on: the tightest with more memory."""
+        """The tightest profile with more memory than `profile`: its memory is the need an out-of-memory crash on
+        `profile` restarts with (which profile of its footprint the task gets, the partition manager decides)."""
         for p in self.sizing:
             if p.memory_mib is not None and profile.memory_mib is not None and p.memory_mib > profile.memory_mib:
                 return p

@@ -2,14 +2,16 @@
 tightest instance.
 
 Pure: states are values, a plan is computed from them and applied to them, nothing is read or written
-elsewhere. The rule, after MIGM (seed 002, section 4): the tightest profile whose usable memory holds the
-need with the margin (of equal memory, the most compute slices: carma's, not MIGM's); an idle instance of it
-if one exists; else one created where it keeps the most full layouts reachable (MIGM's FSM rule), in free
+elsewhere. The rule, after MIGM (seed 002, section 4): the tightest memory footprint (memory slices) whose
+usable memory holds the need with the margin; an idle instance of it if one exists; else one created in free
 slices if it fits there, else over idle instances destroyed for it (fusion of idle neighbours, fission of an
-idle larger instance), the fewest destroyed first. A busy instance is never touched. A profile of more memory
-is never the answer: on these geometries every slot a larger instance could take holds an allowed start of
-the tightest, so when the tightest cannot be had, neither can a larger one (the tests check it) and the task
-waits, as in MIGM.
+idle larger instance), the fewest destroyed first; among equals where it keeps the most full layouts
+reachable (MIGM's FSM rule), and only then, of a footprint's compute sizes (1g.10gb and 2g.10gb), the most
+compute slices (carma's, not MIGM's: a compute slice a smaller one leaves idle lies under its memory slices,
+where no other instance can have it). A busy instance is never touched. A profile of more memory is never the
+answer: on these geometries every slot a larger instance could take holds an allowed start of the tightest,
+so when the tightest cannot be had, neither can a larger one (the tests check it) and the task waits, as in
+MIGM.
 """
 
 from __future__ import annotations
@@ -186,10 +188,12 @@ def plan(gpus: Sequence[MigGpu], need_mib: int, *, margin_mib: int = 0) -> Plan 
         largest = max((p.memory_mib or 0 for g in gpus for p in g.geometry.sizing), default=0)
         asked = f"{want} MiB (need {need_mib} + margin {margin_mib})" if margin_mib else f"{need_mib} MiB"
         return Refusal(RefusalReason.TOO_LARGE, f"{asked} is more than {largest} MiB, the largest instance")
-    # Sizes in the choices' order (least memory, then most compute): the first size any GPU can give wins, so the
-    # ways to give the others need not be weighed.
-    for size in sorted({_Choice.size(p) for ps in sizes.values() for p in ps}):
-        choices = (c for g in gpus for p in sizes[g.uuid] if _Choice.size(p) == size for c in _choices(g, p))
+    # The least memory first, across GPUs: the first footprint any GPU can give wins, so the ways to give larger
+    # ones need not be weighed. A footprint's memory is its tightest profile's (cards report equal-slice profiles
+    # a few MiB apart: that difference must not rank them).
+    footprint = {uuid: ps[0].memory_mib or 0 for uuid, ps in sizes.items() if ps}
+    for memory in sorted(set(footprint.values())):
+        choices = (c for g in gpus if footprint.get(g.uuid) == memory for p in sizes[g.uuid] for c in _choices(g, p))
         best = min(choices, default=None, key=_Choice.order)
         if best is not None:
             return best.plan()
@@ -205,23 +209,18 @@ class _Choice:
     reused: bool
     reachable: int
 
-    @staticmethod
-    def size(profile: Profile) -> tuple[int, int]:
-        return profile.memory_mib or 0, -profile.compute_slices
-
-    def order(self) -> tuple[int | None, int, bool, int, int, str, int]:
-        # The tightest profile first, and of its compute sizes the largest: every compute slice lies under the
-        # memory slices of the instance that has it, so the slices a smaller one leaves idle no other instance
-        # can have (a 1g.10gb@0 strands compute slice 1, a 2g.10gb@0 runs on it). Then an idle instance as it is
-        # (no reconfiguration), then free slices, then the fewest idle instances destroyed; among equals MIGM's
-        # rule: the most full layouts reachable.
-        p = self.profile
+    def order(self) -> tuple[bool, int, int, int, str, int]:
+        # Of one footprint: an idle instance as it is (no reconfiguration), then free slices, then the fewest idle
+        # instances destroyed; among equals MIGM's rule, the most full layouts reachable, as it is what leaves
+        # room for the tasks behind (taking compute first fills 2g.10gb@4, 2g.10gb@0 for two 10 GB tasks on an
+        # A100-40GB and leaves no place for a 20 GB one). Only then the most compute slices: every compute slice
+        # lies under the memory slices of the instance that has it, so one a smaller instance leaves idle no
+        # other can have (a 1g.10gb@0 strands compute slice 1, a 2g.10gb@0 runs on it).
         return (
-            p.memory_mib,
-            -p.compute_slices,
             not self.reused,
             len(self.destroyed),
             -self.reachable,
+            -self.profile.compute_slices,
             self.gpu.uuid,
             self.start,
         )
@@ -241,10 +240,11 @@ class _Choice:
 
 
 def _tightest(geometry: Geometry, want_mib: int) -> tuple[Profile, ...]:
-    """The profiles of least memory that hold `want_mib`: one memory footprint, several compute sizes (a 1g.10gb
-    and a 2g.10gb both take two memory slices)."""
+    """The profiles that hold `want_mib` in the fewest memory slices, least memory first: one memory footprint,
+    several compute sizes (a 1g.10gb and a 2g.10gb both take two memory slices). Grouped by slices, not by
+    MiB: a card may report them a few MiB apart, and the placement rule, not that difference, must choose."""
     fits = geometry.holding(want_mib)
-    return tuple(p for p in fits if p.memory_mib == fits[0].memory_mib) if fits else ()
+    return tuple(p for p in fits if p.memory_slices == fits[0].memory_slices) if fits else ()
 
 
 def _choices(gpu: MigGpu, profile: Profile) -> list[_Choice]:
