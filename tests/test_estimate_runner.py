@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from carma.estimate import cuda_on_cpu, libraries  # noqa: E402
-from carma.estimate.base import Capture, EstimateError  # noqa: E402
+from carma.estimate.base import Capture, Estimate, EstimateError  # noqa: E402
 from carma.estimate.job import capture_job  # noqa: E402
 from carma.estimate.runner import COMPUTED_NOTE, _read_result, estimate_job, estimate_script  # noqa: E402
 from carma.estimate.session import BACKWARDS_WITHOUT_STEP, module_window  # noqa: E402
@@ -185,6 +185,19 @@ def estimate(argv: list[str], **kwargs: object):
     return estimate_script(argv, "xmem", "test-gpu", estimator="xmem_only:estimate", **kwargs)
 
 
+MLP_ARGV = ("--batch-size", "64", "--log", "steps.log")
+_references: dict[tuple[str, ...], Estimate] = {}
+
+
+def reference(workdir: Path, body: str, *argv: str) -> Estimate:
+    """`estimate` of the script `body`, which several tests compare a variant's estimate to: made once per
+    worker, as a capture takes seconds. Its result does not depend on the folder it was captured in."""
+    key = (body, *argv)
+    if key not in _references:
+        _references[key] = estimate(["python", script(workdir, "reference.py", body), *argv])
+    return _references[key]
+
+
 def test_a_timeline_that_cannot_be_written_after_the_capture_leaves_the_estimate_with_a_note(workdir: Path) -> None:
     """The capture's work was thrown away: `estimating with xmem failed: IsADirectoryError ...`."""
     train = script(workdir, "train.py", MLP_SCRIPT)
@@ -335,13 +348,12 @@ def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> Non
     argv = ["python", train, "--batch-size", "64", "--log", "steps.log"]
     assert estimate_script([*argv, "--summary"], "xmem", "test-gpu", estimator="batch_probe:estimate").peak_bytes == 64
     with_summary = estimate([*argv, "--summary"])
-    assert with_summary.peak_bytes == estimate(argv).peak_bytes and with_summary.notes == ()
+    assert with_summary.peak_bytes == reference(workdir, MLP_SCRIPT, *MLP_ARGV).peak_bytes and with_summary.notes == ()
 
 
 def test_a_module_called_in_another_thread_leaves_the_capture_alone(workdir: Path) -> None:
     """A background thread inside a module's forward (a transform of a prefetching thread) while the loop
     trains: module calls are tracked per thread, so the training loop is captured as without it."""
-    train = script(workdir, "train.py", MLP_SCRIPT)
     blocked = """import threading
 class Blocked(torch.nn.Module):
     def forward(self, x):
@@ -353,8 +365,7 @@ threading.Thread(target=Blocked(), args=(torch.zeros(1),), daemon=True).start()
 entered.wait()
 model = model.to(device)"""
     threaded = script(workdir, "threaded.py", MLP_SCRIPT.replace("model = model.to(device)", blocked))
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    assert estimate(["python", threaded, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+    assert estimate(["python", threaded, *MLP_ARGV]).peak_bytes == reference(workdir, MLP_SCRIPT, *MLP_ARGV).peak_bytes
 
 
 def test_an_executable_python_script_is_captured_as_run_by_python(workdir: Path) -> None:
@@ -378,9 +389,8 @@ def test_script_as_a_module(workdir: Path) -> None:
 
 
 def test_python_c_runs_its_code_as_a_script(workdir: Path) -> None:
-    train = script(workdir, "train.py", MLP_SCRIPT)
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    assert estimate(["python", "-c", MLP_SCRIPT, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+    by_c = estimate(["python", "-c", MLP_SCRIPT, *MLP_ARGV])
+    assert by_c.peak_bytes == reference(workdir, MLP_SCRIPT, *MLP_ARGV).peak_bytes
     with pytest.raises(EstimateError, match="`python -c` needs the code to run"):
         estimate(["python", "-c"])
 
@@ -757,10 +767,8 @@ def test_the_operators_cast_to_float32_are_all_those_cuda_autocast_is_tested_for
 def test_a_compiled_model_is_captured_as_it_runs_eagerly(workdir: Path) -> None:
     """torch.compile on the CPU would build CPU kernels, not the GPU ones the job runs, and take minutes:
     the capture runs the model eagerly (the compiler's backend is never called) and estimates it as such."""
-    train = script(workdir, "train.py", MLP_SCRIPT)
     compiled = script(workdir, "compiled.py", MLP_SCRIPT.replace("model = model.to(device)", COMPILE))
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    eager, as_compiled = estimate(["python", train, *argv]), estimate(["python", compiled, *argv])
+    eager, as_compiled = reference(workdir, MLP_SCRIPT, *MLP_ARGV), estimate(["python", compiled, *MLP_ARGV])
     assert as_compiled.peak_bytes == eager.peak_bytes
     assert not (workdir / "compiled").exists()
     assert eager.notes == ()
@@ -786,19 +794,16 @@ def test_compiling_with_cuda_graphs_is_noted_and_a_disabled_compile_is_not(workd
 def test_a_model_called_through_forward(workdir: Path) -> None:
     """`model.forward(x)` fires its children's hooks, not the model's: xMem, which reads the trace, gives the
     same peak; the baselines, which need the whole model, say why they cannot."""
-    train = script(workdir, "train.py", MLP_SCRIPT)
     direct = script(workdir, "direct.py", MLP_SCRIPT.replace("model(x)", "model.forward(x)"))
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    assert estimate(["python", direct, *argv]).peak_bytes == estimate(["python", train, *argv]).peak_bytes
+    assert estimate(["python", direct, *MLP_ARGV]).peak_bytes == reference(workdir, MLP_SCRIPT, *MLP_ARGV).peak_bytes
     with pytest.raises(EstimateError, match=r"trains parameters outside the Linear .*model.forward\(x\)"):
-        estimate_script(["python", direct, *argv], "horus", "a100-40gb")
+        estimate_script(["python", direct, *MLP_ARGV], "horus", "a100-40gb")
 
 
 def test_a_step_given_a_closure_is_estimated_as_the_plain_loop(workdir: Path) -> None:
     """`optimizer.step(closure)` (PyTorch Lightning, L-BFGS) runs zero_grad, forward and backward inside the
     step, where the model is first called: they are told from the update, and the estimate is the plain
     loop's."""
-    train = script(workdir, "train.py", MLP_SCRIPT)
     loss = "torch.nn.functional.cross_entropy(model(x), y)"
     plain = f"    optimizer.zero_grad()\n    {loss}.backward()\n    optimizer.step()"
     assert plain in MLP_SCRIPT
@@ -807,8 +812,7 @@ def test_a_step_given_a_closure_is_estimated_as_the_plain_loop(workdir: Path) ->
         "        loss.backward()\n        return loss\n    optimizer.step(closure)"
     )
     closed = script(workdir, "closure.py", MLP_SCRIPT.replace(plain, closure))
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    by_closure, by_loop = estimate(["python", closed, *argv]), estimate(["python", train, *argv])
+    by_closure, by_loop = estimate(["python", closed, *MLP_ARGV]), reference(workdir, MLP_SCRIPT, *MLP_ARGV)
     assert by_closure.peak_bytes == by_loop.peak_bytes
     assert by_closure.breakdown.gradients == by_loop.breakdown.gradients
     assert by_closure.breakdown.optimizer_state == by_loop.breakdown.optimizer_state
@@ -854,7 +858,7 @@ def test_a_hugging_face_trainer_script_is_estimated_as_its_plain_loop(workdir: P
     loader and clips gradients: the capture finds the model, the batch and the optimizer all the same."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    trainer = estimate(["python", script(workdir, "trainer.py", TRAINER_SCRIPT)])
+    trainer = reference(workdir, TRAINER_SCRIPT)
     loop = estimate(["python", script(workdir, "loop.py", LOOP_SCRIPT)])
     assert trainer.peak_bytes == loop.peak_bytes
     assert trainer.breakdown.parameters == loop.breakdown.parameters
@@ -866,7 +870,7 @@ def test_a_trainer_in_mixed_precision_is_estimated_in_it(workdir: Path) -> None:
     float32; the capture lets both run CPU autocast (cast as CUDA casts) and says so."""
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    full = estimate(["python", script(workdir, "full.py", TRAINER_SCRIPT)])
+    full = reference(workdir, TRAINER_SCRIPT)
     for precision, library in (("bf16", "Hugging Face Trainer"), ("fp16", "Accelerate")):
         mixed = TRAINER_SCRIPT.replace("disable_tqdm=True)", f"disable_tqdm=True, {precision}=True)")
         estimated = registered(["python", script(workdir, f"{precision}.py", mixed)])
@@ -901,9 +905,8 @@ def test_a_script_that_names_cuda_is_estimated_as_its_cpu_fallback(
         torch.save(model.state_dict(), workdir / "gpu.pt")
     with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):
         torch.load(workdir / "gpu.pt")
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
-    named = estimate(["python", script(workdir, "named.py", CUDA_SCRIPT), *argv])
+    fallback = reference(workdir, MLP_SCRIPT, *MLP_ARGV)
+    named = estimate(["python", script(workdir, "named.py", CUDA_SCRIPT), *MLP_ARGV])
     assert (named.peak_bytes, named.breakdown) == (fallback.peak_bytes, fallback.breakdown)
     asked = ["torch.cuda.set_device()", ".cuda()", 'device="cuda"', "torch.cuda.synchronize()"]
     assert named.notes == (cuda_on_cpu.NOTE.format(", ".join(asked)),) and fallback.notes == ()
@@ -1012,12 +1015,11 @@ def test_a_script_logging_or_debugging_its_cuda_memory_is_estimated_as_its_cpu_f
     """The calls have nothing to act on without CUDA: they do nothing, read 0 or hold no segments, and the
     note names them."""
     edits, asked = MEMORY_LOGGING[use]
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
+    fallback = reference(workdir, MLP_SCRIPT, *MLP_ARGV)
     edited = MLP_SCRIPT
     for old, new in edits:
         edited = edited.replace(old, new)
-    logged = estimate(["python", script(workdir, f"{use}_memory.py", edited), *argv])  # not logging.py: stdlib's
+    logged = estimate(["python", script(workdir, f"{use}_memory.py", edited), *MLP_ARGV])  # not logging.py: stdlib's
     assert (logged.peak_bytes, logged.breakdown) == (fallback.peak_bytes, fallback.breakdown)
     assert logged.notes == (cuda_on_cpu.NOTE.format(", ".join(f"torch.cuda.{call}()" for call in asked)),)
 
@@ -1106,9 +1108,8 @@ PREFETCH_SCRIPT = MLP_SCRIPT.replace(
 def test_a_script_with_cuda_streams_and_events_is_estimated_as_its_cpu_fallback(workdir: Path) -> None:
     """A prefetcher's side stream and CUDA-event timing run as the CPU's one stream: the same tensors, so
     the same estimate as the falling-back script, and the note names them."""
-    argv = ["--batch-size", "64", "--log", "steps.log"]
-    fallback = estimate(["python", script(workdir, "fallback.py", MLP_SCRIPT), *argv])
-    streamed = estimate(["python", script(workdir, "streamed.py", PREFETCH_SCRIPT), *argv])
+    fallback = reference(workdir, MLP_SCRIPT, *MLP_ARGV)
+    streamed = estimate(["python", script(workdir, "streamed.py", PREFETCH_SCRIPT), *MLP_ARGV])
     assert (streamed.peak_bytes, streamed.breakdown) == (fallback.peak_bytes, fallback.breakdown)
     asked = ["torch.cuda.Event()", "torch.cuda.Stream()", "torch.cuda.device()", "torch.cuda.stream()", ".cuda()",
              "torch.cuda.current_stream()", ".record_stream()"]  # fmt: skip
