@@ -20,6 +20,7 @@ from carma.server.metrics import Metrics
 from carma.server.mig import JOURNAL
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
+from carma.server.store import Store
 from carma.sim.gpus import parse_gpus
 from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
 from carma.telemetry.fakemig import FakeMigControl
@@ -134,6 +135,33 @@ def test_a_reconfiguration_killed_midway_is_finished_at_the_next_start(home):
     )
     task = second.submit(job("3GiB", 3072, seconds=5))
     step_until(second, lambda: second.scheduler.task(task.id).state is TaskState.COMPLETED)
+    second.close()
+
+
+def test_a_daemon_killed_as_it_ends_a_reconfiguration_keeps_it_once(home, monkeypatch):
+    """Killed at the write that clears the journal, after the last step: the next start must not find it journaled
+    beside a record saying it was done (one reconfiguration, two marks in the timeline)."""
+    first = mig_daemon(home)
+    gpu = first.gpus[0].parent
+    write = Store._set_meta
+
+    def killed_at_clearing(db, key, value):  # type: ignore[no-untyped-def]
+        if key == JOURNAL and value is None:
+            raise Killed
+        write(db, key, value)
+
+    monkeypatch.setattr(Store, "_set_meta", staticmethod(killed_at_clearing))
+    with pytest.raises(Killed):
+        first.mig.reconfigure(Reconfigure(gpu, (MigSlot("7g.40gb", 0),), (MigSlot("3g.20gb", 4),)))
+    monkeypatch.setattr(Store, "_set_meta", staticmethod(write))
+    first.store.close()
+
+    second = mig_daemon(home)
+    assert second.store.meta(JOURNAL) is None
+    made = [r for r in reconfigurations(second) if r["created"] == ["3g.20gb@4"]]
+    assert [(r["outcome"], r["reason"]) for r in made] == [
+        ("interrupted", "under way when the daemon stopped; at its next start: nothing left half-made")
+    ]
     second.close()
 
 

@@ -1,11 +1,12 @@
 """The daemon's dynamic MIG (`carma server --mig dynamic`): it carries out the core's `Reconfigure` actions on
 GPUs whose MIG mode an admin enabled, through a `MigControl` (NVML's, or the fake GPUs').
 
-A reconfiguration is journaled in the store before its first step and cleared after its last, so a daemon
-killed in the middle finds at its next start what it meant to do and ends consistent (`control.finish`): a
-GPU instance left without its compute instance is completed or destroyed; nothing else needs undoing, as
-every layout between two steps is valid. A step the GPU refuses (a process that is not carma's started on an
-instance) ends the reconfiguration where it is: the placer plans again from the layout as it then is.
+A reconfiguration is journaled in the store before its first step and cleared after its last, in the same
+transaction that keeps it for the timeline, so a daemon killed in the middle finds at its next start what it
+meant to do and ends consistent (`control.finish`): a GPU instance left without its compute instance is
+completed or destroyed; nothing else needs undoing, as every layout between two steps is valid. A step the
+GPU refuses (a process that is not carma's started on an instance) ends the reconfiguration where it is: the
+placer plans again from the layout as it then is.
 
 Each reconfiguration, carried out, refused or found interrupted at a start, is kept in the store for the
 dashboard's timeline, as long as ended tasks are (`[server] keep_ended_days`).
@@ -74,9 +75,8 @@ class MigManager:
             finished = finish(self.control, action, geometry) if geometry is not None else []
             done += finished
             done.append(f"GPU {action.gpu}: a reconfiguration was under way when the daemon stopped; layout now read")
-            self._store.set_meta(JOURNAL, None)
             what = "; ".join(line.removeprefix(f"GPU {action.gpu}: ") for line in finished) or "nothing left half-made"
-            self._remember(action, "interrupted", f"under way when the daemon stopped; at its next start: {what}")
+            self._end(action, "interrupted", f"under way when the daemon stopped; at its next start: {what}")
         for gpu, geometry in self.geometries.items():
             if not self.control.gpu_instances(gpu):
                 whole = geometry.sizing[-1]
@@ -102,24 +102,31 @@ class MigManager:
             carry_out(self.control, action, geometry)
             self.reconfigurations += 1
             log.info("GPU %s: MIG %s", action.gpu, describe(action))
-            self._remember(action, "done")
+            self._end(action, "done")
         except (MigError, LookupError) as e:
             self.refused += 1
             log.warning("GPU %s: MIG reconfiguration stopped (%s): %s", action.gpu, describe(action), e)
             for line in finish(self.control, action, geometry):
                 log.warning("%s", line)
-            self._remember(action, "refused", str(e))
-        try:
-            self._store.set_meta(JOURNAL, None)
-        except WORLD_FAULTS as e:  # left journaled, the next start reads the layout and finds nothing to finish
-            self._faults.failed(JOURNALING, e)
+            self._end(action, "refused", str(e))
         self._refresh()
 
+    def _end(self, action: Reconfigure, outcome: str, reason: str | None = None) -> None:
+        """Keep a journaled reconfiguration and clear the journal, in one write."""
+        try:
+            self._store.end_reconfiguration(self._entry(action, outcome, reason), self._kept_after(), JOURNAL)
+        except WORLD_FAULTS as e:  # left journaled: the next start reads the layout and keeps it as interrupted
+            self._faults.failed(JOURNALING, e)
+
     def _remember(self, action: Reconfigure, outcome: str, reason: str | None = None) -> None:
-        now = self._clock()
+        self._store.add_reconfiguration(self._entry(action, outcome, reason), self._kept_after())
+
+    def _entry(self, action: Reconfigure, outcome: str, reason: str | None) -> Reconfiguration:
         slots = (tuple(map(str, action.destroy)), tuple(map(str, action.create)))
-        kept_after = None if self._keep_s is None else now - self._keep_s
-        self._store.add_reconfiguration(Reconfiguration(now, action.gpu, *slots, outcome, reason), kept_after)
+        return Reconfiguration(self._clock(), action.gpu, *slots, outcome, reason)
+
+    def _kept_after(self) -> float | None:
+        return None if self._keep_s is None else self._clock() - self._keep_s
 
 
 def describe(action: Reconfigure) -> str:

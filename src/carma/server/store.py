@@ -441,13 +441,23 @@ class Store:
         """Keep a MIG reconfiguration for the timeline, and forget those from before `keep_after_s` (best effort:
         the GPU's layout is what it is whether or not its past is kept)."""
         with self._best_effort("the MIG reconfiguration history"), self._transaction() as db:
-            db.execute(
-                "INSERT INTO mig_reconfigurations (t, gpu, destroyed, created, outcome, reason) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (r.t_s, r.gpu, json.dumps(r.destroyed), json.dumps(r.created), r.outcome, r.reason),
-            )
-            if keep_after_s is not None:
-                db.execute("DELETE FROM mig_reconfigurations WHERE t < ?", (keep_after_s,))
+            self._add_reconfiguration(db, r, keep_after_s)
+
+    def end_reconfiguration(self, r: Reconfiguration, keep_after_s: float | None, journal: str) -> None:
+        """Keep a journaled MIG reconfiguration and clear its journal (the meta key `journal`) in one transaction:
+        a daemon killed between the two would find it still journaled at its next start and keep it twice."""
+        with self._transaction() as db:
+            self._add_reconfiguration(db, r, keep_after_s)
+            self._set_meta(db, journal, None)
+
+    @staticmethod
+    def _add_reconfiguration(db: sqlite3.Connection, r: Reconfiguration, keep_after_s: float | None) -> None:
+        db.execute(
+            "INSERT INTO mig_reconfigurations (t, gpu, destroyed, created, outcome, reason) VALUES (?, ?, ?, ?, ?, ?)",
+            (r.t_s, r.gpu, json.dumps(r.destroyed), json.dumps(r.created), r.outcome, r.reason),
+        )
+        if keep_after_s is not None:
+            db.execute("DELETE FROM mig_reconfigurations WHERE t < ?", (keep_after_s,))
 
     def add_estimate(self, fingerprint: str, estimate: Estimate, t: float) -> None:
         """Keep a job's memory estimate, so the same job is not estimated again (after a restart too; best
