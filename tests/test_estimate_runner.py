@@ -296,6 +296,15 @@ def test_a_reason_printed_on_stdout_is_given_when_stderr_has_none(workdir: Path)
         estimate(["python", loads])  # was "loading 80%|#### | 4/5"
 
 
+def test_a_script_failing_before_its_training_is_captured_once(workdir: Path) -> None:
+    """Nothing is skipped before the first model call: a capture computing every value would fail the same
+    way, and the user waited for both (bad arguments, a missing data file, no GPU)."""
+    fails = script(workdir, "fails.py", "import torch\nopen('runs', 'a').write('ran\\n')\nopen('data/x.csv')\n")
+    with pytest.raises(EstimateError, match=r"crashed after 0 optimizer steps: FileNotFoundError: .*data/x\.csv"):
+        estimate(["python", fails])
+    assert (workdir / "runs").read_text() == "ran\n"
+
+
 def test_a_very_long_reason_is_cut_to_a_line(workdir: Path) -> None:
     """A 65 KB exception message was the whole error line."""
     long = script(workdir, "long.py", "raise ValueError('x' * 70_000)\n")

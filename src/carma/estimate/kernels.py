@@ -37,6 +37,8 @@ VALUE_SHAPED = (
     "repeat_interleave.Tensor", "bincount",
 )  # fmt: skip
 values_read: list[str] = []  # those the job called with the arithmetic skipped (the capture is then redone)
+# Whether this process has skipped arithmetic yet: a job that failed before would fail the same way computing it.
+skipping = False
 
 
 class ValuesRead(RuntimeError):
@@ -248,7 +250,9 @@ def value_free_arithmetic(values_computed: Callable[[], bool] = lambda: False) -
         "_amp_foreach_non_finite_check_and_unscale_": lambda grads, found_inf, inv_scale: None,
         **{name: _value_shaped(name, values_computed) for name in VALUE_SHAPED},
     }
+    global skipping
     values_read.clear()
+    skipping = True
     library = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():

@@ -130,7 +130,8 @@ def _estimate_in_child(
     ends its epoch at a short batch does (`if len(x) < batch_size: break`), is captured again with its
     batches in order: its GPU run never trains that batch. A script that still fails with the arithmetic
     skipped (`carma.estimate.kernels`) is captured once more computing every value, as it may read some;
-    the estimate then says so. Each capture has `timeout_s`.
+    the estimate then says so. One that fails before its training begins skipped nothing and is not. Each
+    capture has `timeout_s`.
     """
     check_steps(method, steps)
     what = "the script" if "argv" in source else "the job function"
@@ -208,7 +209,8 @@ def _estimate_in_child(
             short_second = False
             payload, err = run(short_second, exact)
         values_read = payload.get("values_read", [])
-        computed = (payload.get("script_failed", False) or bool(values_read)) and not exact
+        failed_skipping = payload.get("script_failed", False) and payload.get("arithmetic_skipped", True)
+        computed = (failed_skipping or bool(values_read)) and not exact
         if computed:
             payload, err = run(short_second, exact=True)
     if "error" in payload:
@@ -348,6 +350,7 @@ def _finish(spec: dict[str, Any], capture: Callable[[], Capture]) -> NoReturn:
         traceback.print_exc()
         payload = {"error": f"estimating with {spec['method']} failed: {last_line(exc)}"}
     payload["values_read"] = kernels.values_read  # the capture is redone computing every value
+    payload["arithmetic_skipped"] = kernels.skipping  # a failure before is not: it would recur as slowly
     Path(spec["result"]).write_text(json.dumps(payload))
     sys.stdout.flush()
     sys.stderr.flush()
