@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from unittest.mock import patch
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from carma.core import POLICY_NAMES, ExitKind, SchedulerConfig, TaskState
+from carma.sim import energybound
+from carma.sim.bounds import fits, makespan_bounds
+from carma.sim.energybound import energy_bound
 from carma.sim.experiment import RunConfig, TwinConfig, simulate
 from carma.sim.gpus import GPU_TYPES
+from carma.sim.models import InterferenceModel, PowerModel
 from carma.traces.catalog import Workload
 from carma.traces.loaders import Trace, TraceEntry
 
@@ -154,3 +159,29 @@ def test_exclusive_never_collocates(case):
     for task in result.tasks:
         if task.state is TaskState.COMPLETED:
             assert task.ended_s - task.attempts[-1].dispatched_s == pytest.approx(task_workload(trace, task).solo_s)
+
+
+@SETTINGS
+@given(
+    experiments(),
+    st.booleans(),
+    st.one_of(
+        st.none(),  # the calibrated model
+        st.builds(InterferenceModel, st.floats(0, 2), st.floats(0, 3), st.floats(0, 3), st.floats(0, 1)),
+    ),
+    st.floats(0.3, 1.0),
+)
+def test_no_policy_beats_the_makespan_and_energy_bounds(case, own, interference, exponent):
+    """Whenever every task some GPU can hold completes (the bounds' premise), under any interference and
+    concave power model. A short search for the most SMACT a GPU carries only loosens the energy bound."""
+    trace, run, twin = case
+    twin = replace(twin, interference=interference or twin.interference, power=PowerModel(exponent))
+    result = simulate(trace, replace(run, own=own), twin)
+    placeable = [e.workload.name for e in trace.entries if fits(e, twin.gpus)]
+    done = {t.spec.name for t in result.tasks if t.state is TaskState.COMPLETED}
+    assume(done.issuperset(placeable))
+    makespan = makespan_bounds(trace, twin.gpus, twin.interference, twin.sharing).combined_s
+    with patch.object(energybound, "NODES", 300):
+        energy = energy_bound(trace, twin.gpus, twin.interference, twin.power, twin.sharing, makespan)
+    assert result.metrics.makespan_s >= makespan - 1e-6
+    assert result.metrics.energy_mj * 1e6 >= energy.energy_j * (1 - 1e-9)

@@ -68,7 +68,7 @@ def makespan_bounds(trace: Trace, gpus: Sequence[GpuType], interference: Interfe
     if not trace.entries:
         raise ValueError("no tasks to bound")
     start = min(e.submit_s for e in trace.entries)
-    placeable = [e for e in trace.entries if _fits(e, gpus)]
+    placeable = [e for e in trace.entries if fits(e, gpus)]
     if not placeable:
         return Bounds(0.0, "", 0.0, 0.0, len(trace.entries))
     last = max(placeable, key=lambda e: e.submit_s + e.workload.solo_s)
@@ -79,19 +79,19 @@ def makespan_bounds(trace: Trace, gpus: Sequence[GpuType], interference: Interfe
         capacity = rate(_Pseudo.of(group))  # above 0: its smallest task fits a GPU, as every placeable one does
         after = 0.0  # work submitted at or after each submission time, latest first
         for entry in sorted(group, key=lambda e: e.submit_s, reverse=True):
-            after += _work(entry)
+            after += computing_s(entry)
             combined = max(combined, entry.submit_s - start + after / capacity)
         work = max(work, after / capacity)
     return Bounds(critical, last.workload.name, work, max(critical, combined), len(trace.entries) - len(placeable))
 
 
-def _fits(entry: TraceEntry, gpus: Sequence[GpuType]) -> bool:
+def fits(entry: TraceEntry, gpus: Sequence[GpuType]) -> bool:
     """Whether the server has `gpus` GPUs each holding the task's memory (else it fails everywhere)."""
     w = entry.workload
     return sum(g.total_mib >= w.mem_mib for g in gpus) >= w.gpus
 
 
-def _work(entry: TraceEntry) -> float:
+def computing_s(entry: TraceEntry) -> float:
     """Solo-seconds of computing per GPU, summed over its GPUs: the phase co-runners slow."""
     w = entry.workload
     return (w.solo_s - w.ttfk_s - w.warmup_s) * w.gpus
