@@ -93,12 +93,20 @@ def test_bounds_give_each_run_its_share_of_the_gain_against_exclusive(default_ru
     [run] = bounded["runs"]
     assert run == default_run["runs"][0] | {"gain_share_pct": run["gain_share_pct"]}
     b = bounded["bounds"]
-    assert set(b) == {"critical_path_s", "critical_task", "work_s", "combined_s", "unplaceable", "exclusive_s"}
+    assert set(b) == {
+        *("critical_path_s", "critical_task", "work_s", "combined_s", "unplaceable", "exclusive_s"),
+        *("energy_j", "exclusive_energy_j"),
+    }
     assert b["combined_s"] == max(b["critical_path_s"], b["work_s"], b["combined_s"]) < run["makespan_s"]
+    assert b["energy_j"] < run["energy_mj"] * 1e6 < b["exclusive_energy_j"]
     gain = (b["exclusive_s"] - run["makespan_s"]) / (b["exclusive_s"] - b["combined_s"])
     assert run["gain_share_pct"] == pytest.approx(100 * gain, abs=0.1)
     table = unwrapped(run_carma("simulate", "--bounds").stdout)
     assert f"critical path ({b['critical_task']})" in table and f"MAGM recovery only │ {round(100 * gain)}%" in table
+    assert (
+        f"│ {b['energy_j'] / 1e6:.2f} MJ" in table
+        and f"Exclusive energy │ {b['exclusive_energy_j'] / 1e6:.2f} MJ" in table
+    )
 
 
 def test_simulate_defaults_are_trace_1_and_magm(default_run):

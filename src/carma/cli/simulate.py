@@ -230,18 +230,30 @@ def simulate_cmd(
 def _bounds(
     trace: Trace, twin: TwinConfig, results: Sequence[RunResult], rows: list[dict[str, object]]
 ) -> tuple[dict[str, object], Table]:
-    """The makespan bounds as JSON's `bounds` and as a table, each row given its share of the gain (against the
-    run's Exclusive, simulated for it when not among the runs)."""
+    """The makespan bounds and the energy bound as JSON's `bounds` and as a table, each row given its share of
+    the gain (against the run's Exclusive, simulated for it when not among the runs). The energy bound is for
+    whole GPUs: None when a run is on MIG instances, whose speeds follow another model."""
     from carma.reports.tables import add_gain_shares, baseline_of, bounds_table
     from carma.sim.bounds import makespan_bounds
+    from carma.sim.energybound import energy_bound
     from carma.sim.experiment import RunConfig, simulate
 
     limits = makespan_bounds(trace, twin.gpus, twin.interference, twin.sharing)
     exclusive = baseline_of(results) or simulate(trace, RunConfig("exclusive"), twin)
-    exclusive_s = exclusive.metrics.makespan_s
-    add_gain_shares(rows, limits, exclusive_s)
-    title = "makespan bounds under the twin's models (docs/bounds.md)"
-    return limits.as_dict() | {"exclusive_s": round(exclusive_s, 1)}, bounds_table(limits, exclusive_s, rows, title)
+    whole_gpus = all(r.config.mig == "off" for r in results)
+    energy = (
+        energy_bound(trace, twin.gpus, twin.interference, twin.power, twin.sharing, limits.combined_s)
+        if whole_gpus
+        else None
+    )
+    add_gain_shares(rows, limits, exclusive.metrics.makespan_s)
+    title = f"makespan{'' if energy is None else ' and energy'} bounds under the twin's models (docs/bounds.md)"
+    figures = limits.as_dict() | {
+        "exclusive_s": round(exclusive.metrics.makespan_s, 1),
+        "energy_j": None if energy is None else round(energy.energy_j),
+        "exclusive_energy_j": round(exclusive.metrics.energy_mj * 1e6),
+    }
+    return figures, bounds_table(limits, energy, exclusive.metrics, rows, title)
 
 
 def _note_missing_estimates(trace: Trace, sources: Iterable[str]) -> None:

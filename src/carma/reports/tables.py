@@ -8,8 +8,9 @@ from typing import TextIO
 
 from rich.table import Table
 
-from carma.metrics.run import NOT_MEASURED
+from carma.metrics.run import NOT_MEASURED, RunMetrics
 from carma.sim.bounds import Bounds
+from carma.sim.energybound import EnergyBound
 from carma.sim.experiment import RunResult
 from carma.units import in_unit, time_format, time_unit
 
@@ -133,9 +134,12 @@ def add_gain_shares(rows: Sequence[dict[str, object]], bounds: Bounds, exclusive
         row["gain_share_pct"] = None if share is None else round(100 * share, 1)
 
 
-def bounds_table(bounds: Bounds, exclusive_s: float, rows: Sequence[dict[str, object]], title: str) -> Table:
-    """The bounds, then each run's share of the gain between Exclusive and the combined bound."""
-    unit = time_unit(exclusive_s)
+def bounds_table(
+    bounds: Bounds, energy: EnergyBound | None, exclusive: RunMetrics, rows: Sequence[dict[str, object]], title: str
+) -> Table:
+    """The makespan bounds and the energy bound (None: not shown), then each run's share of the gain between
+    Exclusive and the combined makespan bound."""
+    unit = time_unit(exclusive.makespan_s)
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -143,11 +147,21 @@ def bounds_table(bounds: Bounds, exclusive_s: float, rows: Sequence[dict[str, ob
         (f"critical path ({bounds.critical_task})", bounds.critical_path_s),
         ("work with perfect packing", bounds.work_s),
         ("combined: no policy beats it", bounds.combined_s),
-        ("Exclusive", exclusive_s),
+        ("Exclusive", exclusive.makespan_s),
     ):
         table.add_row(label, f"{in_unit(seconds, unit)} {unit[1]}")
     if bounds.unplaceable:
         table.add_row("tasks no GPU can hold (left out)", str(bounds.unplaceable))
+    if energy is not None:
+        table.add_section()
+        below = change_pct(energy.energy_j / 1e6, exclusive.energy_mj)
+        table.add_row(
+            f"energy: no policy spends less (SMACT a GPU carries <= {energy.peak_smact:.2f})",
+            f"{energy.energy_j / 1e6:.2f} MJ",
+        )
+        table.add_row("  of which idle power over the makespan bound", f"{energy.idle_j / 1e6:.2f} MJ")
+        table.add_row("Exclusive energy", f"{exclusive.energy_mj:.2f} MJ")
+        table.add_row("  the bound against it", NOT_MEASURED if below is None else f"{below:+.1f}%")
     table.add_section()
     table.add_row("share of the gain (Exclusive - run) / (Exclusive - bound)", "")
     for row in rows:
