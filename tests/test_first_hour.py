@@ -125,7 +125,8 @@ def test_a_replay_shows_progress_and_ends_in_hours_or_minutes_beside_the_twin(st
     assert counts == sorted(set(counts))
     tasks, times = result.stdout.splitlines()
     assert re.fullmatch(r"3 tasks: 3 completed, 0 failed, 0 cancelled; \d attempts? collocated", tasks), tasks
-    twin = r"the twin, same tasks \(MAGM recovery only, no prediction on 1xA100-40GB \(MPS\)\): [\d.]+ min \([+-][\d.]+% here\)"
+    config = r"MAGM recovery only, no prediction on 1xA100-40GB \(MPS\)"
+    twin = rf"the twin, same tasks \({config}\): [\d.]+ min \([+-][\d.]+% here\)"
     assert re.fullmatch(rf"makespan [\d.]+ min, \d out-of-memory crash(es)?; {twin}, \d out-of-memory crash(es)?",
                         times), times  # fmt: skip
 
