@@ -175,12 +175,15 @@ def test_the_task_gets_exactly_its_environment_with_pwd_its_workdir(make_world, 
     workdir.mkdir()
     w = make_world(tmp_path / "home")
     given = {"JOB": "1", "PWD": "/where/it/was/submitted"}
+    before = time.time()
     plain = w.start(("/usr/bin/env",), workdir=str(workdir), env=given)
     kept = w.start(("/usr/bin/env",), workdir=str(workdir), env={**given, "LC_CTYPE": "C.UTF-8"})
     assert [ended.exit.exit_code for ended in wait_for_exits(w.executor, 2)] == [0, 0]
     seen = dict(line.split("=", 1) for line in w.log(plain).splitlines())
     assert seen == {"JOB": "1", "PWD": str(workdir), "CARMA_TASK_ID": str(plain), "CARMA_ATTEMPT": "1",
+                    "CARMA_LAUNCHED_AT": seen["CARMA_LAUNCHED_AT"],
                     "CUDA_VISIBLE_DEVICES": seen["CUDA_VISIBLE_DEVICES"]}  # fmt: skip
+    assert before - 0.001 <= float(seen["CARMA_LAUNCHED_AT"]) <= time.time()
     assert dict(line.split("=", 1) for line in w.log(kept).splitlines())["LC_CTYPE"] == "C.UTF-8"
 
 

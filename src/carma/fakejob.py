@@ -5,7 +5,9 @@ time scale come from CARMA_FAKE_GPUS and CARMA_TIME_SCALE): after its time to fi
 its CUDA context and weights (`--mem-first`), after a warm-up it holds all its memory (`--mem`), then
 it computes at a speed its co-runners set until its solo work is done. An allocation that does not fit
 ends it the way PyTorch ends: a traceback with the CUDA out-of-memory message and exit status 1.
-Times are simulated seconds; wall time is simulated time divided by the time scale.
+Times are simulated seconds; wall time is simulated time divided by the time scale. They count from the
+launch (CARMA_LAUNCHED_AT, which carma sets), as a real job's time to first kernel includes its interpreter's
+start-up: this job's own start-up, which a time scale would multiply, is not added to them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from carma.server.shim import LAUNCHED_AT
 from carma.sim.models import Load
 from carma.telemetry.fake import ENV_ROOT, ENV_TIME_SCALE, MIG_UUID_PREFIX, UUID_PREFIX, FakeDevice
 from carma.units import parse_mib
@@ -117,13 +120,22 @@ def _environment() -> tuple[FakeDevice, list[str], float]:
 def _run(args: argparse.Namespace, device: FakeDevice, uuids: list[str], scale: float, pid: int) -> None:
     """Start-up, warm-up and the compute phase, in simulated time."""
     mem_first = min(args.mem_first or 512, args.mem)
-    time.sleep(args.ttfk / scale)
+    time.sleep(max(0.0, _launched_at() + args.ttfk / scale - time.time()))
     _allocate(device, pid, uuids, mem_first)
     time.sleep(args.warmup / scale)
     _allocate(device, pid, uuids, args.mem)
     device.set_load(pid, Load(args.gract, args.smact, args.smocc, args.drama))
     grow = (uuids, args.mem, args.grow_to) if args.grow_to and args.grow_to > args.mem else None
     _compute(device, pid, max(0.0, args.seconds - args.ttfk - args.warmup), scale, grow)
+
+
+def _launched_at() -> float:
+    """When carma launched this job (Unix time), else now: started by hand, its start-up is not counted."""
+    now = time.time()
+    try:
+        return min(now, float(os.environ[LAUNCHED_AT]))
+    except (KeyError, ValueError):
+        return now
 
 
 def _allocate(device: FakeDevice, pid: int, uuids: list[str], mib: int) -> None:

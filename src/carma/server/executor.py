@@ -43,6 +43,7 @@ from carma.server.shim import (
     ABANDONED,
     ADMITS,
     EXIT_FILE,
+    LAUNCHED_AT,
     SHIM_FILE,
     STDERR_FILE,
     STDOUT_FILE,
@@ -250,7 +251,9 @@ class ProcessExecutor:
     def _environment(self, job: JobSpec, task: Task, launch: Launch) -> dict[str, str]:
         """The job's environment, the daemon's additions, the task's identity and its GPUs (by their ids, the
         GPUs' and MIG instances' UUIDs, so that the task sees exactly its targets whatever the device order),
-        and PWD its workdir, as a shell's `cd` sets it (the submitter's was where `carma submit` ran)."""
+        and PWD its workdir, as a shell's `cd` sets it (the submitter's was where `carma submit` ran).
+        CARMA_LAUNCHED_AT, the Unix time of the launch, lets a job count its time to first kernel from it, its
+        interpreter's start-up included, as the catalog's times are measured (a fake job does)."""
         devices = ",".join(launch.gpus)
         return {
             **job.env,
@@ -259,6 +262,7 @@ class ProcessExecutor:
             "PWD": job.workdir,
             "CARMA_TASK_ID": str(launch.task_id),
             "CARMA_ATTEMPT": str(launch.attempt),
+            LAUNCHED_AT: f"{time.time():.3f}",
             "CUDA_VISIBLE_DEVICES": devices,
         }
 

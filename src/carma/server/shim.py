@@ -33,6 +33,7 @@ STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 ABANDONED = "abandoned"  # key of the marker the daemon leaves in place of shim.json (see `claim`)
 ADMITS = "admits"  # the marker's key naming the one launch that may take the run dir over (see `claim`)
+LAUNCHED_AT = "CARMA_LAUNCHED_AT"  # the task's environment variable: the Unix time the daemon launched it
 
 
 def _write_temp(path: Path, data: dict[str, object]) -> Path:
