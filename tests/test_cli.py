@@ -566,6 +566,16 @@ def test_the_command_starts_without_the_heavy_libraries_only_some_commands_need(
     assert result.stdout.strip() == "[]"
 
 
+def test_a_tasks_shim_and_a_fake_job_start_without_the_scheduler():
+    """Every task starts a shim, and on fake GPUs a fake job, whose start-up delays its first kernel (under a time
+    scale, many trace seconds): they import the core's types, not the scheduler and its policies."""
+    probe = "import json, sys, carma.server.shim, carma.fakejob; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    loaded = json.loads(result.stdout)
+    assert "carma.core.types" in loaded
+    assert not {"carma.core.scheduler", "carma.core.placer", "carma.core.policies"} & set(loaded), loaded
+
+
 @pytest.mark.parametrize(
     ("need", "need_mib", "estimate", "state", "shown"),
     [

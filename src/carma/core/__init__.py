@@ -1,28 +1,56 @@
-"""The decision core: pure Python, no I/O, no wall clock. Worlds drive it through `carma.core.ports`."""
+"""The decision core: pure Python, no I/O, no wall clock. Worlds drive it through `carma.core.ports`.
 
-from carma.core.blocked import Blocked
-from carma.core.config import SchedulerConfig
-from carma.core.loop import SchedulingLoop
-from carma.core.placer import Placement, Placer
-from carma.core.policies import POLICY_NAMES
-from carma.core.risk import RiskConfig, RiskWeights
-from carma.core.scheduler import Scheduler, SpecError
-from carma.core.types import (
-    Action,
-    ExitKind,
-    GpuSample,
-    Kill,
-    Launch,
-    MemoryNeed,
-    NeedKind,
-    ProcessExit,
-    Target,
-    TargetId,
-    TargetKind,
-    Task,
-    TaskSpec,
-    TaskState,
+Its names are imported on first use: a process that needs only `carma.core.types` (every task's shim, a fake
+job) starts without loading the scheduler.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from carma.core.blocked import Blocked
+    from carma.core.config import SchedulerConfig
+    from carma.core.loop import SchedulingLoop
+    from carma.core.placer import Placement, Placer
+    from carma.core.policies import POLICY_NAMES
+    from carma.core.risk import RiskConfig, RiskWeights
+    from carma.core.scheduler import Scheduler, SpecError
+    from carma.core.types import (
+        Action,
+        ExitKind,
+        GpuSample,
+        Kill,
+        Launch,
+        MemoryNeed,
+        NeedKind,
+        ProcessExit,
+        Target,
+        TargetId,
+        TargetKind,
+        Task,
+        TaskSpec,
+        TaskState,
+    )
+
+_TYPES = (
+    *("Action", "ExitKind", "GpuSample", "Kill", "Launch", "MemoryNeed", "NeedKind", "ProcessExit", "Target"),
+    *("TargetId", "TargetKind", "Task", "TaskSpec", "TaskState"),
 )
+_HOMES = {
+    "Blocked": "blocked",
+    "SchedulerConfig": "config",
+    "SchedulingLoop": "loop",
+    "Placement": "placer",
+    "Placer": "placer",
+    "POLICY_NAMES": "policies",
+    "RiskConfig": "risk",
+    "RiskWeights": "risk",
+    "Scheduler": "scheduler",
+    "SpecError": "scheduler",
+    **{name: "types" for name in _TYPES},
+}
 
 __all__ = [
     "POLICY_NAMES",
@@ -50,3 +78,12 @@ __all__ = [
     "TaskSpec",
     "TaskState",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

@@ -81,11 +81,20 @@ def snapshot() -> dict[int, Stat]:
 
 
 def owners(pids: Iterable[int], roots: Mapping[int, TaskId]) -> dict[int, TaskId]:
-    """Map each pid to the task whose root (shim) it descends from, reading /proc once.
+    """Map each pid to the task whose root (shim) it descends from, reading the stat of the processes on the
+    pids' chains of parents only, each once: every scheduling step asks, and a server runs thousands of
+    processes beside the few on its GPUs.
 
     A pid that is itself a root maps to that root's task; pids under no root are left out.
     """
-    parents = {pid: stat.ppid for pid, stat in snapshot().items()}
+    parents: dict[int, int | None] = {}
+
+    def parent(pid: int) -> int | None:
+        if pid not in parents:
+            stat = read_stat(pid)
+            parents[pid] = stat.ppid if stat is not None else None
+        return parents[pid]
+
     found: dict[int, TaskId | None] = {}  # memo for every pid on a walked chain
     result = {}
     for pid in pids:
@@ -93,7 +102,7 @@ def owners(pids: Iterable[int], roots: Mapping[int, TaskId]) -> dict[int, TaskId
         current: int | None = pid
         while current is not None and current not in found and current not in roots:
             chain.append(current)
-            current = parents.get(current)
+            current = parent(current)
             if current in chain:  # a cycle can only come from entries read at different moments
                 current = None
         owner = None if current is None else roots.get(current, found.get(current))
