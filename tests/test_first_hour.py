@@ -125,7 +125,7 @@ def test_a_replay_shows_progress_and_ends_in_hours_or_minutes_beside_the_twin(st
     assert counts == sorted(set(counts))
     tasks, times = result.stdout.splitlines()
     assert re.fullmatch(r"3 tasks: 3 completed, 0 failed, 0 cancelled; \d attempts? collocated", tasks), tasks
-    config = r"MAGM recovery only, no prediction on 1xA100-40GB \(MPS\)"
+    config = r"MAGM recovery only on 1xA100-40GB \(MPS\)"
     twin = rf"the twin, same tasks \({config}\): [\d.]+ min \([+-][\d.]+% here\)"
     assert re.fullmatch(rf"makespan [\d.]+ min, \d out-of-memory crash(es)?; {twin}, \d out-of-memory crash(es)?",
                         times), times  # fmt: skip
@@ -141,7 +141,7 @@ def test_simulate_limit_runs_the_tasks_a_replay_limit_submits(start_server, tmp_
     simulated = run_carma("simulate", "--trace", trace, "--limit", "2", "--gpus", "1xA100-40GB", "--json")
     (run,) = json.loads(simulated.stdout)["runs"]
     assert run["tasks_completed"] == 2
-    assert twin["config"] == "MAGM recovery only, no prediction on 1xA100-40GB (MPS)"
+    assert twin["config"] == "MAGM recovery only on 1xA100-40GB (MPS)"
     assert twin["makespan_s"] == round(run["makespan_s"], 1)
 
 

@@ -1038,7 +1038,7 @@ def test_a_replay_declares_run_times_and_its_twin_mirrors_carmas_own_decisions(s
     catalog = load_catalog()
     declared = [server.json("show", i)["duration_s"] for i in replayed["ids"]]
     assert declared == [catalog["mobilenet"].solo_s, catalog["vgg"].solo_s]
-    assert replayed["twin"]["config"].startswith("MAGM oracle, no prediction, open warm-ups, backfilling on ")
+    assert replayed["twin"]["config"].startswith("MAGM oracle, open warm-ups, backfilling on ")
     assert "backfills knowing" not in result.stderr  # no note: the server knew the run times too
 
 

@@ -44,7 +44,7 @@ class SchedulerConfig:
     # whose memory is predicted to grow holds that growth against new tasks while it rises, and one whose growth
     # lasts and will not fit beside its co-runners is relaunched through recovery before it crashes
     # (`carma.core.early`)
-    predict_growth: bool = False  # off by default: docs/mig.md#on-shared-gpus (a late warm-up step is held)
+    predict_growth: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICY_NAMES:
