@@ -3,7 +3,9 @@
 - submitting 1,000 tasks through the API: at least 200 submissions/s sustained;
 - `carma queue` with 1,000 queued tasks: under 300 ms (the whole CLI command, process start included);
 - one scheduling decision with 8 GPUs and 1,000 queued tasks: under 1 ms at the median;
-- the idle daemon with 8 fake GPUs sampled at 1 Hz: under 2% of one core, resident memory under 150 MB.
+- the idle daemon with 8 fake GPUs sampled at 1 Hz: under 2% of one core, resident memory under 150 MB;
+- attributing 16 GPU processes to their tasks, as every scheduling step does: against one pass over /proc (the
+  way it was done before), whose cost grows with the machine's process count.
 
     python benchmarks/server_bench.py [--decision-only] [--against REV]
 
@@ -185,6 +187,45 @@ def bench_idle(home: Path, seconds: float = 30.0) -> None:
         stop_server(proc, home)
 
 
+def bench_attribution(jobs: int = 16, rounds: int = 200) -> None:
+    """`proctree.owners` for `jobs` GPU processes, each a child of a shim, against one pass over /proc."""
+    from carma.server import proctree
+
+    shims = [subprocess.Popen([sys.executable, "-c", SPAWN_ONE]) for _ in range(jobs)]
+    try:
+        gpu_pids = []
+        for shim in shims:  # its child, once it runs
+            while not (children := [p for p, st in proctree.snapshot().items() if st.ppid == shim.pid]):
+                time.sleep(0.01)
+            gpu_pids.append(children[0])
+        roots = {shim.pid: i for i, shim in enumerate(shims)}
+        assert proctree.owners(gpu_pids, roots) == {pid: i for i, pid in enumerate(gpu_pids)}
+        chains = _median_time(lambda: proctree.owners(gpu_pids, roots), rounds)
+        whole = _median_time(proctree.snapshot, rounds)
+    finally:
+        for shim in shims:
+            shim.kill()
+            shim.wait()
+    processes = len(proctree.snapshot())
+    print(
+        f"attributing {jobs} GPU processes to their tasks: {1e3 * chains:.2f} ms by their parent chains, "
+        f"{1e3 * whole:.2f} ms for one pass over /proc ({processes} processes here): {whole / chains:.1f}x"
+    )
+
+
+SPAWN_ONE = "import subprocess, sys; subprocess.run(['sleep', '600'])"
+
+
+def _median_time(run: Any, rounds: int) -> float:
+    """The median time of `run()` over `rounds` calls (s)."""
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decision-only", action="store_true", help="only the scheduling decision: no server")
@@ -204,6 +245,7 @@ def main() -> None:
         finally:
             shutil.rmtree(home, ignore_errors=True)
     bench_decision()
+    bench_attribution()
 
 
 if __name__ == "__main__":
