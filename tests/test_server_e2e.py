@@ -1006,26 +1006,26 @@ def test_a_failing_scheduling_loop_stops_the_server_saying_why(start_server, tmp
 
 
 def test_a_30_task_replay_matches_the_twin(start_server):  # type: ignore[no-untyped-def]
-    """30 tasks of CARMA's trace 1 at 200x on 3 fake A100s, MAGM, recovery only.
+    """30 tasks of CARMA's trace 1 at 200x on 3 fake A100s, MAGM, with their memory declared.
 
     Tolerance: makespan within 10% of the twin's for the same tasks. The gap is wall time the twin does not
-    have, multiplied by the time scale: each task's shim and fake job start Python (0.1 s idle, more on busy
-    cores) before its time to first kernel, and the scheduling steps lag. At 400x the gap was 0.2%-1% on an
-    idle machine but 10-11% with 3 CPU-bound processes on 2 cores (and on CI); at 200x, -0.6% and -0.3%
-    with 2 and 3 such processes on 2 cores.
+    have, multiplied by the time scale: the scheduling steps lag, and a burst of launches queues on busy cores.
+    Declared needs, not recovery only: there, whether a two-GPU task crashes beside a co-runner depends on the
+    order in which allocations land, which a stall of the machine decides, and one crash more (gpt2_large_2,
+    whose relaunch waits for two idle GPUs) made the clean-clone CI +10% to +11% three times in five.
     """
     server = start_server("--fake-gpus", "3xA100-40GB", "--time-scale", "200")
-    result = server.cli("replay", "carma-t1", "--limit", "30", "--wait", "--json")
+    result = server.cli("replay", "carma-t1", "--limit", "30", "--memory", "oracle", "--wait", "--json")
     assert result.returncode == 0, result.stderr
     replayed = json.loads(result.stdout)
     figures = replayed["figures"]
     trace = load_trace("carma-t1", load_catalog())
-    twin = simulate(Trace("t1-30", trace.entries[:30]), RunConfig("magm")).metrics
+    twin = simulate(Trace("t1-30", trace.entries[:30]), RunConfig("magm", "oracle")).metrics
     assert figures["completed"] == 30 and figures["failed"] == 0
     assert figures["collocated_attempts"] > 10  # MAGM collocated
     gap = figures["makespan_s"] / twin.makespan_s - 1
     assert abs(gap) < 0.10, f"{gap:+.1%}: {json.dumps(figures)}; twin {twin}\n{_story(server, replayed['ids'])}"
-    assert abs(figures["oom_crashes"] - twin.oom_crashes) <= 2
+    assert figures["oom_crashes"] == twin.oom_crashes == 0
 
 
 def _story(server, ids) -> str:  # type: ignore[no-untyped-def]
