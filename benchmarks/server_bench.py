@@ -25,6 +25,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,9 @@ def bench_idle(home: Path, seconds: float = 30.0) -> None:
         stop_server(proc, home)
 
 
+SPAWN_ONE = "import subprocess, sys; subprocess.run(['sleep', '600'])"  # a shim and its one child
+
+
 def bench_attribution(jobs: int = 16, rounds: int = 200) -> None:
     """`proctree.owners` for `jobs` GPU processes, each a child of a shim, against one pass over /proc."""
     from carma.server import proctree
@@ -213,10 +217,7 @@ def bench_attribution(jobs: int = 16, rounds: int = 200) -> None:
     )
 
 
-SPAWN_ONE = "import subprocess, sys; subprocess.run(['sleep', '600'])"
-
-
-def _median_time(run: Any, rounds: int) -> float:
+def _median_time(run: Callable[[], object], rounds: int) -> float:
     """The median time of `run()` over `rounds` calls (s)."""
     times = []
     for _ in range(rounds):

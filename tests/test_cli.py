@@ -574,6 +574,9 @@ def test_a_tasks_shim_and_a_fake_job_start_without_the_scheduler():
     loaded = json.loads(result.stdout)
     assert "carma.core.types" in loaded
     assert not {"carma.core.scheduler", "carma.core.placer", "carma.core.policies"} & set(loaded), loaded
+    import carma.core
+
+    assert all(getattr(carma.core, name) is not None for name in carma.core.__all__)  # each name has its home
 
 
 @pytest.mark.parametrize(

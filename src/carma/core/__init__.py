@@ -34,23 +34,32 @@ if TYPE_CHECKING:
         TaskState,
     )
 
-_TYPES = (
-    *("Action", "ExitKind", "GpuSample", "Kill", "Launch", "MemoryNeed", "NeedKind", "ProcessExit", "Target"),
-    *("TargetId", "TargetKind", "Task", "TaskSpec", "TaskState"),
-)
-_HOMES = {
-    "Blocked": "blocked",
-    "SchedulerConfig": "config",
-    "SchedulingLoop": "loop",
-    "Placement": "placer",
-    "Placer": "placer",
-    "POLICY_NAMES": "policies",
-    "RiskConfig": "risk",
-    "RiskWeights": "risk",
-    "Scheduler": "scheduler",
-    "SpecError": "scheduler",
-    **{name: "types" for name in _TYPES},
+_NAMES = {  # each module of the core and the names it gives the package
+    "blocked": ("Blocked",),
+    "config": ("SchedulerConfig",),
+    "loop": ("SchedulingLoop",),
+    "placer": ("Placement", "Placer"),
+    "policies": ("POLICY_NAMES",),
+    "risk": ("RiskConfig", "RiskWeights"),
+    "scheduler": ("Scheduler", "SpecError"),
+    "types": (
+        "Action",
+        "ExitKind",
+        "GpuSample",
+        "Kill",
+        "Launch",
+        "MemoryNeed",
+        "NeedKind",
+        "ProcessExit",
+        "Target",
+        "TargetId",
+        "TargetKind",
+        "Task",
+        "TaskSpec",
+        "TaskState",
+    ),
 }
+_HOMES = {name: module for module, names in _NAMES.items() for name in names}
 
 __all__ = [
     "POLICY_NAMES",
