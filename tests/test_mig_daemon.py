@@ -138,6 +138,44 @@ def test_a_reconfiguration_killed_midway_is_finished_at_the_next_start(home):
     second.close()
 
 
+def test_a_daemon_killed_as_it_gives_a_bare_mig_gpu_its_first_instance_finishes_it_at_the_next_start(home):
+    """A GPU instance left without its compute instance is an instance all the same: unjournaled, the next start
+    found the GPU partitioned, never completed it, and no task could run on that GPU again."""
+    device = FakeDevice.open(home.fake_gpus)
+    with pytest.raises(Killed):
+        mig_daemon(home, control=KilledAfterCreatingGpuInstance(device))
+    assert layout(device) == ["7g.40gb@0"] and device.gpus() == []
+
+    again = mig_daemon(home)
+    assert [g.slot for g in again.gpus] == [MigSlot("7g.40gb", 0)]
+    assert again.store.meta(JOURNAL) is None
+    (interrupted,) = reconfigurations(again)
+    assert (interrupted["outcome"], interrupted["created"]) == ("interrupted", ["7g.40gb@0"])
+    assert interrupted["reason"].endswith("finished creating MIG instance 7g.40gb@0")
+    task = again.submit(job("3GiB", 3072, seconds=5))
+    step_until(again, lambda: again.scheduler.task(task.id).state is TaskState.COMPLETED)
+    again.close()
+
+
+class RefusingGpuInstances(FakeMigControl):
+    def create_gpu_instance(self, gpu: str, profile_id: int, start: int) -> int:
+        raise MigError("Insufficient Resources")
+
+
+def test_a_daemon_whose_bare_mig_gpus_refuse_their_first_instance_stops_saying_so_and_keeps_the_refusal(home):
+    with pytest.raises(RuntimeError, match=r"^--mig dynamic: no MIG GPU has an instance to run tasks on \(GPU .*: "
+                       r"no MIG instance, and 7g.40gb could not be created: no task runs on it\)$"):  # fmt: skip
+        mig_daemon(home, control=RefusingGpuInstances(FakeDevice.open(home.fake_gpus)))
+    store = Store(home.database, readonly=True)
+    try:
+        assert store.meta(JOURNAL) is None
+        ((_, _, created, outcome, reason),) = [(r.gpu, r.destroyed, r.created, r.outcome, r.reason)
+                                                 for r in store.reconfigurations(0.0)]  # fmt: skip
+        assert (created, outcome, reason) == (("7g.40gb@0",), "refused", "Insufficient Resources")
+    finally:
+        store.close()
+
+
 def test_a_daemon_killed_as_it_ends_a_reconfiguration_keeps_it_once(home, monkeypatch):
     """Killed at the write that clears the journal, after the last step: the next start must not find it journaled
     beside a record saying it was done (one reconfiguration, two marks in the timeline)."""

@@ -79,37 +79,54 @@ class MigManager:
             self._end(action, "interrupted", f"under way when the daemon stopped; at its next start: {what}")
         for gpu, geometry in self.geometries.items():
             if not self.control.gpu_instances(gpu):
-                whole = geometry.sizing[-1]
-                created = Reconfigure(gpu, (), (MigSlot(whole.name, 0),))
-                carry_out(self.control, created, geometry)
-                done.append(f"GPU {gpu}: no MIG instance; created {whole.name}, which carma splits as tasks need")
-                self._remember(created, "done", "at the daemon's start: the GPU had no MIG instance")
+                whole = geometry.sizing[-1].name
+                outcome = self._journaled(
+                    Reconfigure(gpu, (), (MigSlot(whole, 0),)), "at the daemon's start: the GPU had no MIG instance"
+                )
+                if outcome == "done":
+                    done.append(f"GPU {gpu}: no MIG instance; created {whole}, which carma splits as tasks need")
+                else:
+                    done.append(f"GPU {gpu}: no MIG instance, and {whole} could not be created: no task runs on it")
         self._refresh()
+        if not any(self.control.gpu_instances(gpu) for gpu in self.geometries):
+            raise MigUnavailable(f"--mig dynamic: no MIG GPU has an instance to run tasks on ({'; '.join(done)})")
         return done
 
     def reconfigure(self, action: Reconfigure) -> None:
         """The `Executor.reconfigure` of the daemon. Not carried out at all when the journal cannot be written."""
         if action.gpu not in self.geometries:
             raise ValueError(f"GPU {action.gpu} is not a MIG GPU carma partitions")
+        outcome = self._journaled(action)
+        if outcome is None:
+            return
+        if outcome == "done":
+            self.reconfigurations += 1
+        else:
+            self.refused += 1
+        self._refresh()
+
+    def _journaled(self, action: Reconfigure, why: str | None = None) -> str | None:
+        """Carry `action` out between its journal entry and its record in the timeline (`why` kept with it when
+        done): "done", "refused" (a step the GPU refused; the layout is left consistent), or None when the journal
+        cannot be written (nothing is done)."""
         try:
             self._store.set_meta(JOURNAL, _record(action))
         except WORLD_FAULTS as e:
             self._faults.failed(JOURNALING, e)
-            return
+            return None
         self._faults.cleared(JOURNALING)
         geometry = self.geometries[action.gpu]
         try:
             carry_out(self.control, action, geometry)
-            self.reconfigurations += 1
-            log.info("GPU %s: MIG %s", action.gpu, describe(action))
-            self._end(action, "done")
         except (MigError, LookupError) as e:
-            self.refused += 1
             log.warning("GPU %s: MIG reconfiguration stopped (%s): %s", action.gpu, describe(action), e)
             for line in finish(self.control, action, geometry):
                 log.warning("%s", line)
             self._end(action, "refused", str(e))
-        self._refresh()
+            return "refused"
+        log.info("GPU %s: MIG %s", action.gpu, describe(action))
+        self._end(action, "done", why)
+        return "done"
 
     def _end(self, action: Reconfigure, outcome: str, reason: str | None = None) -> None:
         """Keep a journaled reconfiguration and clear the journal, in one write."""
@@ -117,9 +134,6 @@ class MigManager:
             self._store.end_reconfiguration(self._entry(action, outcome, reason), self._kept_after(), JOURNAL)
         except WORLD_FAULTS as e:  # left journaled: the next start reads the layout and keeps it as interrupted
             self._faults.failed(JOURNALING, e)
-
-    def _remember(self, action: Reconfigure, outcome: str, reason: str | None = None) -> None:
-        self._store.add_reconfiguration(self._entry(action, outcome, reason), self._kept_after())
 
     def _entry(self, action: Reconfigure, outcome: str, reason: str | None) -> Reconfiguration:
         slots = (tuple(map(str, action.destroy)), tuple(map(str, action.create)))

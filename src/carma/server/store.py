@@ -437,12 +437,6 @@ class Store:
             )
             db.execute("DELETE FROM gpu_samples WHERE t < ?", (keep_after_s,))
 
-    def add_reconfiguration(self, r: Reconfiguration, keep_after_s: float | None) -> None:
-        """Keep a MIG reconfiguration for the timeline, and forget those from before `keep_after_s` (best effort:
-        the GPU's layout is what it is whether or not its past is kept)."""
-        with self._best_effort("the MIG reconfiguration history"), self._transaction() as db:
-            self._add_reconfiguration(db, r, keep_after_s)
-
     def end_reconfiguration(self, r: Reconfiguration, keep_after_s: float | None, journal: str) -> None:
         """Keep a journaled MIG reconfiguration and clear its journal (the meta key `journal`) in one transaction:
         a daemon killed between the two would find it still journaled at its next start and keep it twice."""
