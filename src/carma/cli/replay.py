@@ -117,15 +117,11 @@ class _Twin(NamedTuple):
     label: str
 
 
-# carma's own decisions as a run's label names them
-_DECISION_WORDS = {"ttfk_unknown_only": "open warm-ups", "backfill": "backfilling"}
-
-
 def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _Declared) -> _Twin | None:
     """The twin's run of the replayed tasks on the server's GPUs with its policy, risk filter and carma's own
     decisions, and its name; None (said on stderr) where the twin does not model the server's GPUs or policy."""
     from carma.cli.simulate import server_name
-    from carma.core.config import SchedulerConfig
+    from carma.core.config import OWN_DECISIONS, SchedulerConfig
     from carma.core.policies import POLICY_NAMES
     from carma.sim.experiment import RunConfig, TwinConfig, simulate
     from carma.sim.gpus import GPU_TYPES
@@ -138,7 +134,7 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _
     decisions = status.get("decisions") or {}  # a server of an earlier release: none of them
     memory = "oracle" if declared.memory else "none"
     run = RunConfig(status["policy"], memory, status["risk"]["enabled"], predict=decisions.get("predict_growth", False))
-    switches = {name: decisions[name] for name in ("hold_known_needs", *_DECISION_WORDS) if name in decisions}
+    switches = {name: decisions[name] for name in ("hold_known_needs", *OWN_DECISIONS) if name in decisions}
     config = TwinConfig(gpus=tuple(k for k in kinds if k), scheduler=replace(SchedulerConfig(), **switches))
     if switches.get("backfill") and not declared.duration:
         err.print(
@@ -146,7 +142,7 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _
             "(--duration oracle declares them)"
         )
     result = simulate(trace, run, config)
-    own = "".join(f", {words}" for name, words in _DECISION_WORDS.items() if switches.get(name))
+    own = "".join(f", {words}" for name, words in OWN_DECISIONS.items() if switches.get(name))
     return _Twin(result, f"{run.label}{own} on {server_name(result, config)}")
 
 

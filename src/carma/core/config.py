@@ -12,6 +12,10 @@ MAX_SAMPLE_INTERVAL_S = 60.0  # the first sample, which a placement needs, comes
 MAX_WINDOW_SAMPLES = 3600  # an hour of 1-second samples; every decision and risk score reads the whole window
 
 
+# carma's own decisions beyond CARMA's rules (docs/policy.md): the switches, and their names in a run's label
+OWN_DECISIONS = {"ttfk_unknown_only": "open warm-ups", "backfill": "backfilling"}
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     policy: str = "magm"  # a registered policy's name (`carma.core.policies`)

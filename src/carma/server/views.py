@@ -7,6 +7,7 @@ from typing import Any
 
 from carma import __version__
 from carma.core.blocked import Estimating
+from carma.core.config import OWN_DECISIONS
 from carma.core.memory import RECOVERY_NEED, given_need
 from carma.core.scheduler import GpuStatus
 from carma.core.types import ACTIVE_STATES, MemoryNeed, TargetId, Task, TaskState
@@ -18,7 +19,7 @@ NOT_SEEN_YET = "started; not yet seen on its GPU"  # a dispatched task: running 
 
 
 # carma's own scheduling switches ([scheduler], docs/policy.md): what a twin run of the same tasks needs to mirror
-OWN_SWITCHES = ("hold_known_needs", "ttfk_unknown_only", "backfill", "predict_growth")
+OWN_SWITCHES = ("hold_known_needs", *OWN_DECISIONS, "predict_growth")
 
 
 def status_view(daemon: Daemon) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
-from carma.core.config import SchedulerConfig
+from carma.core.config import OWN_DECISIONS, SchedulerConfig
 from carma.core.early import EARLY_RESTART, EarlyRestarts
 from carma.core.memory import estimated
 from carma.core.mig.scheduling import SCHEMES
@@ -35,9 +35,9 @@ _MEMORY_LABELS = {
     "xmem": "xMem",
     "xmem" + HISTORY: "xMem + history",
 }
-# carma's own decisions (`carma.core.config`): tasks of known need leave their GPUs open during their warm-up,
-# and later tasks backfill past a waiting head (docs/policy.md)
-OWN = {"ttfk_unknown_only": True, "backfill": True}
+# carma's own decisions (`carma.core.config.OWN_DECISIONS`): tasks of known need leave their GPUs open during
+# their warm-up, and later tasks backfill past a waiting head (docs/policy.md)
+OWN = dict.fromkeys(OWN_DECISIONS, True)
 
 
 @dataclass(frozen=True)
