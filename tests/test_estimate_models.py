@@ -35,25 +35,26 @@ def table(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_covered_tasks_are_carmas_single_gpu_cnns_and_berts_each_once(table: Path) -> None:
-    """The 20- and 50-epoch CIFAR tasks train the same job: one task; two-GPU and other repositories' tasks
-    are left out."""
+def test_the_covered_tasks_are_carmas_single_gpu_cnns_berts_and_unet_each_once(table: Path) -> None:
+    """The 20- and 50-epoch CIFAR tasks train the same job: one task; two-GPU tasks are left out."""
     loaded = tasks.load(table)
     assert [(t.name, t.family, t.mem_mib) for t in loaded] == [
         ("BERT_base", "transformer", 19828),
         ("resnet18_cifar100_20e_1", "CNN", 788),
+        ("UNet", "CNN", 9910),
         ("vgg3", "CNN", 21864),
     ]
-    bert, resnet, vgg = (t.argv("python") for t in loaded)
+    bert, resnet, unet, vgg = (t.argv("python") for t in loaded)
     assert bert == ["python", str(MODELS / "language.py"), "bert_base", "--batch-size", "32"]
     assert resnet == ["python", str(MODELS / "vision.py"), "resnet18", "--dataset", "cifar100", "--batch-size", "32"]
+    assert unet == ["python", str(MODELS / "segmentation.py"), "--batch-size", "8"]
     assert vgg[-4:] == ["--dataset", "imagenet", "--batch-size", "128"]
 
 
 @pytest.mark.skipif(not WORKLOADS.exists(), reason="shared/datasets/carma/workloads.csv is not here")
 def test_every_covered_task_of_carmas_table_is_there() -> None:
     loaded = tasks.load(WORKLOADS)
-    assert len(loaded) == 32 and {t.model for t in loaded} == {*tasks.VISION, *tasks.LANGUAGE}
+    assert len(loaded) == 33 and {t.model for t in loaded} == {*tasks.VISION, *tasks.LANGUAGE, *tasks.SEGMENTATION}
 
 
 def test_xception_is_timms_architecture() -> None:
@@ -63,6 +64,24 @@ def test_xception_is_timms_architecture() -> None:
     model = xception(1000)
     assert sum(p.numel() for p in model.parameters()) == 22_855_952
     assert model(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+
+
+@pytest.mark.skipif(
+    not (TORCHVISION / "torchvision").is_dir(), reason=f"torchvision is not installed in {TORCHVISION} (make setup)"
+)
+def test_unet_is_segmentation_models_pytorchs_architecture() -> None:
+    """segmentation_models_pytorch's `Unet("resnet34", classes=21)` has 24,439,269 parameters (0.4 to 0.6) and
+    answers each pixel's 21 class scores; CARMA's VOC script trains it on 512x512 images. In a process of its
+    own, as torchvision's import."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(MODELS)!r})
+import torch, torchvision_ops, unet
+model = unet.Unet(torchvision_ops.import_models(), 21)
+print(sum(p.numel() for p in model.parameters()), tuple(model(torch.randn(1, 3, 64, 96)).shape))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "24439269 (1, 21, 64, 96)", done.stderr[-800:]
 
 
 @pytest.mark.skipif(

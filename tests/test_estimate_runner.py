@@ -1221,16 +1221,77 @@ def test_an_epochs_short_last_batch_is_sampled_second_while_capturing(
 ) -> None:
     from torch.utils.data import BatchSampler, SequentialSampler
 
-    from carma.estimate.epochs import short_batch_second
+    from carma.estimate.epochs import captured_epochs
 
     sampler = BatchSampler(SequentialSampler(range(samples)), batch, drop_last)
     calls: list[tuple[int, int, bool]] = []
-    with short_batch_second(lambda short, full, moved: calls.append((short, full, moved))):
+    seen = lambda short, full, moved: calls.append((short, full, moved))  # noqa: E731
+    with captured_epochs(seen, ending=lambda: False, opened=lambda change: None, reorder=True):
         batches = list(sampler)
     assert [len(b) for b in batches] == sizes and calls == moved
     flat = [i for b in batches for i in b]
     assert sorted(flat) == list(range(len(flat)))  # each sample once
     assert [len(b) for b in sampler] == sorted(sizes, reverse=True)  # the script's own order again
+
+
+def test_once_the_capture_has_its_steps_every_epoch_ends_after_two_batches() -> None:
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from carma.estimate.epochs import captured_epochs
+
+    ending, open_epochs = [False], [0]
+
+    def opened(change: int) -> None:
+        open_epochs[0] += change
+
+    train, val = (BatchSampler(SequentialSampler(range(n)), 4, False) for n in (40, 30))
+    with captured_epochs(lambda *_: None, lambda: ending[0], opened, reorder=True):
+        epoch = iter(train)
+        first = [next(epoch) for _ in range(3)]
+        assert open_epochs == [1]
+        ending[0] = True  # the capture has its steps
+        assert list(epoch) == [] and open_epochs == [0]  # the epoch under way ends
+        assert [len(b) for b in val] == [4, 2] and [len(b) for b in train] == [4, 4]  # the later ones after two
+    assert [len(b) for b in first] == [4, 4, 4] and len(list(train)) == 10  # outside the capture: whole epochs
+
+
+VALIDATED_SCRIPT = """
+import sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+train = DataLoader(TensorDataset(torch.randn(1024, 512), torch.randint(0, 10, (1024,))), batch_size=64)
+val = DataLoader(TensorDataset(torch.randn(4096, 512), torch.randint(0, 10, (4096,))), batch_size=1024)
+model = torch.nn.Sequential(torch.nn.Linear(512, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
+optimizer = torch.optim.AdamW(model.parameters())
+for epoch in range(int(sys.argv[1])):
+    model.train()
+    for x, y in train:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    model.eval()
+    for x, y in val:  # no torch.no_grad(): each batch's graph lives until the next batch's loss replaces it
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.item()
+"""
+
+
+def test_a_validation_pass_at_an_epochs_end_is_in_the_estimate(workdir: Path) -> None:
+    """Once it had its steps, the capture stopped inside the first epoch: a validation pass that holds a batch's
+    graph while computing the next (CARMA's UNet task: 9.9 GiB against 6 GiB in training) was never seen."""
+    validated = script(workdir, "validated.py", VALIDATED_SCRIPT)
+    unvalidated = script(workdir, "unvalidated.py", VALIDATED_SCRIPT.replace("for x, y in val:", "for x, y in []:"))
+    with_pass, without = (estimate(["python", path, "2"]) for path in (validated, unvalidated))
+    hidden = 1024 * 4096 * 4  # one validation batch's hidden activations, kept by its graph
+    assert with_pass.peak_bytes >= without.peak_bytes + 2 * hidden
+    assert with_pass.notes == without.notes == ()
+    one_epoch = estimate(["python", validated, "1"])  # ends after that epoch: the pass ran, but after the last step
+    assert one_epoch.peak_bytes == without.peak_bytes
+    assert one_epoch.notes == (
+        "the script ended after the epoch the capture ended (after 2 batches or more): what it does at an epoch's "
+        "end (a validation pass, say) is not in the estimate (a script that trains two epochs or more has it "
+        "captured)",
+    )
 
 
 def test_a_short_last_batch_is_trained_second_and_one_more_step_captured(workdir: Path) -> None:
@@ -1241,7 +1302,8 @@ def test_a_short_last_batch_is_trained_second_and_one_more_step_captured(workdir
         "optimizer.step()", 'optimizer.step()\n        open("sizes.log", "a").write(f"{len(x)}\\n")'
     )
     result = estimate(["python", script(workdir, "ragged.py", ragged)])
-    assert (workdir / "sizes.log").read_text().split() == ["128", "80", "128"]  # stopped in the fourth step
+    # stopped in the fifth step: the fourth, the last asked for, ended the epoch, and the next epoch's first ran
+    assert (workdir / "sizes.log").read_text().split() == ["128", "80", "128", "128"]
     assert result.notes == (
         "each epoch's short last batch (80 samples, not 128) was trained second, so that the step after it, "
         "which the GPU run takes at every epoch's end, is captured (one step more)",

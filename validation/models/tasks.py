@@ -1,10 +1,10 @@
 """CARMA's workload tasks (shared/datasets/carma/workloads.csv) as commands of the scripts beside this file.
 
-Covered: the single-GPU CNN tasks (torchvision architectures, Xception as timm defines it) and the BERT
-tasks. Not covered: the two-GPU tasks (gpt2_large_2 with DataParallel, the XLNet ones with Trainer and
-dynamic padding to each batch's longest wikitext line), UNet, DLRM and Mask R-CNN (CARMA ran them from
-other repositories' scripts). Rows that repeat a model, dataset and batch size (the 20- and 50-epoch CIFAR
-tasks) are one task, named by its first row.
+Covered: the single-GPU CNN tasks (torchvision architectures, Xception as timm defines it), the BERT tasks
+and UNet (segmentation_models_pytorch's U-Net as `unet.py` defines it). Not covered: the two-GPU tasks
+(gpt2_large_2 with DataParallel, the XLNet ones with Trainer and dynamic padding to each batch's longest
+wikitext line), DLRM and Mask R-CNN (CARMA ran them from other repositories' scripts). Rows that repeat a
+model, dataset and batch size (the 20- and 50-epoch CIFAR tasks) are one task, named by its first row.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LANGUAGE = ("bert_base", "bert_large")
+SEGMENTATION = ("unet",)
 VISION = (
     "inception_v3", "xception", "efficientnet_b0", "mobilenet_v2", "mobilenet_v3_small", "resnet18", "resnet34",
     "resnet50", "vgg16",
@@ -37,6 +38,8 @@ class Task:
     def argv(self, python: str = sys.executable) -> list[str]:
         if self.model in LANGUAGE:
             return [python, str(HERE / "language.py"), self.model, "--batch-size", str(self.batch_size)]
+        if self.model in SEGMENTATION:
+            return [python, str(HERE / "segmentation.py"), "--batch-size", str(self.batch_size)]
         script = str(HERE / "vision.py")
         return [python, script, self.model, "--dataset", self.dataset, "--batch-size", str(self.batch_size)]
 
@@ -46,7 +49,7 @@ def load(workloads_csv: Path) -> list[Task]:
     tasks: dict[tuple[str, str, int], Task] = {}
     with workloads_csv.open(newline="") as f:
         for row in csv.DictReader(f):
-            if row["model"] not in (*LANGUAGE, *VISION) or row["gpus"] != "1":
+            if row["model"] not in (*LANGUAGE, *VISION, *SEGMENTATION) or row["gpus"] != "1":
                 continue
             task = Task(row["task"], row["model"], row["dataset"], int(row["batch_size"]), int(row["mem_mib"]))
             tasks.setdefault((task.model, task.dataset, task.batch_size), task)

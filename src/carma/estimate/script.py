@@ -429,6 +429,7 @@ def capture_script(
                 "torch.optim optimizer's step() (weights updated by hand are not found; a script that trains in "
                 "processes it starts, with torch.multiprocessing.spawn say, is captured from a job function: --job)"
             )
+        session.script_ended()
         if not session.stopped and session.finished(ended=True) < steps:
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             raise (ShortBatchEnded if session.short_moved else ScriptFailed)(

@@ -19,11 +19,11 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from typing import Any, NoReturn
 
 from carma.estimate.base import optimizer_parameters
-from carma.estimate.epochs import short_batch_second
+from carma.estimate.epochs import EPOCH_END_BATCHES, captured_epochs
 from carma.estimate.kernels import cuda_autocast, cuda_like_operators, take_cuda_foreach, value_free_arithmetic
 from carma.units import cut, size_text
 
@@ -118,6 +118,9 @@ class Session:
         self.backward_depth = 0  # backward passes running (a checkpointed forward's backward nests one)
         self.short_batch: tuple[int, int] | None = None  # an epoch's short last batch: (its size, the full one)
         self.short_moved = False  # that short batch was sampled second
+        self.epochs_open = 0  # a DataLoader's epochs begun and not ended (`carma.estimate.epochs`)
+        self.ending = False  # the capture has its iterations: epochs end early, and one iteration more is taken
+        self.calls_after_ending = 0  # model calls in eval mode since (an epoch's end that runs one: validation)
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
         self.on_stop: list[Callable[[], None]] = []  # called in the hook that stops the job, in order
@@ -187,7 +190,8 @@ class Session:
 
         if self.stopped:
             self.went_on()
-        if not self._calls and next(module.parameters(), None) is not None:
+        outermost = not self._calls and next(module.parameters(), None) is not None
+        if outermost:
             if self.profiler is None:
                 check_host_memory(module)
             self.start()
@@ -196,6 +200,18 @@ class Session:
             window = record_function(module_window(module))
             window.__enter__()
         self._calls.append(window)
+        if outermost and self.ending:
+            self._after_epoch(module)
+
+    def _after_epoch(self, module: Any) -> None:
+        """A model call after the capture ended an epoch. One in eval mode is the epoch's end (a validation pass):
+        the capture goes on to the next epoch's step. A training call with none before it is that step's own:
+        the epoch's end did nothing on the GPU, and the capture stops as it would have without ending the
+        epoch (its estimate reads the iterations up to the last step)."""
+        if not module.training:
+            self.calls_after_ending += 1
+        elif not self.calls_after_ending:
+            self._stop()
 
     def leave_module(self, module: Any, args: Any, output: Any) -> None:
         """Global forward hook, called even when the forward raises."""
@@ -253,8 +269,33 @@ class Session:
             if finished >= self.steps:  # it stepped late: run its iteration and one more
                 self._until = finished + 2
         if self.enough(finished):
-            self._stop()
+            if self.epochs_open and not self.ending:
+                self._end_epochs(finished)
+            else:
+                self._stop()
         self.profiler.step()
+
+    def _end_epochs(self, finished: int) -> None:
+        """The capture has its iterations inside a DataLoader's epoch: end the epoch there, let the code after it
+        run and, when that code called the model in eval mode, take one iteration of the next epoch before
+        stopping (`_after_epoch`, `carma.estimate.epochs`)."""
+        self.ending = True
+        self._until = finished + 1
+
+    def script_ended(self) -> None:
+        """The script ended by itself. After an epoch the capture ended, with no step of a next one: what it did
+        at the epoch's end ran (a note when it called the model), but xMem reads the iterations up to the last
+        step only."""
+        if self.ending and not self.stopped and self.calls_after_ending:
+            self.notes.append(
+                f"the script ended after the epoch the capture ended (after {EPOCH_END_BATCHES} batches or more): "
+                "what it does at an epoch's end (a validation pass, say) is not in the estimate (a script that "
+                "trains two epochs or more has it captured)"
+            )
+
+    def opened(self, change: int) -> None:
+        """A DataLoader's epoch began (+1) or ended (-1)."""
+        self.epochs_open += change
 
     def backward_ran(self) -> None:
         """A backward pass (or `torch.autograd.grad`) ended: counted until the first optimizer step, and the
@@ -391,8 +432,8 @@ def capturing(steps: int, exact: bool, short_second: bool = True) -> Iterator[Se
         register_module_forward_hook(session.leave_module, always_call=True),
     ]
     try:
-        reordered = short_batch_second(session.short_batch_seen) if short_second else nullcontext()
-        with cuda_like_operators(), cuda_autocast() as regions, reordered, _counting_backwards(session):
+        epochs = captured_epochs(session.short_batch_seen, lambda: session.ending, session.opened, short_second)
+        with cuda_like_operators(), cuda_autocast() as regions, epochs, _counting_backwards(session):
             yield session
             named = {"cuda": CUDA_AUTOCAST, "cpu": CPU_AUTOCAST}
             session.mixed_precision = [named[device] for device in dict.fromkeys(regions) if device in named]
