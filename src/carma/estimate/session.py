@@ -119,7 +119,7 @@ class Session:
         self.short_batch: tuple[int, int] | None = None  # an epoch's short last batch: (its size, the full one)
         self.short_moved = False  # that short batch was sampled second
         self.epochs_open = 0  # a DataLoader's epochs begun and not ended (`carma.estimate.epochs`)
-        self.ending = False  # the capture has its iterations: epochs end early, and one iteration more is taken
+        self.ending = False  # the capture has its iterations: epochs end early (`_after_epoch`: one more or none)
         self.calls_after_ending = 0  # model calls in eval mode since (an epoch's end that runs one: validation)
         self._open: list[Any] = []  # the trace windows of the steps running (an optimizer may call another's)
         self._threads = threading.local()  # each thread's stack of module calls running
