@@ -77,18 +77,22 @@ class MigManager:
             done.append(f"GPU {action.gpu}: a reconfiguration was under way when the daemon stopped; layout now read")
             what = "; ".join(line.removeprefix(f"GPU {action.gpu}: ") for line in finished) or "nothing left half-made"
             self._end(action, "interrupted", f"under way when the daemon stopped; at its next start: {what}")
+        usable = 0  # MIG GPUs with an instance to run tasks on
         for gpu, geometry in self.geometries.items():
-            if not self.control.gpu_instances(gpu):
-                whole = geometry.sizing[-1].name
-                outcome = self._journaled(
-                    Reconfigure(gpu, (), (MigSlot(whole, 0),)), "at the daemon's start: the GPU had no MIG instance"
-                )
-                if outcome == "done":
-                    done.append(f"GPU {gpu}: no MIG instance; created {whole}, which carma splits as tasks need")
-                else:
-                    done.append(f"GPU {gpu}: no MIG instance, and {whole} could not be created: no task runs on it")
+            if self.control.gpu_instances(gpu):
+                usable += 1
+                continue
+            whole = geometry.sizing[-1].name
+            outcome = self._journaled(
+                Reconfigure(gpu, (), (MigSlot(whole, 0),)), "at the daemon's start: the GPU had no MIG instance"
+            )
+            if outcome == "done":
+                usable += 1
+                done.append(f"GPU {gpu}: no MIG instance; created {whole}, which carma splits as tasks need")
+            else:
+                done.append(f"GPU {gpu}: no MIG instance, and {whole} could not be created: no task runs on it")
         self._refresh()
-        if not any(self.control.gpu_instances(gpu) for gpu in self.geometries):
+        if not usable:
             raise MigUnavailable(f"--mig dynamic: no MIG GPU has an instance to run tasks on ({'; '.join(done)})")
         return done
 
