@@ -1,9 +1,10 @@
 """The memory estimators on real models: CARMA's own workload tasks against the peaks CARMA measured.
 
-Each task of shared/datasets/carma/workloads.csv that `validation/models/tasks.py` covers (the single-GPU
-CNNs and BERTs; `mem_mib`: nvidia-smi's peak on an A100-40GB, context included) is trained by its script in
-validation/models (random data of the task's shapes), captured once on the CPU as `carma estimate --
-python SCRIPT ...` captures it (in a process of its own), and estimated by every method for the device.
+Each task of shared/datasets/carma/workloads.csv that `validation/models/tasks.py` covers (the CNNs, UNet,
+the BERTs, and the two-GPU GPT-2 and XLNets; `mem_mib`: nvidia-smi's peak on an A100-40GB, context
+included) is trained by its script in validation/models (random data of the task's shapes), captured once
+on the CPU as `carma estimate --gpus N -- python SCRIPT ...` captures it (in a process of its own), and
+estimated by every method for the device.
 
 Printed: each task's measured MiB and each method's error; per method and family (CNN, transformer, all)
 the median absolute error and the underestimates (counted, and those by more than 3%); then the issue's
@@ -151,7 +152,7 @@ def main() -> None:
         sys.exit(f"error: {e}")
     if args.estimate_task:
         task = next(t for t in tasks if t.name == args.estimate_task)
-        capture = capture_script(task.argv(), steps=args.steps)
+        capture = capture_script(task.argv(), steps=args.steps, gpus=task.gpus)
         results = {
             method: {"error": str(e)}
             if isinstance(e, EstimateError)

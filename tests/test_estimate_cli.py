@@ -204,6 +204,8 @@ def test_without_matplotlib_a_timeline_is_refused_before_the_capture(work, tmp_p
         (("--job", "tinyjob:job", "--method", "history"), "history is the server's estimate"),
         (("--job", "tinyjob:job", "--device", "tpu-v5"), "unknown device 'tpu-v5'; known devices: a100-40gb"),
         (("--job", "tinyjob:job", "--method", "horus", "--timeline", "t.png"), "--timeline needs --method xmem"),
+        (("--job", "tinyjob:job", "--gpus", "2"), "--gpus is for a training command"),
+        (("--gpus", "0", "--", "python", "train.py"), "--gpus"),
         ((), "give a training command after -- or a job function with --job"),
         (("--job", "tinyjob:job", "--", "python", "train.py"), "one, not both"),
         (("--job", "nosuchmodule:job"), "nosuchmodule"),

@@ -379,6 +379,21 @@ def test_the_fingerprint_follows_the_script_and_the_method(workdir):
     assert fingerprint(spec, "xmem", "a100-40gb") != before
 
 
+def test_a_job_on_two_gpus_is_estimated_for_two(tmp_path, workdir):
+    """Under DataParallel its first GPU takes half the batch: the capture is told the GPU count, and the
+    same command on one GPU is another estimate."""
+    one, two = job(workdir), job(workdir, gpus=2)
+    assert fingerprint(one, "xmem", "a100-40gb") != fingerprint(two, "xmem", "a100-40gb")
+    runner, store = Runner(), Store(tmp_path / "carma.db")
+    estimates = service(store, queued(store, one, two), runner)
+    estimates.request(1, one)
+    estimates.request(2, two)
+    runner.release.set()
+    wait_until(lambda: len(runner.calls) == 2)
+    assert sorted(options["gpus"] for _, _, options in runner.calls) == [1, 2]
+    estimates.close()
+
+
 def test_an_executable_script_is_captured_with_the_python_its_first_line_names(tmp_path, workdir):
     venv = tmp_path / "venv" / "bin"
     venv.mkdir(parents=True)

@@ -78,6 +78,14 @@ def estimate_cmd(
         ),
     ] = None,
     steps: Annotated[int, typer.Option(help="Training iterations (optimizer steps) to run on the CPU.", min=1)] = 3,
+    gpus: Annotated[
+        int,
+        typer.Option(
+            help="The GPUs the job runs on: a model under torch.nn.DataParallel is estimated for the first of "
+            "them, which holds the most (as `carma submit --gpus`).",
+            min=1,
+        ),
+    ] = 1,
     timeout: Annotated[
         float, typer.Option(help="Seconds the capture may take to reach its steps (a large model's may need more).")
     ] = CAPTURE_TIMEOUT_S,
@@ -106,6 +114,8 @@ def estimate_cmd(
                 "give a training command after -- or a job function with --job (one, not both), e.g. "
                 "carma estimate -- python train.py --batch-size 64"
             )
+        if gpus > 1 and job:
+            raise UsageError("--gpus is for a training command: a job function gives one GPU's model and batch")
         if timeline and method != "xmem":
             raise UsageError("--timeline needs --method xmem")
         if not (math.isfinite(timeout) and timeout > 0):
@@ -131,7 +141,7 @@ def estimate_cmd(
         what = " ".join(script) if script else job
         with _status(f"capturing {what} on the CPU ({steps} optimizer steps)"), _unwound_by_signals():
             if script:
-                options = {"timeline": timeline, "timeout_s": timeout, "python": python}
+                options = {"timeline": timeline, "timeout_s": timeout, "python": python, "gpus": gpus}
                 estimate = estimate_script(script, method, device, steps, **options)
             else:
                 estimate = estimate_job(job, method, device, steps, timeline=timeline, timeout_s=timeout)

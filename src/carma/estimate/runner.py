@@ -109,6 +109,7 @@ def _estimate_in_child(
     *,
     timeout_s: float = CAPTURE_TIMEOUT_S,
     exact: bool = False,
+    gpus: int = 1,
     timeline: str | Path | None = None,
     estimator: str = REGISTRY,
     python: str | None = None,
@@ -123,9 +124,11 @@ def _estimate_in_child(
     `estimator`.
 
     `estimator` names a function `(method, capture, device, **options) -> Estimate`; `timeline` (a PNG
-    path) is passed on as an option when given. The child runs as the job would: under `python` (by
-    default this interpreter), in `cwd`, with `env` (by default this process's), as `user`/`group`/
-    `extra_groups` when given (a root daemon estimating a user's task); `on_start` gets its process group.
+    path) is passed on as an option when given. `gpus`: the GPUs a script's job runs on (a model under
+    DataParallel is captured as the first of them runs it, `carma.estimate.replicas`). The child runs as
+    the job would: under `python` (by default this interpreter), in `cwd`, with `env` (by default this
+    process's), as `user`/`group`/`extra_groups` when given (a root daemon estimating a user's task);
+    `on_start` gets its process group.
     A script that ends or crashes before its steps once an epoch's short batch comes second, as a loop that
     ends its epoch at a short batch does (`if len(x) < batch_size: break`), is captured again with its
     batches in order: its GPU run never trains that batch. A script that still fails with the arithmetic
@@ -142,6 +145,7 @@ def _estimate_in_child(
             **source,
             "steps": steps,
             "exact": exact,
+            "gpus": gpus,
             "method": method,
             "device": device,
             # the constants as this process finds them: the child runs with the job's environment, as its
@@ -324,6 +328,7 @@ def _capture(spec: dict[str, Any]) -> Capture:
         spec["steps"],
         exact=spec["exact"],
         short_second=spec["short_second"],
+        gpus=spec["gpus"],
         on_caught=lambda captured: _finish(spec, captured),  # from inside the script, which would not stop
     )
 

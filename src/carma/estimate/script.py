@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
-from carma.estimate import cuda_on_cpu, libraries, offline
+from carma.estimate import cuda_on_cpu, libraries, offline, replicas
 from carma.estimate.base import Capture, EstimateError, Exited, TrainingJob, optimizer_parameters, tensors_in
 from carma.estimate.session import (
     CPU_AUTOCAST,
@@ -350,10 +350,12 @@ def capture_script(
     *,
     exact: bool = False,
     short_second: bool = True,
+    gpus: int = 1,
     on_caught: Callable[[Callable[[], Capture]], NoReturn] | None = None,
 ) -> Capture:
     """Run the script in THIS process until `steps` optimizer steps are done, and capture it; `short_second`:
-    sample each epoch's short batch second (`carma.estimate.epochs`). A script that catches the stop and
+    sample each epoch's short batch second (`carma.estimate.epochs`); `gpus`: the GPUs the job runs on, for
+    a model under DataParallel (`carma.estimate.replicas`). A script that catches the stop and
     goes on (`Session.went_on`) is, given `on_caught`, not waited for: at its next model call `on_caught`
     gets what makes the capture (undoing the capture's hooks first), and must end the process there.
 
@@ -371,6 +373,7 @@ def capture_script(
         mixed_precision = running.enter_context(libraries.mixed_precision_without_gpu())
         cuda = running.enter_context(cuda_on_cpu.cuda_on_cpu(before_training=lambda: session.profiler is None))
         downloads = running.enter_context(offline.watching_downloads())
+        parallel = running.enter_context(replicas.data_parallel(gpus))
         session.on_stop.append(cuda.hold)
         # The script's warnings are recorded and dropped: the parent reads stderr only when the child dies.
         running.enter_context(warnings.catch_warnings(record=True))
@@ -378,7 +381,9 @@ def capture_script(
         def captured() -> Capture:
             """The capture, once the capture's hooks and patches are undone (already, after this block)."""
             running.close()
-            return _captured(session, recorder, compiled, mixed_precision, cuda, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            notes = [replicas.NOTE.format(gpus=max(parallel))] if parallel else []
+            return _captured(session, recorder, compiled, mixed_precision, cuda, seconds, notes)
 
         if on_caught is not None:
             session.on_caught = lambda: on_caught(captured)
@@ -455,13 +460,14 @@ def _captured(
     mixed_precision: list[str],
     cuda: cuda_on_cpu.Requests,
     seconds: float,
+    notes: list[str],
 ) -> Capture:
-    """The capture of a script whose capture session has ended."""
+    """The capture of a script whose capture session has ended; `notes`: the script's own beside the session's."""
     first, *others = session.optimizers
     model, batch = recorder.model_of(first)
     job = TrainingJob(model=model, batch=batch, loss=None, optimizer=first)
     extra_models = recorder.besides(model)
-    notes = list(session.notes)
+    notes = [*session.notes, *notes]
     notes += cuda_on_cpu.notes(cuda.asked)
     notes += recorder.inputs.note(session.order, session.short_batch)
     if compiled:

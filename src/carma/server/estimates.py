@@ -95,14 +95,15 @@ def device_for(gpus: list[Target]) -> str:
 
 
 def fingerprint(job: JobSpec, method: str, device: str) -> str:
-    """Same command, interpreter, directory, environment, script, method and device: the same estimate.
+    """Same command, interpreter, directory, environment, GPU count, script, method and device: the same
+    estimate (a model under DataParallel is estimated for its first GPU's share of the batch).
 
     The script is its contents and the size and time of each Python file around it (its folder and below,
     or the working directory's for `python -m`): a model edited in `model.py` beside `train.py` is
     estimated again. So is a job whose environment (`HIDDEN=4096`), less a login session's variables, or a
     file its command names (`--config big.yaml`) changed: a stale estimate is an OOM crash, a needless one
     a capture."""
-    identity = [list(job.argv), _interpreter(job), job.workdir, job.shell, method, device, _settings(job.env)]
+    identity = [list(job.argv), _interpreter(job), job.workdir, job.shell, method, device, _settings(job.env), job.gpus]
     digest = hashlib.sha256(json.dumps(identity).encode())
     found = None if job.shell else _script(job)
     if found is not None:
@@ -350,7 +351,7 @@ class Estimates:
         owner = {"user": job.uid, "group": job.gid, "extra_groups": groups_of(job)} if self._run_as_owner else {}
         try:
             return runner(
-                list(job.argv), method, self.device, timeout_s=self._timeout_s, python=python,
+                list(job.argv), method, self.device, timeout_s=self._timeout_s, gpus=job.gpus, python=python,
                 cwd=job.workdir, env=dict(job.env), on_start=capture.started, **owner,
             )  # fmt: skip
         finally:

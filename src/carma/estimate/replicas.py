@@ -1,0 +1,123 @@
+"""A job that trains on several GPUs with `torch.nn.DataParallel`, captured as its first GPU runs it.
+
+On the CPU DataParallel finds no device and calls its module with the whole batch, so a capture would size
+one GPU for every replica's activations. On N GPUs each forward splits the batch along `dim` into N
+chunks, the first GPU runs the module (the original, not a copy) on the first chunk while the others run
+copies on theirs, and the replicas' outputs are gathered on the first GPU (a scalar loss becomes a vector
+of N); the backward pass reduces the copies' gradients into the module's. The first GPU holds the most:
+the module's weights, their gradients and the optimizer's state, its share of the activations and every
+replica's outputs. So, told the job's GPU count, the capture calls the module on the first chunk only and
+gathers N outputs of that chunk's shape: the estimate is the first GPU's, which carma asks of each of the
+job's GPUs. The other replicas' outputs are allocated, not computed (their gradients never reach the
+module, as only their memory matters here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from carma.estimate.base import tensors_in
+
+NOTE = (
+    "the model trains under torch.nn.DataParallel on {gpus} GPUs: the estimate is the first GPU's (its "
+    "share of each batch, every replica's outputs, the optimizer's state), the most any of them holds"
+)
+
+
+@contextmanager
+def data_parallel(gpus: int) -> Iterator[list[int]]:
+    """With `gpus` > 1, `torch.nn.DataParallel` behaves as on that many GPUs (see the module's docstring);
+    yields a list that gets the replica count of each DataParallel call."""
+    import torch
+
+    calls: list[int] = []
+    if gpus <= 1:
+        yield calls
+        return
+    wrapper, gather = torch.nn.DataParallel, _gather_function()
+    init, call = wrapper.__init__, wrapper.__call__
+
+    def __init__(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0) -> None:
+        init(self, module, device_ids, output_device, dim)
+        self.dim = dim  # on a machine without GPUs DataParallel keeps no `dim`
+        self.device_ids = list(range(gpus)) if device_ids is None else list(device_ids)
+
+    def __call__(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        replicas = min(len(self.device_ids), gpus)
+        if replicas <= 1:
+            return self.module(*inputs, **kwargs)
+        chunks = _chunk_count((inputs, kwargs), replicas, self.dim)
+        calls.append(chunks)
+        output = self.module(*_first_chunk(inputs, chunks, self.dim), **_first_chunk(kwargs, chunks, self.dim))
+        return _gathered(output, chunks, self.dim, gather)
+
+    wrapper.__init__, wrapper.__call__ = __init__, __call__  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        wrapper.__init__, wrapper.__call__ = init, call  # type: ignore[method-assign]
+
+
+def _chunk_count(inputs: Any, replicas: int, dim: int) -> int:
+    """How many replicas run: as many as the chunks of the smallest tensor input (`torch.chunk` gives fewer
+    than asked for a batch smaller than the GPU count); all of them when no input is a tensor."""
+    counts = [len(t.chunk(replicas, dim)) for t in tensors_in(inputs)]
+    return min(counts, default=replicas)
+
+
+def _first_chunk(value: Any, chunks: int, dim: int) -> Any:
+    """The first replica's inputs: each tensor's first chunk (a view, as a chunk already on the first GPU
+    is not copied), containers rebuilt around them, anything else as it is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.chunk(chunks, dim)[0]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_first_chunk(v, chunks, dim) for v in value))
+    if isinstance(value, dict):
+        return type(value)((k, _first_chunk(v, chunks, dim)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return type(value)(_first_chunk(v, chunks, dim) for v in value)
+    return value
+
+
+def _gathered(output: Any, replicas: int, dim: int, gather: Any) -> Any:
+    """The first replica's output gathered with `replicas - 1` others of the same shapes."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return gather.apply(output, replicas, dim)
+    if isinstance(output, tuple) and hasattr(output, "_fields"):
+        return type(output)._make(_gathered(v, replicas, dim, gather) for v in output)
+    if isinstance(output, dict):
+        return type(output)((k, _gathered(v, replicas, dim, gather)) for k, v in output.items())
+    if isinstance(output, list | tuple):
+        return type(output)(_gathered(v, replicas, dim, gather) for v in output)
+    return output
+
+
+def _gather_function() -> Any:
+    """DataParallel's gather of one output on the first GPU: a new tensor with every replica's part (a
+    scalar becomes a vector of them); its gradient's first part goes back to the first replica."""
+    import torch
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, part: Any, replicas: int, dim: int) -> Any:
+            ctx.scalar = part.dim() == 0
+            part = part.unsqueeze(0) if ctx.scalar else part
+            ctx.dim, ctx.size = dim, part.size(dim)
+            shape = list(part.shape)
+            shape[dim] *= replicas
+            gathered = part.new_empty(shape)
+            gathered.narrow(dim, 0, ctx.size).copy_(part)
+            return gathered
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> tuple[Any, None, None]:
+            first = grad.narrow(ctx.dim, 0, ctx.size)
+            return (first.squeeze(0) if ctx.scalar else first), None, None
+
+    return Gather

@@ -1,0 +1,108 @@
+"""A model under torch.nn.DataParallel, captured as the first of the job's GPUs runs it."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from carma.estimate import replicas  # noqa: E402
+from carma.estimate.runner import estimate_script  # noqa: E402
+
+MIB = 1 << 20
+
+# An MLP whose classifier's outputs are small beside its activations; `dp` wraps it in DataParallel.
+SCRIPT = """
+import sys, torch
+batch, wrapped = int(sys.argv[1]), sys.argv[2] == "dp"
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                            torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+model = torch.nn.DataParallel(model) if wrapped else model
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = model.to(device)
+optimizer = torch.optim.Adam(model.parameters())
+for _ in range(5):
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(torch.randn(batch, 512, device=device)),
+                                      torch.randint(0, 10, (batch,), device=device)).backward()
+    optimizer.step()
+"""
+
+
+@pytest.fixture
+def train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT))
+    return "train.py"
+
+
+def estimate(train: str, batch: int, wrapped: bool, gpus: int):
+    return estimate_script(["python", train, str(batch), "dp" if wrapped else "-"], "xmem", "a100-40gb", gpus=gpus)
+
+
+def test_data_parallel_on_two_gpus_is_estimated_as_its_first_gpus_half_of_the_batch(train: str) -> None:
+    """On the CPU DataParallel runs the whole batch on one device; told the job's 2 GPUs, the capture runs
+    half of it, as the first GPU does, and gathers both halves' outputs there (4096 x 10 floats more)."""
+    two = estimate(train, 8192, wrapped=True, gpus=2)
+    half = estimate(train, 4096, wrapped=False, gpus=1)
+    whole = estimate(train, 8192, wrapped=False, gpus=1)
+    # the same to the allocator's rounding (the input is whole here, a chunk is a view of it)
+    assert abs(two.peak_bytes - half.peak_bytes) <= 8 * MIB
+    assert two.peak_bytes + 100 * MIB < whole.peak_bytes
+    assert two.breakdown.optimizer_state == half.breakdown.optimizer_state  # the first GPU steps the optimizer
+    assert any("DataParallel on 2 GPUs" in note for note in two.notes)
+    assert not half.notes
+
+
+def test_data_parallel_on_one_gpu_and_a_plain_model_on_two_are_captured_as_they_run(train: str) -> None:
+    """DataParallel on one GPU calls its module with the whole batch; a model without it trains its whole
+    batch on each GPU it is given (a Trainer hands each its own batch): nothing to split, and no note."""
+    plain = estimate(train, 4096, wrapped=False, gpus=1)
+    for wrapped, gpus in ((True, 1), (False, 2)):
+        same = estimate(train, 4096, wrapped=wrapped, gpus=gpus)
+        assert (same.peak_bytes, same.notes) == (plain.peak_bytes, ())
+
+
+class Scored(torch.nn.Module):
+    """Returns a scalar loss and per-sample scores, as a Hugging Face model's output does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.seen: list[tuple[int, ...]] = []
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> dict[str, torch.Tensor]:
+        self.seen.append(tuple(x.shape))
+        scores = self.layer(x).squeeze(1) * scale
+        return {"loss": scores.sum(), "scores": scores}
+
+
+@pytest.mark.parametrize(("batch", "gpus", "chunk", "replicas_run"), [(7, 3, 3, 3), (6, 4, 2, 3), (1, 2, 1, 1)])
+def test_each_forward_runs_the_first_chunk_and_gathers_every_replicas_outputs(
+    batch: int, gpus: int, chunk: int, replicas_run: int
+) -> None:
+    """torch.chunk's split (7 on 3 GPUs: 3, 3, 1; 6 on 4: three chunks of 2; 1 on 2: one replica), keyword
+    arguments passed on, a scalar gathered into a vector with one loss per replica (of one too, as
+    DataParallel on several GPUs gathers what a single replica gives), and the gradient
+    reaching the module's own weights through the gather."""
+    module = Scored()
+    with replicas.data_parallel(gpus) as calls:
+        output = torch.nn.DataParallel(module)(torch.randn(batch, 4), scale=2.0)
+    assert module.seen == [(chunk, 4)] and calls == [replicas_run]
+    assert output["scores"].shape == (chunk * replicas_run,)
+    assert output["loss"].shape == (replicas_run,)
+    output["loss"].mean().backward()
+    assert module.layer.weight.grad is not None
+    plain = torch.nn.DataParallel(Scored())  # made after: DataParallel is itself again
+    assert plain(torch.randn(batch, 4))["scores"].shape == (batch,)
+
+
+def test_the_batch_is_split_along_the_dimension_data_parallel_is_given() -> None:
+    layer, seen = torch.nn.Linear(4, 1), []
+    layer.register_forward_hook(lambda module, args, output: seen.append(tuple(args[0].shape)))
+    with replicas.data_parallel(2):
+        output = torch.nn.DataParallel(layer, dim=1)(torch.randn(3, 8, 4))
+    assert seen == [(3, 4, 4)] and output.shape == (3, 8, 1)
