@@ -50,6 +50,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--log", required=True)
 parser.add_argument("--summary", action="store_true")
+parser.add_argument("--check", type=int, default=0)
 args = parser.parse_args()
 device = "cuda" if torch.cuda.is_available() else "cpu"
 unused = torch.randn(2048, 1024)
@@ -57,6 +58,8 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn
 model = model.to(device)
 if args.summary:  # a model summary's forward pass, before training
     model(torch.randn(2, 256, device=device))
+if args.check:  # a model check of its own batch size, gradients on, its outputs dropped
+    model(torch.randn(args.check, 256, device=device))
 optimizer = torch.optim.Adam(model.parameters())
 for step in range(50):
     x = torch.randn(args.batch_size, 256, device=device)
@@ -358,6 +361,14 @@ def test_a_summary_forward_before_training_changes_nothing(workdir: Path) -> Non
     assert estimate_script([*argv, "--summary"], "xmem", "test-gpu", estimator="batch_probe:estimate").peak_bytes == 64
     with_summary = estimate([*argv, "--summary"])
     assert with_summary.peak_bytes == reference(workdir, MLP_SCRIPT, *MLP_ARGV).peak_bytes and with_summary.notes == ()
+
+
+def test_a_model_check_larger_than_the_training_batch_is_the_peak(workdir: Path) -> None:
+    """A check of 65,536 samples with gradients on holds its activations (over 256 MiB) until its outputs
+    are dropped, on the GPU, whose caching allocator keeps them reserved: more than training at 64 takes."""
+    train = script(workdir, "train.py", MLP_SCRIPT)
+    with_check = estimate(["python", train, *MLP_ARGV, "--check", "65536"])
+    assert with_check.peak_bytes > reference(workdir, MLP_SCRIPT, *MLP_ARGV).peak_bytes + 256 * MIB
 
 
 def test_a_module_called_in_another_thread_leaves_the_capture_alone(workdir: Path) -> None:

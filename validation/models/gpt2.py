@@ -38,17 +38,21 @@ class RandomLines(Dataset):
         return {"input_ids": ids, "attention_mask": mask}
 
 
+def config() -> GPT2Config:
+    """CARMA's GPT2Config: GPT-2 large's sizes."""
+    return GPT2Config(
+        vocab_size=VOCAB, n_positions=1024, n_embd=1280, n_layer=36, n_head=20, activation_function="gelu_new",
+        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     loader = DataLoader(RandomLines(), batch_size=args.batch_size, shuffle=True)
-    config = GPT2Config(
-        vocab_size=VOCAB, n_positions=1024, n_embd=1280, n_layer=36, n_head=20, activation_function="gelu_new",
-        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1,
-    )  # fmt: skip
-    model = torch.nn.DataParallel(GPT2LMHeadModel(config)).to(device)
+    model = torch.nn.DataParallel(GPT2LMHeadModel(config())).to(device)
     model(torch.randint(0, VOCAB, (args.batch_size, SEQUENCE), device=device))  # CARMA's model check
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model.train()

@@ -9,8 +9,11 @@ The session puts every optimizer step in a window naming the optimizer that made
 `ProfilerStep#k` window there; an iteration is the windows of its steps, grouped as the session counted
 them (`split_iterations`: one step each for one optimizer, a step of each for a GAN's two). The first
 one starts at its batch or at the model's first training forward (the first call a backward pass
-follows), so what the script did before (building the dataset, initialising the model, a summary's
-forward pass) is left out, except the parameters and buffers, which live on the GPU for the whole job.
+follows), so what the script did before (building the dataset, initialising the model) is left out,
+except the parameters and buffers, which live on the GPU for the whole job, and what module calls before
+it allocated (a model check, a summary's forward pass): they run where the model is, and what they hold
+stays reserved by the caching allocator (a check on a batch twice the size of the training one's, with
+gradients on, can be the job's peak).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ _PLUMBING = "aten::empty"
 
 class Phase(Enum):
     PARAMETER = "parameter"  # the model's parameters and buffers, alive before the loop and after it
+    PRELUDE = "prelude"  # inside a module call before the first iteration (a model check): on the GPU
     LOAD = "load"  # allocated before the iteration's forward: the batch
     FORWARD = "forward"  # forward pass and loss
     BACKWARD = "backward"
@@ -72,7 +76,7 @@ class Block:
     tid: Any = None  # thread that allocated
     owner: str = ""  # innermost profiler window around the allocation
     phase: Phase = Phase.FORWARD
-    iteration: int = -1  # -1 for parameters
+    iteration: int = -1  # -1 for parameters and the prelude
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,17 @@ def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
     starts = [it.start for it in iterations]
     in_steps, in_zero_grads = _Windows(steps), _Windows(zero_grads)
     in_closures = _Windows(_spans(windows, "user_annotation", CLOSURE_MARK))
+    in_prelude = _Windows(_merged(s for s in _spans(windows, "user_annotation", MODULE_MARK) if s[1] < starts[0]))
     for block in blocks:
         if block.addr in job.parameters and block.free is None:
             block.phase = Phase.PARAMETER
             kept.append(block)
             continue
         k = bisect_right(starts, block.alloc) - 1
+        if k < 0 and block.alloc in in_prelude:
+            block.phase = Phase.PRELUDE
+            kept.append(block)
+            continue
         if k < 0 or block.alloc > iterations[k].end:
             dropped += 1
             dropped_bytes += block.size
@@ -291,6 +300,17 @@ def _first_iteration_start(window_start: float, forward: float, blocks: list[Blo
         if b.addr in batch and window_start <= b.alloc <= forward and (b.free is None or b.free > forward)
     ]
     return min([forward, *batch_allocs])
+
+
+def _merged(spans: Any) -> list[tuple[float, float]]:
+    """Time windows, nested or overlapping ones merged into the outermost: disjoint and sorted."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 class _Windows:

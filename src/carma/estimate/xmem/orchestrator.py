@@ -4,6 +4,7 @@ The CPU run executes the same tensors as a GPU run, but a few lifetimes follow t
 semantics rather than the host's timing (xMem section 3.3):
 
 - parameters (and buffers) are moved to the GPU before training and stay for the whole job;
+- what the model's calls before training allocated (a model check) keeps its CPU timing;
 - the batch lives one iteration: it is freed at the end of its iteration at the latest; an iteration that
   loads nothing (a job function reusing its batch), or whose batches DataLoader worker processes made,
   holds one batch of the first batch's size (the host memory of the workers' batches shows in the trace
@@ -50,8 +51,9 @@ class GpuBlock:
     owner: str
 
 
-def orchestrate(analysis: Analysis, job: JobTensors) -> list[GpuBlock]:
-    """GPU lifetimes for the analysed blocks, plus the parameters and batches the trace does not show."""
+def orchestrate(analysis: Analysis, job: JobTensors, prelude: bool = True) -> list[GpuBlock]:
+    """GPU lifetimes for the analysed blocks, plus the parameters and batches the trace does not show;
+    without the `prelude` (what the model's calls before training allocated) when it is False."""
     parameter_sizes = set(job.parameters.values())
     zero_starts = [s for s, _ in analysis.zero_grads]
     step_starts = [s for s, _ in analysis.steps]
@@ -62,6 +64,10 @@ def orchestrate(analysis: Analysis, job: JobTensors) -> list[GpuBlock]:
         if block.phase is Phase.PARAMETER:
             seen_parameters.add(block.addr)
             gpu.append(GpuBlock(block.size, Category.PARAMETERS, -math.inf, None, block.owner))
+            continue
+        if block.phase is Phase.PRELUDE:
+            if prelude:
+                gpu.append(GpuBlock(block.size, Category.ACTIVATIONS, block.alloc, block.free, block.owner))
             continue
         if block.phase is Phase.LOAD and block.owner.startswith(WORKER_BATCHES):
             continue  # the workers' batches in host memory: the iteration's batch is supplied below
