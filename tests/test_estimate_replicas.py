@@ -114,3 +114,37 @@ def test_the_batch_is_split_along_the_dimension_data_parallel_is_given() -> None
     with replicas.data_parallel(2):
         output = torch.nn.DataParallel(layer, dim=1)(torch.randn(3, 8, 4))
     assert seen == [(3, 4, 4)] and output.shape == (3, 8, 1)
+
+
+def test_a_subclass_with_a_forward_of_its_own_runs_as_on_the_cpu_and_the_class_is_left_as_it_was() -> None:
+    """mmcv's and PyG's DataParallel unpack their own inputs: split as torch's, they would not run."""
+
+    class Unpacking(torch.nn.DataParallel):
+        def forward(self, packed: dict[str, torch.Tensor]) -> torch.Tensor:
+            return self.module(packed["x"])
+
+    module = Scored()
+    with replicas.data_parallel(2) as calls:
+        output = Unpacking(module)({"x": torch.randn(6, 4)})
+    assert module.seen == [(6, 4)] and output["scores"].shape == (6,) and calls == []
+    assert "__call__" not in torch.nn.DataParallel.__dict__  # nn.Module's again
+
+
+def test_a_call_without_inputs_runs_one_replica_and_gathers_values_not_garbage() -> None:
+    """Without inputs DataParallel runs the module once; the other replicas' outputs are the first's values,
+    so a script reading the gathered loss (an `isfinite` check) reads numbers."""
+
+    class Constant(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x: torch.Tensor | None = None) -> torch.Tensor:
+            return self.w.sum() if x is None else (self.w * x).sum()
+
+    with replicas.data_parallel(4) as calls:
+        model = torch.nn.DataParallel(Constant())
+        alone = model()
+        gathered = model(torch.ones(8, 3))
+    assert calls == [1, 4] and alone.tolist() == [3.0]
+    assert gathered.tolist() == [6.0] * 4

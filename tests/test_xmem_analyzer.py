@@ -150,20 +150,23 @@ def test_analysis_drops_script_temporaries_and_finds_iterations_and_phases() -> 
 def test_a_forward_no_backward_follows_is_not_the_first_iteration_forward() -> None:
     """A model summary's forward pass (at 20-30, where the runner starts profiling) comes before the
     training loop: the first iteration still starts at its batch. What the call allocated is the
-    prelude, on the GPU as the model is; the input the script made before calling it is setup."""
-    SUMMARY_IN, SUMMARY_ACT = 0x7000, 0x7100
+    prelude, on the GPU as the model is; the input the script made before calling it is setup, and so is
+    what a data transform that is a module (no model inside) allocates on the host."""
+    SUMMARY_IN, SUMMARY_ACT, TRANSFORMED = 0x7000, 0x7100, 0x7200
     events = [
         *block(18, 40, SUMMARY_IN, 512),
         win("user_annotation", NET, 20, 30),
         *block(25, 28, SUMMARY_ACT, 1024),
+        win("user_annotation", f"{MODULE_MARK}Normalize 0x7f10", 42, 46),
+        *block(43, 58, TRANSFORMED, 2048),
         *two_iterations(),
     ]
     analysis = analyze(events, JOB)
     first = analysis.iterations[0]
     assert (first.start, first.forward) == (60, 100)
     phases = {b.addr: b.phase for b in analysis.blocks}
-    assert SUMMARY_IN not in phases and phases[SUMMARY_ACT] is Phase.PRELUDE
-    assert analysis.dropped == 3
+    assert SUMMARY_IN not in phases and TRANSFORMED not in phases and phases[SUMMARY_ACT] is Phase.PRELUDE
+    assert analysis.dropped == 4
 
 
 def test_analysis_needs_iterations_and_the_model() -> None:

@@ -8,8 +8,9 @@ of N); the backward pass reduces the copies' gradients into the module's. The fi
 the module's weights, their gradients and the optimizer's state, its share of the activations and every
 replica's outputs. So, told the job's GPU count, the capture calls the module on the first chunk only and
 gathers N outputs of that chunk's shape: the estimate is the first GPU's, which carma asks of each of the
-job's GPUs. The other replicas' outputs are allocated, not computed (their gradients never reach the
-module, as only their memory matters here).
+job's GPUs. The other replicas' outputs are copies of the first's (their gradients never reach the
+module, as only their memory matters here). A subclass with a forward or scatter of its own (mmcv's
+`MMDataParallel`, PyG's) runs as on the CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from carma.estimate.base import tensors_in
+from carma.estimate.session import module_window
 
 NOTE = (
     "the model trains under torch.nn.DataParallel on {gpus} GPUs: the estimate is the first GPU's (its "
@@ -36,28 +38,46 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
     if gpus <= 1:
         yield calls
         return
+    from torch.profiler import record_function
+
     wrapper, gather = torch.nn.DataParallel, _gather_function()
     init, call = wrapper.__init__, wrapper.__call__
 
+    def own(self: Any) -> bool:
+        """DataParallel itself, not a subclass with a scatter or forward of its own (mmcv's, PyG's): those
+        run as on the CPU."""
+        return all(getattr(type(self), name) is getattr(wrapper, name) for name in _OWN)
+
     def __init__(self: Any, module: Any, device_ids: Any = None, output_device: Any = None, dim: int = 0) -> None:
         init(self, module, device_ids, output_device, dim)
-        self.dim = dim  # on a machine without GPUs DataParallel keeps no `dim`
-        self.device_ids = list(range(gpus)) if device_ids is None else list(device_ids)
+        if own(self):
+            self.dim = dim  # on a machine without GPUs DataParallel keeps no `dim`
+            self.device_ids = list(range(gpus)) if device_ids is None else list(device_ids)
 
     def __call__(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         replicas = min(len(self.device_ids), gpus)
-        if replicas <= 1:
-            return self.module(*inputs, **kwargs)
-        chunks = _chunk_count((inputs, kwargs), replicas, self.dim)
+        if not own(self) or replicas <= 1:
+            return call(self, *inputs, **kwargs)
+        # without inputs DataParallel runs one replica; what is not a tensor goes to each
+        chunks = _chunk_count((inputs, kwargs), replicas, self.dim) if inputs or kwargs else 1
         calls.append(chunks)
-        output = self.module(*_first_chunk(inputs, chunks, self.dim), **_first_chunk(kwargs, chunks, self.dim))
-        return _gathered(output, chunks, self.dim, gather)
+        with record_function(module_window(self)):  # the gathered outputs are the call's, before training too
+            output = self.module(*_first_chunk(inputs, chunks, self.dim), **_first_chunk(kwargs, chunks, self.dim))
+            return _gathered(output, chunks, self.dim, gather)
 
+    patched = {name: wrapper.__dict__.get(name) for name in ("__init__", "__call__")}
     wrapper.__init__, wrapper.__call__ = __init__, __call__  # type: ignore[method-assign]
     try:
         yield calls
     finally:
-        wrapper.__init__, wrapper.__call__ = init, call  # type: ignore[method-assign]
+        for name, value in patched.items():  # `__call__` is nn.Module's: DataParallel gets none of its own
+            if value is None:
+                delattr(wrapper, name)
+            else:
+                setattr(wrapper, name, value)
+
+
+_OWN = ("forward", "scatter", "gather", "replicate", "parallel_apply")  # what a subclass may change
 
 
 def _chunk_count(inputs: Any, replicas: int, dim: int) -> int:
@@ -112,7 +132,8 @@ def _gather_function() -> Any:
             shape = list(part.shape)
             shape[dim] *= replicas
             gathered = part.new_empty(shape)
-            gathered.narrow(dim, 0, ctx.size).copy_(part)
+            for k in range(replicas):  # values a script may read (its loss), not uninitialised memory
+                gathered.narrow(dim, k * ctx.size, ctx.size).copy_(part)
             return gathered
 
         @staticmethod

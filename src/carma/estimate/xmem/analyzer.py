@@ -10,8 +10,8 @@ The session puts every optimizer step in a window naming the optimizer that made
 them (`split_iterations`: one step each for one optimizer, a step of each for a GAN's two). The first
 one starts at its batch or at the model's first training forward (the first call a backward pass
 follows), so what the script did before (building the dataset, initialising the model) is left out,
-except the parameters and buffers, which live on the GPU for the whole job, and what module calls before
-it allocated (a model check, a summary's forward pass): they run where the model is, and what they hold
+except the parameters and buffers, which live on the GPU for the whole job, and what calls of the model
+before it allocated (a model check, a summary's forward pass): they run where the model is, and what they hold
 stays reserved by the caching allocator (a check on a batch twice the size of the training one's, with
 gradients on, can be the job's peak).
 """
@@ -112,7 +112,7 @@ def analyze(events: list[dict[str, Any]], job: JobTensors) -> Analysis:
     starts = [it.start for it in iterations]
     in_steps, in_zero_grads = _Windows(steps), _Windows(zero_grads)
     in_closures = _Windows(_spans(windows, "user_annotation", CLOSURE_MARK))
-    in_prelude = _Windows(_merged(s for s in _spans(windows, "user_annotation", MODULE_MARK) if s[1] < starts[0]))
+    in_prelude = _Windows(_prelude(windows, job.model_window, starts[0]))
     for block in blocks:
         if block.addr in job.parameters and block.free is None:
             block.phase = Phase.PARAMETER
@@ -300,6 +300,15 @@ def _first_iteration_start(window_start: float, forward: float, blocks: list[Blo
         if b.addr in batch and window_start <= b.alloc <= forward and (b.free is None or b.free > forward)
     ]
     return min([forward, *batch_allocs])
+
+
+def _prelude(windows: list[dict[str, Any]], model_window: str, first: float) -> list[tuple[float, float]]:
+    """The outermost module calls before the iteration starting at `first` that call the model (a check, a
+    summary, DataParallel around it): what they allocate is on the GPU, where the model is. Other calls (a
+    data transform that is a module) may run on the host."""
+    model = [(w["ts"], w["ts"] + w.get("dur", 0.0)) for w in windows if w["name"] == model_window]
+    outer = _merged(s for s in _spans(windows, "user_annotation", MODULE_MARK) if s[1] < first)
+    return [(start, end) for start, end in outer if any(start <= s and e <= end for s, e in model)]
 
 
 def _merged(spans: Any) -> list[tuple[float, float]]:

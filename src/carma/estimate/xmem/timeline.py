@@ -57,6 +57,9 @@ def replay(
     sim.iteration_starts = [(t - origin) / 1000 for t in iteration_starts]
     best = (-1, -1)
     peak_log = 0
+    # what is resident before the run (the parameters) is drawn at its start: the first iteration's, or
+    # the model's calls before it (negative times)
+    resident_ms = min([0.0, *((t - origin) / 1000 for t, _, _ in events if t != -math.inf)])
     for t, kind, i in events:
         block = blocks[i]
         if kind == 1:
@@ -70,7 +73,7 @@ def replay(
         else:
             allocator.free(addrs[i])
             by_category[block.category] -= held[i]
-        ms = 0.0 if t == -math.inf else (t - origin) / 1000
+        ms = resident_ms if t == -math.inf else (t - origin) / 1000
         sim.times.append(ms)
         sim.allocated.append(allocator.allocated)
         sim.reserved.append(allocator.reserved)
