@@ -61,9 +61,12 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
         # without inputs DataParallel runs one replica; what is not a tensor goes to each
         chunks = _chunk_count((inputs, kwargs), replicas, self.dim) if inputs or kwargs else 1
         calls.append(chunks)
+        # the first replica's inputs: each tensor's first chunk (a view: a chunk already on the first GPU is
+        # not copied); its outputs gathered with `chunks - 1` others of the same shapes
+        first = lambda t: t.chunk(chunks, self.dim)[0]  # noqa: E731
         with record_function(module_window(self)):  # the gathered outputs are the call's, before training too
-            output = self.module(*_first_chunk(inputs, chunks, self.dim), **_first_chunk(kwargs, chunks, self.dim))
-            return _gathered(output, chunks, self.dim, gather)
+            output = self.module(*_mapped(inputs, first), **_mapped(kwargs, first))
+            return _mapped(output, lambda t: gather.apply(t, chunks, self.dim))
 
     patched = {name: wrapper.__dict__.get(name) for name in ("__init__", "__call__")}
     wrapper.__init__, wrapper.__call__ = __init__, __call__  # type: ignore[method-assign]
@@ -87,35 +90,20 @@ def _chunk_count(inputs: Any, replicas: int, dim: int) -> int:
     return min(counts, default=replicas)
 
 
-def _first_chunk(value: Any, chunks: int, dim: int) -> Any:
-    """The first replica's inputs: each tensor's first chunk (a view, as a chunk already on the first GPU
-    is not copied), containers rebuilt around them, anything else as it is."""
+def _mapped(value: Any, change: Any) -> Any:
+    """`value` with `change` applied to each tensor in it, its containers (tuples, named ones too, lists,
+    dicts, model outputs) rebuilt around them, anything else as it is."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.chunk(chunks, dim)[0]
+        return change(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_first_chunk(v, chunks, dim) for v in value))
+        return type(value)._make(_mapped(v, change) for v in value)
     if isinstance(value, dict):
-        return type(value)((k, _first_chunk(v, chunks, dim)) for k, v in value.items())
+        return type(value)((k, _mapped(v, change)) for k, v in value.items())
     if isinstance(value, list | tuple):
-        return type(value)(_first_chunk(v, chunks, dim) for v in value)
+        return type(value)(_mapped(v, change) for v in value)
     return value
-
-
-def _gathered(output: Any, replicas: int, dim: int, gather: Any) -> Any:
-    """The first replica's output gathered with `replicas - 1` others of the same shapes."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return gather.apply(output, replicas, dim)
-    if isinstance(output, tuple) and hasattr(output, "_fields"):
-        return type(output)._make(_gathered(v, replicas, dim, gather) for v in output)
-    if isinstance(output, dict):
-        return type(output)((k, _gathered(v, replicas, dim, gather)) for k, v in output.items())
-    if isinstance(output, list | tuple):
-        return type(output)(_gathered(v, replicas, dim, gather) for v in output)
-    return output
 
 
 def _gather_function() -> Any:
