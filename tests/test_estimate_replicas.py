@@ -15,10 +15,12 @@ from carma.estimate.runner import estimate_script  # noqa: E402
 
 MIB = 1 << 20
 
-# An MLP whose classifier's outputs are small beside its activations; `dp` wraps it in DataParallel.
+# An MLP whose classifier's outputs are small beside its activations; `dp` wraps it in DataParallel, `if
+# several` when it sees several GPUs.
 SCRIPT = """
 import sys, torch
-batch, wrapped = int(sys.argv[1]), sys.argv[2] == "dp"
+batch, wrap = int(sys.argv[1]), sys.argv[2]
+wrapped = wrap == "dp" or (wrap == "if several" and torch.cuda.device_count() > 1)  # PyTorch's tutorial
 model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
                             torch.nn.ReLU(), torch.nn.Linear(2048, 10))
 model = torch.nn.DataParallel(model) if wrapped else model
@@ -40,14 +42,15 @@ def train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "train.py"
 
 
-_made: dict[tuple[int, bool, int], Estimate] = {}
+_made: dict[tuple[int, bool | str, int], Estimate] = {}
 
 
-def estimate(train: str, batch: int, wrapped: bool, gpus: int) -> Estimate:
-    """The script's estimate, made once per worker (a capture takes seconds; the folder changes nothing)."""
+def estimate(train: str, batch: int, wrapped: bool | str, gpus: int) -> Estimate:
+    """The script's estimate, made once per worker (a capture takes seconds; the folder changes nothing);
+    `wrapped` True or False, or the script's own condition."""
     key = (batch, wrapped, gpus)
     if key not in _made:
-        argv = ["python", train, str(batch), "dp" if wrapped else "-"]
+        argv = ["python", train, str(batch), wrapped if isinstance(wrapped, str) else "dp" if wrapped else "-"]
         _made[key] = estimate_script(argv, "xmem", "a100-40gb", gpus=gpus)
     return _made[key]
 
@@ -63,6 +66,17 @@ def test_data_parallel_on_two_gpus_is_estimated_as_its_first_gpus_half_of_the_ba
     assert two.breakdown.optimizer_state == half.breakdown.optimizer_state  # the first GPU steps the optimizer
     assert any("DataParallel on 2 GPUs" in note for note in two.notes)
     assert not half.notes
+
+
+def test_a_script_that_wraps_its_model_when_it_sees_several_gpus_sees_the_jobs(train: str) -> None:
+    """`if torch.cuda.device_count() > 1: model = DataParallel(model)` takes the branch on the job's 2 GPUs, and
+    the count is the machine's again after the capture."""
+    seeing, wrapped = estimate(train, 8192, wrapped="if several", gpus=2), estimate(train, 8192, wrapped=True, gpus=2)
+    assert (seeing.peak_bytes, seeing.notes) == (wrapped.peak_bytes, wrapped.notes)
+    seen = torch.cuda.device_count()
+    with replicas.data_parallel(3):
+        assert torch.cuda.device_count() == 3
+    assert torch.cuda.device_count() == seen
 
 
 def test_data_parallel_on_one_gpu_and_a_plain_model_on_two_are_captured_as_they_run(train: str) -> None:

@@ -6,11 +6,12 @@ Hugging Face's Trainer on two GPUs, on random wikitext-shaped tokens.
 As CARMA trained it, less the downloads: `XLNetForSequenceClassification` of the base or large size
 (xlnet-base-cased's and xlnet-large-cased's configurations, 32,000 tokens, two labels, every label 1),
 Trainer's defaults (AdamW, lr 5e-5, a linear schedule, no evaluation, logging or checkpoints), each device
-given `--batch-size` lines (Trainer wraps the model in DataParallel on several GPUs and hands each its
-share: on the CPU it trains one share). CARMA padded each batch to its longest line, truncated at 512
-tokens; wikitext-2 has lines longer than that, so every epoch meets batches of 512: here every line has
-512 tokens, the GPU run's longest batch. CARMA's script also ran a model check and a summary before the
-Trainer, on a batch of 8 (`model(ids)` with gradients on, whose outputs it drops): kept, the summary left out.
+given `--batch-size` lines (Trainer wraps the model in DataParallel when `torch.cuda.device_count()` is above
+1 and hands each GPU its share: captured with `carma estimate --gpus 2`, it does). CARMA padded each batch to
+its longest line, truncated at 512 tokens; wikitext-2 has lines longer than that, so every epoch meets batches
+of 512: here every line has 512 tokens, the GPU run's longest batch. CARMA's script also ran a model check and
+a summary before the Trainer, on a batch of 8 (`model(ids)` with gradients on, whose outputs it drops): kept,
+the summary left out.
 """
 
 from __future__ import annotations

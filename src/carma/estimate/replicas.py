@@ -1,16 +1,18 @@
 """A job that trains on several GPUs with `torch.nn.DataParallel`, captured as its first GPU runs it.
 
-On the CPU DataParallel finds no device and calls its module with the whole batch, so a capture would size
-one GPU for every replica's activations. On N GPUs each forward splits the batch along `dim` into N
-chunks, the first GPU runs the module (the original, not a copy) on the first chunk while the others run
-copies on theirs, and the replicas' outputs are gathered on the first GPU (a scalar loss becomes a vector
-of N); the backward pass reduces the copies' gradients into the module's. The first GPU holds the most:
-the module's weights, their gradients and the optimizer's state, its share of the activations and every
-replica's outputs. So, told the job's GPU count, the capture calls the module on the first chunk only and
-gathers N outputs of that chunk's shape: the estimate is the first GPU's, which carma asks of each of the
-job's GPUs. The other replicas' outputs are copies of the first's (their gradients never reach the
-module, as only their memory matters here). A subclass with a forward or scatter of its own (mmcv's
-`MMDataParallel`, PyG's) runs as on the CPU.
+On the CPU DataParallel finds no device and calls its module with the whole batch, so a capture would size one
+GPU for every replica's activations. On N GPUs each forward splits the batch along `dim` into N chunks, the
+first GPU runs the module (the original, not a copy) on the first chunk while the others run copies on theirs,
+and the replicas' outputs are gathered on the first GPU (a scalar loss becomes a vector of N); the backward
+pass reduces the copies' gradients into the module's. The first GPU holds the most: the module's weights,
+their gradients and the optimizer's state, its share of the activations and every replica's outputs. So, told
+the job's GPU count, the capture calls the module on the first chunk only and gathers N outputs of that
+chunk's shape: the estimate is the first GPU's, which carma asks of each of the job's GPUs.
+`torch.cuda.device_count()` answers N too, so a script that wraps its model only when it sees several GPUs
+(PyTorch's tutorial: `if torch.cuda.device_count() > 1`; Hugging Face's Trainer, which then also loads N
+devices' batches at once) takes the path it takes on them. The other replicas' outputs are copies of the
+first's (their gradients never reach the module, as only their memory matters here). A subclass with a forward
+or scatter of its own (mmcv's `MMDataParallel`, PyG's) runs as on the CPU.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
 
     wrapper, gather = torch.nn.DataParallel, _gather_function()
     init, call = wrapper.__init__, wrapper.__call__
+    device_count = torch.cuda.device_count
 
     def own(self: Any) -> bool:
         """DataParallel itself, not a subclass with a scatter or forward of its own (mmcv's, PyG's): those
@@ -70,9 +73,11 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
 
     patched = {name: wrapper.__dict__.get(name) for name in ("__init__", "__call__")}
     wrapper.__init__, wrapper.__call__ = __init__, __call__  # type: ignore[method-assign]
+    torch.cuda.device_count = lambda: gpus
     try:
         yield calls
     finally:
+        torch.cuda.device_count = device_count
         for name, value in patched.items():  # `__call__` is nn.Module's: DataParallel gets none of its own
             if value is None:
                 delattr(wrapper, name)
