@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1928,10 +1929,35 @@ def test_a_model_too_large_for_the_hosts_memory_is_refused_before_the_capture(
     """GPT-2 XL's capture was killed by the kernel's OOM killer after 84 s (taking other work's memory first)."""
     from carma.estimate import session
 
-    monkeypatch.setattr(session, "_available_memory", lambda: 20 * MIB)
+    monkeypatch.setattr(session, "host_memory", lambda field: 20 * MIB)
     weights = (1024 * 2048 + 2048 + 2048 * 10 + 10) * 4  # jobs:mlp's, 8.1 MiB
     with pytest.raises(EstimateError, match=r"^the model's 8.1 MiB of weights need about 32.3 MiB of host memory"):
         capture_job("jobs:mlp", steps=2)
     assert 3 * weights > 20 * MIB  # what is refused: more than the host has beside the weights
-    monkeypatch.setattr(session, "_available_memory", lambda: 3 * weights)
+    monkeypatch.setattr(session, "host_memory", lambda field: 3 * weights)
     assert capture_job("jobs:mlp", steps=2).steps == 2
+
+
+def test_a_capture_the_host_cannot_hold_is_stopped_with_a_line_not_left_to_the_oom_killer(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Activations are not known before the capture: the host's available memory is watched while it runs.
+    Here any host is short (the floor is all of its memory): the capture is stopped at once and says why."""
+    from carma.estimate import runner
+
+    monkeypatch.setattr(runner, "host_memory_floor", lambda total: total)
+    with pytest.raises(EstimateError) as stopped:
+        estimate(["python", tiny_script(workdir, "train.py", 5)])
+    message = str(stopped.value)
+    assert re.fullmatch(
+        r"the capture was stopped with [\d.]+ [GM]iB of host memory left(, holding [\d.]+ [GMK]iB)?: it runs the "
+        r"training steps on the CPU, so the host needs about the memory the job needs on the GPU; estimate on a "
+        r"host with more memory",
+        message,
+    ), message
+
+
+def test_the_host_memory_floor_is_a_fiftieth_of_the_host_from_256_mib_to_1_gib() -> None:
+    from carma.estimate.runner import host_memory_floor
+
+    assert [host_memory_floor(g << 30) >> 20 for g in (4, 24, 128)] == [256, 491, 1024]

@@ -36,14 +36,15 @@ from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptFailed, ShortBatchEnded, capture_script, parse_argv
-from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, last_line
-from carma.units import cut
+from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, host_memory, last_line
+from carma.units import cut, size_text
 from carma.userfiles import open_for_reading, owners_of
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read back for its last line
 RESULT_BYTES = 16 << 20  # the most of a capture's JSON result read back (an estimate is a few hundred bytes)
 REGISTRY = "carma.estimate.registry:estimate_captured"
+WATCH_S = 0.1  # how often the host's available memory is read while a capture runs
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
 # package from its folder, without putting the folder's neighbours (another environment's packages) on its path.
 _CHILD = """
@@ -193,11 +194,7 @@ def _estimate_in_child(
                 if on_start is not None:
                     on_start(child.pid)
                 try:
-                    child.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    raise EstimateError(
-                        f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s"
-                    ) from None
+                    _watch(child, timeout_s, f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s")
                 finally:  # whatever the job left running, also when a signal stops this process
                     kill_group(child.pid)
                     child.wait()
@@ -229,6 +226,49 @@ def _estimate_in_child(
     notes = (*e.get("notes", ()), *([computed_note] if computed else []))
     seconds = time.perf_counter() - started
     return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], seconds, notes)
+
+
+def host_memory_floor(total: int) -> int:
+    """The available host memory under which a capture is stopped: 2% of the host's, from 256 MiB to 1 GiB."""
+    return min(1 << 30, max(256 << 20, total // 50))
+
+
+def _watch(child: subprocess.Popen[bytes], timeout_s: float, late: str) -> None:
+    """Wait for the capture child to end, `late` the error past `timeout_s`. Its activations are not known
+    before it runs and are real in host memory: it is stopped when the host's available memory falls under
+    `host_memory_floor`, with a line saying so, rather than left to the kernel's out-of-memory killer, which
+    reclaims every process's memory first."""
+    deadline = time.monotonic() + timeout_s
+    total = host_memory("MemTotal")
+    floor = host_memory_floor(total) if total else 0
+    while True:
+        try:
+            child.wait(timeout=max(0.0, min(WATCH_S, deadline - time.monotonic())))
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise EstimateError(late) from None
+        available = host_memory("MemAvailable") if floor else None
+        if available is not None and available < floor:
+            held = _resident(child.pid)
+            raise EstimateError(
+                f"the capture was stopped with {size_text(available)} of host memory left"
+                + (f", holding {size_text(held)}" if held else "")
+                + ": it runs the training steps on the CPU, so the host needs about the memory the job needs on the "
+                "GPU; estimate on a host with more memory"
+            )
+
+
+def _resident(pid: int) -> int | None:
+    """The resident memory of process `pid` (VmRSS), in bytes; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _death(returncode: int, err: str) -> str:

@@ -57,7 +57,7 @@ def check_host_memory(module: Any) -> None:
     """Refuse a model whose weights, gradients and optimizer state would not fit in the host's available
     memory (the weights are already there): a capture holds the job's tensors in host memory, and GPT-2 XL
     was killed by the kernel after 84 s, taking other work's memory first."""
-    available = _available_memory()
+    available = host_memory("MemAvailable")
     weights = sum(p.numel() * p.element_size() for p in module.parameters())
     if available is None or (TRAINING_COPIES - 1) * weights <= available:
         return
@@ -68,12 +68,12 @@ def check_host_memory(module: Any) -> None:
     )
 
 
-def _available_memory() -> int | None:
-    """MemAvailable of /proc/meminfo, in bytes (None where there is none)."""
+def host_memory(field: str) -> int | None:
+    """A field of /proc/meminfo (`MemAvailable`, `MemTotal`), in bytes (None where there is none)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
