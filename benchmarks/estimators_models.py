@@ -9,9 +9,12 @@ estimated by every method for the device.
 Printed: each task's measured MiB and each method's error; per method and family (CNN, transformer, all)
 the median absolute error and the underestimates (counted, and those by more than 3%); then the issue's
 checks. `--results FILE` keeps each task's outcome as a JSON line and skips the tasks already there, so
-a long run can be resumed and its figures printed again (`--tasks` none left to run).
+a long run can be resumed and its figures printed again (`--tasks` none left to run). `--measured FILE`
+takes the truth from a GPU of ours instead (`validation/estimates.py --models` writes the file: each task's
+peak as its process held it, and the device's calibrated context): only its tasks are estimated, for that
+context (an outcome keeps each estimate above the context, so a results file serves both truths).
 
-    python benchmarks/estimators_models.py [--tasks NAME,...] [--max-mib N] [--results FILE]
+    python benchmarks/estimators_models.py [--tasks NAME,...] [--max-mib N] [--results FILE] [--measured FILE]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from carma.calibration.sources import DataNotFound, find_datasets
@@ -66,6 +70,17 @@ def estimate_task(task: carma_tasks.Task, device: str, steps: int, data: Path) -
                 outcome["errors"][method] = e["error"]
     outcome["seconds"] = round(time.perf_counter() - started, 1)
     return outcome
+
+
+def measured_on_a_gpu(path: Path) -> tuple[dict[str, int], float, str]:
+    """`validation/estimates.py --models`'s file: each task's measured MiB, the device's context (MiB) and the
+    machine it was measured on. A file that is not one is a ValueError."""
+    try:
+        data = json.loads(path.read_text())
+        held = {t["task"]: round(t["held_bytes"] / MIB) for t in data["tasks"]}
+        return held, data["context_bytes"] / MIB, str(data["machine"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not validation/estimates.py --models's file ({type(e).__name__}: {e})") from None
 
 
 def estimate_mib(outcome: dict, method: str, context_mib: float) -> float | None:
@@ -142,14 +157,17 @@ def main() -> None:
     parser.add_argument("--max-mib", type=positive_int, help="Only tasks measured at most this many MiB.")
     parser.add_argument("--results", type=Path, help="JSON lines of outcomes: read, skipped, appended to.")
     parser.add_argument("--data", type=Path, help="The public datasets' folder (default: $CARMA_DATASETS, shared/).")
+    parser.add_argument("--measured", type=Path, help="The truth measured on a GPU (validation/estimates.py --models).")
     parser.add_argument("--estimate-task", help=argparse.SUPPRESS)  # one task's capture, in its own process
     args = parser.parse_args()
     try:
         device = get_device(args.device)
         data = find_datasets(args.data, WORKLOADS)
         tasks = carma_tasks.load(data / WORKLOADS)
-    except (EstimateError, DataNotFound, OSError) as e:
+        measured = measured_on_a_gpu(args.measured) if args.measured else None
+    except (EstimateError, DataNotFound, OSError, ValueError) as e:
         sys.exit(f"error: {e}")
+    context_mib = device.context_bytes / MIB
     if args.estimate_task:
         task = next(t for t in tasks if t.name == args.estimate_task)
         capture = capture_script(task.argv(), steps=args.steps, gpus=task.gpus)
@@ -166,10 +184,16 @@ def main() -> None:
         if unknown := set(wanted) - {t.name for t in tasks}:
             sys.exit(f"error: no covered task {', '.join(sorted(unknown))}")
         tasks = [t for t in tasks if t.name in wanted]
+    if measured:
+        held, context_mib, machine = measured
+        if unknown := set(held) - {t.name for t in tasks}:
+            sys.exit(f"error: {args.measured}: no covered task {', '.join(sorted(unknown))}")
+        tasks = [replace(t, mem_mib=held[t.name]) for t in tasks if t.name in held]
     if args.max_mib:
         tasks = [t for t in tasks if t.mem_mib <= args.max_mib]
     print(machine_line())
-    print(f"CARMA workload tasks: {len(tasks)}; device {device.name}, context {device.context_bytes / MIB:.0f} MiB")
+    truth = f"measured on {machine}" if measured else f"CARMA's measurements, device {device.name}"
+    print(f"CARMA workload tasks: {len(tasks)}; {truth}, context {context_mib:.0f} MiB")
     done = []
     if args.results and args.results.exists():
         done = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
@@ -182,8 +206,9 @@ def main() -> None:
             with args.results.open("a") as f:
                 f.write(json.dumps(outcome) + "\n")
     print(file=sys.stderr)
-    order = {t.name: i for i, t in enumerate(tasks)}
-    report(sorted((o for o in done if o["task"] in order), key=lambda o: order[o["task"]]), device.context_bytes / MIB)
+    order = {t.name: t for t in tasks}
+    chosen = [{**o, "measured_mib": order[o["task"]].mem_mib} for o in done if o["task"] in order]
+    report(sorted(chosen, key=lambda o: list(order).index(o["task"])), context_mib)
 
 
 if __name__ == "__main__":

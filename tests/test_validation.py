@@ -186,3 +186,65 @@ def test_named_runs_are_measured_in_their_order_and_an_unknown_one_is_refused(tm
     runs.write_text("run3\nrun9\n")
     with pytest.raises(ValueError, match="not a GPUMemNet run: run9"):
         estimates.choose_runs(rows, runs, 2, 0)
+
+
+def _estimates_module(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validation_estimates", VALIDATION / "estimates.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folders it adds go with the test
+    return module
+
+
+def test_carmas_tasks_are_measured_as_named_and_the_benchmark_judges_its_estimates_by_them(tmp_path, monkeypatch):
+    """`estimates.py --models`'s part after the GPU (its measurements fabricated here) writes the truth that
+    `benchmarks/estimators_models.py --measured` then judges the CPU's estimates by, for the GPU's context: the
+    task's outcome (its estimates above the context) taken from a results file, so nothing is captured."""
+    pytest.importorskip("torch")
+    from carma.estimate.devices import get_device
+
+    estimates = _estimates_module(monkeypatch)
+    covered = estimates.load_tasks().load(ROOT.parent / "shared" / "datasets" / "carma" / "workloads.csv")
+    chosen = estimates.choose_models(["vgg", "resnet"], covered, gpus=1)
+    assert [(t.name, t.model, t.batch_size) for t in chosen] == [("vgg", "vgg16", 32), ("resnet", "resnet50", 32)]
+    with pytest.raises(ValueError, match="gpt2_large_2 trains on 2 GPUs, and this machine has 1"):
+        estimates.choose_models(["vgg", "gpt2_large_2"], covered, gpus=1)
+    with pytest.raises(ValueError, match="not a task validation/models covers: vgg99"):
+        estimates.choose_models(["vgg99"], covered, gpus=1)
+
+    held = [{"held": mib * 2**20, "snapshot": f"{i:02d}-script.pickle", "steps": 10, "max_reserved": 2**30,
+             "max_allocated": 2**29} for i, mib in enumerate((8000, 4500))]  # fmt: skip
+    monkeypatch.setattr(estimates, "measure_on_gpu", lambda jobs, gpu, archive: held)
+    device = get_device("a100-40gb")
+    estimates.measure_models(chosen, 10, 0, tmp_path, "Test GPU", device)
+    written = json.loads((tmp_path / "models.json").read_text())
+    assert [(t["task"], t["held_bytes"], t["carma_a100_mib"]) for t in written["tasks"]] == [
+        ("vgg", 8000 * 2**20, 6684), ("resnet", 4500 * 2**20, 3934)
+    ]  # fmt: skip
+    written["context_bytes"] = 1000 * 2**20  # the GPU's calibrated context
+    (tmp_path / "models.json").write_text(json.dumps(written))
+    outcomes = tmp_path / "results.jsonl"
+    above = {"xmem": 7000.0, "faketensor": 3500.0, "horus": None, "gpumemnet": None}
+    rows = [("vgg", 6684, 7000.0), ("resnet", 3934, 3600.0)]  # CARMA's MiB, xMem's estimate above the context
+    outcomes.write_text("".join(
+        json.dumps({"task": task, "family": "CNN", "measured_mib": mib, "above": {**above, "xmem": xmem},
+                    "errors": {}, "seconds": 1}) + "\n"
+        for task, mib, xmem in rows
+    ))  # fmt: skip
+    bench = [sys.executable, str(ROOT / "benchmarks" / "estimators_models.py")]
+    done = subprocess.run([*bench, "--measured", tmp_path / "models.json", "--results", outcomes],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("CARMA workload tasks: 2; measured on Test GPU, PyTorch")
+    assert lines[1].endswith("context 1000 MiB")
+    vgg = next(line for line in lines if line.startswith("vgg "))
+    assert vgg.split()[1:4] == ["8000", "8000", "+0%"]  # 7,000 above a context of 1,000: the GPU's 8,000
+    resnet = next(line for line in lines if line.startswith("resnet "))
+    assert resnet.split()[1:4] == ["4500", "4600", "+2%"]
+    (tmp_path / "models.json").write_text("{}")
+    refused = subprocess.run([*bench, "--measured", tmp_path / "models.json"], capture_output=True, text=True)
+    assert refused.returncode == 1 and refused.stderr.startswith("error: ") and "--models" in refused.stderr

@@ -3,6 +3,7 @@
     python validation/estimates.py --out DIR                    # 24 GPUMemNet MLP runs (seed 0) and BERT-base
     python validation/estimates.py --sample 40 --seed 2 --skip-bert --out DIR
     python validation/estimates.py --runs validation/xmem-misses.txt --skip-bert --out DIR   # named runs
+    python validation/estimates.py --models resnet,vgg,BERT_base --out DIR   # CARMA's tasks, measured
 
 benchmarks/estimators.py takes its truth from the GPUMemNet dataset, measured with an unknown PyTorch on an
 unnamed GPU. Here every figure comes from this machine, set up as a user would set carma up on it:
@@ -19,6 +20,13 @@ unnamed GPU. Here every figure comes from this machine, set up as a user would s
    every method, for the calibrated device;
 4. DIR/estimates.json and DIR/estimates.md: the benchmark's table with these measurements as the truth,
    and each job's misses.
+
+With `--models`, the jobs are CARMA's workload tasks instead, as validation/models trains them (named as in
+CARMA's table; a two-GPU task needs two GPUs here): each script trains `--model-steps` optimizer steps on
+the GPU and is measured as above, into DIR/models.json (with the calibrated context and CARMA's own A100
+figure beside each) and DIR/models-snapshots.zip. Their CPU estimates do not need the GPU:
+`benchmarks/estimators_models.py --measured DIR/models.json` makes them and judges them against this
+truth, here or on any machine.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import math
 import os
 import platform
 import random
+import runpy
 import sys
 import tempfile
 import zipfile
@@ -47,7 +56,10 @@ from carma.estimate.registry import CPU_METHODS
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 BERT = "estimators:bert_job"  # benchmarks/estimators.py's job function (its folder is on the children's path)
 BERT_STEPS = 5
+MODEL_STEPS = 10  # past the first steps' growth (Adam's state, the allocator's segments) on every task
 MIB = 2**20
+MODELS = Path(__file__).resolve().parent / "models"  # CARMA's tasks as training scripts
+WORKLOADS = "carma/workloads.csv"
 
 
 class _Enough(BaseException):
@@ -90,6 +102,11 @@ def hold(kind: str, target: str, steps: int, gpu: int, snapshot: Path) -> None:
             from gpumemnet_mlp import train
 
             train(parse_run_name(target), seconds=math.inf)
+        elif kind == "script":  # `python SCRIPT ARGS...`, run as python runs it
+            argv = json.loads(target)
+            sys.argv = argv[1:]
+            sys.path.insert(0, str(Path(argv[1]).parent))
+            runpy.run_path(argv[1], run_name="__main__")
         else:
             train_job(load_benchmarks(), target)
     handle.remove()
@@ -151,6 +168,49 @@ def choose_runs(rows: list[dict[str, str]], runs: Path | None, sample: int, seed
     return [by_name[name] for name in names]
 
 
+def load_tasks() -> ModuleType:
+    """validation/models/tasks.py (its folder, of scripts, put on the path once)."""
+    if str(MODELS) not in sys.path:
+        sys.path.insert(0, str(MODELS))
+    import tasks
+
+    return tasks
+
+
+def choose_models(names: list[str], covered: list[Any], gpus: int) -> list[Any]:
+    """The named tasks of those validation/models covers, in the order named; a name it does not cover, or a
+    task on more GPUs than `gpus`, is a ValueError."""
+    by_name = {task.name: task for task in covered}
+    if unknown := [name for name in names if name not in by_name]:
+        raise ValueError(f"not a task validation/models covers: {unknown[0]} (CARMA's table names them)")
+    chosen = [by_name[name] for name in names]
+    if wide := [task for task in chosen if task.gpus > gpus]:
+        raise ValueError(f"{wide[0].name} trains on {wide[0].gpus} GPUs, and this machine has {gpus}")
+    return chosen
+
+
+def measure_models(chosen: list[Any], steps: int, gpu: int, out: Path, gpu_name: str, device: Any) -> None:
+    """Train each task's script on the GPU and write DIR/models.json (the truth `benchmarks/estimators_models.py
+    --measured` reads) and its snapshots."""
+    import torch
+
+    jobs = [("script", json.dumps(task.argv(sys.executable)), steps) for task in chosen]
+    measured = measure_on_gpu(jobs, gpu, out / "models-snapshots.zip")
+    done = [
+        {"task": task.name, "held_bytes": m["held"], "carma_a100_mib": task.mem_mib, **m}
+        for task, m in zip(chosen, measured, strict=True)
+        if m is not None
+    ]
+    machine = f"{gpu_name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}, {platform.machine()}"
+    data = {"machine": machine, "device": device.name, "context_bytes": device.context_bytes, "tasks": done}
+    (out / "models.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{'task':30s} {'steps':>5s} {'held MiB':>9s} {'max reserved':>12s} {'CARMA A100-40GB':>15s}")
+    for t in done:
+        print(f"{t['task']:30s} {t['steps']:5d} {t['held'] / MIB:9.0f} {t['max_reserved'] / MIB:12.0f} "
+              f"{t['carma_a100_mib']:15d}")  # fmt: skip
+    print(f"estimate them (no GPU needed): python benchmarks/estimators_models.py --measured {out / 'models.json'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=24, help="GPUMemNet MLP runs, drawn at random (seeded)")
@@ -159,6 +219,8 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, help="a file naming the GPUMemNet runs to measure, one per line")
     parser.add_argument("--skip-bert", action="store_true", help="leave out BERT-base fine-tuning")
     parser.add_argument("--gpu", type=int, default=0, help="the local GPU to measure on")
+    parser.add_argument("--models", help="CARMA's tasks to measure instead (comma-separated, as its table names them)")
+    parser.add_argument("--model-steps", type=int, default=MODEL_STEPS, help="optimizer steps each task trains")
     parser.add_argument(
         "--out",
         type=Path,
@@ -181,8 +243,12 @@ def main() -> None:
         sys.exit("error: no CUDA GPU here: this validation trains the jobs on a GPU; run it on the GPU machine")
 
     try:
-        with (find_datasets(args.data, GPUMEMNET_RUNS) / GPUMEMNET_RUNS).open(newline="") as f:
-            rows = choose_runs(list(csv.DictReader(f)), args.runs, args.sample, args.seed)
+        if args.models:
+            covered = load_tasks().load(find_datasets(args.data, WORKLOADS) / WORKLOADS)
+            chosen = choose_models(args.models.split(","), covered, torch.cuda.device_count())
+        else:
+            with (find_datasets(args.data, GPUMEMNET_RUNS) / GPUMEMNET_RUNS).open(newline="") as f:
+                rows = choose_runs(list(csv.DictReader(f)), args.runs, args.sample, args.seed)
     except (DataNotFound, OSError, ValueError) as e:
         sys.exit(f"error: {e}")
 
@@ -193,6 +259,10 @@ def main() -> None:
         sys.exit(f"error: calibrating GPU {args.gpu} failed: {e}")
     gpu_name = torch.cuda.get_device_name(args.gpu)
     print(f"{gpu_name}: context {device.context_bytes / MIB:.0f} MiB, calibrated as {device.name}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.models:
+        measure_models(chosen, args.model_steps, args.gpu, args.out, gpu_name, device)
+        return
 
     load_benchmarks()  # its folder on the path: gpumemnet_mlp
     from gpumemnet_mlp import SAMPLES
@@ -200,7 +270,6 @@ def main() -> None:
     jobs = [("mlp", row["Filename"], 2 * math.ceil(SAMPLES / int(row["Batch Size"]))) for row in rows]
     if not args.skip_bert:
         jobs.append(("job", BERT, BERT_STEPS))
-    args.out.mkdir(parents=True, exist_ok=True)
     measured = measure_on_gpu(jobs, args.gpu, args.out / "estimates-snapshots.zip")
     estimate_measured(args.out, gpu_name, device, rows, measured, bert=not args.skip_bert)
 
