@@ -372,6 +372,29 @@ def test_a_model_check_larger_than_the_training_batch_is_the_peak(workdir: Path)
     assert with_check.peak_bytes > reference(workdir, MLP_SCRIPT, *MLP_ARGV).peak_bytes + 256 * MIB
 
 
+# A model check of 256 samples before training at 128, as the script's argument says (0: none).
+CHECKED_SCRIPT = """
+import sys, torch
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(256, 12288).to(device)
+if int(sys.argv[1]):
+    model(torch.randn(int(sys.argv[1]), 256, device=device))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    optimizer.zero_grad()
+    model(torch.randn(128, 256, device=device)).square().mean().backward()
+    optimizer.step()
+"""
+
+
+def test_a_model_check_never_lowers_the_estimate(workdir: Path) -> None:
+    """The check leaves a 12 MiB segment cached, where training's 6 MiB activations pack (46 MiB reserved in
+    all) that alone open a 20 MiB segment each (54 MiB): the replay with the check is the smaller, and the
+    estimate is the larger of the two, the script's without its check."""
+    train = script(workdir, "train.py", CHECKED_SCRIPT)
+    assert estimate(["python", train, "256"]).peak_bytes == estimate(["python", train, "0"]).peak_bytes
+
+
 def test_a_module_called_in_another_thread_leaves_the_capture_alone(workdir: Path) -> None:
     """A background thread inside a module's forward (a transform of a prefetching thread) while the loop
     trains: module calls are tracked per thread, so the training loop is captured as without it."""
