@@ -179,16 +179,17 @@ def main() -> None:
         }
         print(json.dumps({"capture_seconds": capture.seconds, "estimates": results}))
         return
-    if args.tasks:
-        wanted = args.tasks.split(",")
-        if unknown := set(wanted) - {t.name for t in tasks}:
-            sys.exit(f"error: no covered task {', '.join(sorted(unknown))}")
-        tasks = [t for t in tasks if t.name in wanted]
     if measured:
         held, context_mib, machine = measured
         if unknown := set(held) - {t.name for t in tasks}:
             sys.exit(f"error: {args.measured}: no covered task {', '.join(sorted(unknown))}")
         tasks = [replace(t, mem_mib=held[t.name]) for t in tasks if t.name in held]
+    if args.tasks:
+        wanted = [name.strip() for name in args.tasks.split(",")]
+        if unknown := set(wanted) - {t.name for t in tasks}:
+            among = f"measured in {args.measured}" if measured else "covered"
+            sys.exit(f"error: no task {among}: {', '.join(sorted(unknown))}")
+        tasks = [t for t in tasks if t.name in wanted]
     if args.max_mib:
         tasks = [t for t in tasks if t.mem_mib <= args.max_mib]
     print(machine_line())
@@ -206,9 +207,9 @@ def main() -> None:
             with args.results.open("a") as f:
                 f.write(json.dumps(outcome) + "\n")
     print(file=sys.stderr)
-    order = {t.name: t for t in tasks}
-    chosen = [{**o, "measured_mib": order[o["task"]].mem_mib} for o in done if o["task"] in order]
-    report(sorted(chosen, key=lambda o: list(order).index(o["task"])), context_mib)
+    order = {t.name: (i, t.mem_mib) for i, t in enumerate(tasks)}
+    chosen = [{**o, "measured_mib": order[o["task"]][1]} for o in done if o["task"] in order]
+    report(sorted(chosen, key=lambda o: order[o["task"]][0]), context_mib)
 
 
 if __name__ == "__main__":

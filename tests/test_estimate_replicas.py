@@ -69,13 +69,16 @@ def test_data_parallel_on_two_gpus_is_estimated_as_its_first_gpus_half_of_the_ba
 
 
 def test_a_script_that_wraps_its_model_when_it_sees_several_gpus_sees_the_jobs(train: str) -> None:
-    """`if torch.cuda.device_count() > 1: model = DataParallel(model)` takes the branch on the job's 2 GPUs, and
-    the count is the machine's again after the capture."""
+    """`if torch.cuda.device_count() > 1: model = DataParallel(model)` takes the branch on the job's 2 GPUs, the
+    count is the machine's to PyTorch itself (`fork_rng` failed, "Torch not compiled with CUDA enabled"), and
+    again to all after the capture."""
     seeing, wrapped = estimate(train, 8192, wrapped="if several", gpus=2), estimate(train, 8192, wrapped=True, gpus=2)
     assert (seeing.peak_bytes, seeing.notes) == (wrapped.peak_bytes, wrapped.notes)
     seen = torch.cuda.device_count()
     with replicas.data_parallel(3):
         assert torch.cuda.device_count() == 3
+        with torch.random.fork_rng():  # PyTorch gets the machine's count: it would read each device's state
+            torch.randn(2)
     assert torch.cuda.device_count() == seen
 
 

@@ -214,6 +214,9 @@ def test_carmas_tasks_are_measured_as_named_and_the_benchmark_judges_its_estimat
         estimates.choose_models(["vgg", "gpt2_large_2"], covered, gpus=1)
     with pytest.raises(ValueError, match="not a task validation/models covers: vgg99"):
         estimates.choose_models(["vgg99"], covered, gpus=1)
+    with pytest.raises(ValueError, match="gpt2_large_2 trains on 2 GPUs from GPU 0: measure it with --gpu 0"):
+        estimates.choose_models(["gpt2_large_2"], covered, gpus=4, first=1)
+    assert estimates.choose_models([" vgg"], covered, gpus=1) == chosen[:1]
 
     held = [{"held": mib * 2**20, "snapshot": f"{i:02d}-script.pickle", "steps": 10, "max_reserved": 2**30,
              "max_allocated": 2**29} for i, mib in enumerate((8000, 4500))]  # fmt: skip
@@ -245,6 +248,10 @@ def test_carmas_tasks_are_measured_as_named_and_the_benchmark_judges_its_estimat
     assert vgg.split()[1:4] == ["8000", "8000", "+0%"]  # 7,000 above a context of 1,000: the GPU's 8,000
     resnet = next(line for line in lines if line.startswith("resnet "))
     assert resnet.split()[1:4] == ["4500", "4600", "+2%"]
+    only = subprocess.run([*bench, "--measured", tmp_path / "models.json", "--results", outcomes, "--tasks", "vgg"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert only.returncode == 0, only.stderr
+    assert "CARMA workload tasks: 1;" in only.stdout and "\nresnet " not in only.stdout
     (tmp_path / "models.json").write_text("{}")
     refused = subprocess.run([*bench, "--measured", tmp_path / "models.json"], capture_output=True, text=True)
     assert refused.returncode == 1 and refused.stderr.startswith("error: ") and "--models" in refused.stderr

@@ -177,15 +177,19 @@ def load_tasks() -> ModuleType:
     return tasks
 
 
-def choose_models(names: list[str], covered: list[Any], gpus: int) -> list[Any]:
-    """The named tasks of those validation/models covers, in the order named; a name it does not cover, or a
-    task on more GPUs than `gpus`, is a ValueError."""
+def choose_models(names: list[str], covered: list[Any], gpus: int, first: int = 0) -> list[Any]:
+    """The named tasks of those validation/models covers, in the order named, measured from GPU `first`; a
+    name it does not cover, a task on more GPUs than `gpus`, or one on several measured from another GPU than
+    the first (DataParallel and Trainer start on cuda:0) is a ValueError."""
     by_name = {task.name: task for task in covered}
+    names = [name.strip() for name in names]
     if unknown := [name for name in names if name not in by_name]:
         raise ValueError(f"not a task validation/models covers: {unknown[0]} (CARMA's table names them)")
     chosen = [by_name[name] for name in names]
     if wide := [task for task in chosen if task.gpus > gpus]:
         raise ValueError(f"{wide[0].name} trains on {wide[0].gpus} GPUs, and this machine has {gpus}")
+    if first and (wide := [task for task in chosen if task.gpus > 1]):
+        raise ValueError(f"{wide[0].name} trains on {wide[0].gpus} GPUs from GPU 0: measure it with --gpu 0")
     return chosen
 
 
@@ -197,16 +201,18 @@ def measure_models(chosen: list[Any], steps: int, gpu: int, out: Path, gpu_name:
     jobs = [("script", json.dumps(task.argv(sys.executable)), steps) for task in chosen]
     measured = measure_on_gpu(jobs, gpu, out / "models-snapshots.zip")
     done = [
-        {"task": task.name, "held_bytes": m["held"], "carma_a100_mib": task.mem_mib, **m}
+        {"task": task.name, "held_bytes": m.pop("held"), "carma_a100_mib": task.mem_mib, **m}
         for task, m in zip(chosen, measured, strict=True)
         if m is not None
     ]
+    if failed := [task.name for task, m in zip(chosen, measured, strict=True) if m is None]:
+        print(f"not measured (their errors above): {', '.join(failed)}", file=sys.stderr)
     machine = f"{gpu_name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}, {platform.machine()}"
     data = {"machine": machine, "device": device.name, "context_bytes": device.context_bytes, "tasks": done}
     (out / "models.json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"{'task':30s} {'steps':>5s} {'held MiB':>9s} {'max reserved':>12s} {'CARMA A100-40GB':>15s}")
     for t in done:
-        print(f"{t['task']:30s} {t['steps']:5d} {t['held'] / MIB:9.0f} {t['max_reserved'] / MIB:12.0f} "
+        print(f"{t['task']:30s} {t['steps']:5d} {t['held_bytes'] / MIB:9.0f} {t['max_reserved'] / MIB:12.0f} "
               f"{t['carma_a100_mib']:15d}")  # fmt: skip
     print(f"estimate them (no GPU needed): python benchmarks/estimators_models.py --measured {out / 'models.json'}")
 
@@ -245,7 +251,7 @@ def main() -> None:
     try:
         if args.models:
             covered = load_tasks().load(find_datasets(args.data, WORKLOADS) / WORKLOADS)
-            chosen = choose_models(args.models.split(","), covered, torch.cuda.device_count())
+            chosen = choose_models(args.models.split(","), covered, torch.cuda.device_count(), args.gpu)
         else:
             with (find_datasets(args.data, GPUMEMNET_RUNS) / GPUMEMNET_RUNS).open(newline="") as f:
                 rows = choose_runs(list(csv.DictReader(f)), args.runs, args.sample, args.seed)

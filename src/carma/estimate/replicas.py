@@ -10,13 +10,15 @@ the job's GPU count, the capture calls the module on the first chunk only and ga
 chunk's shape: the estimate is the first GPU's, which carma asks of each of the job's GPUs.
 `torch.cuda.device_count()` answers N too, so a script that wraps its model only when it sees several GPUs
 (PyTorch's tutorial: `if torch.cuda.device_count() > 1`; Hugging Face's Trainer, which then also loads N
-devices' batches at once) takes the path it takes on them. The other replicas' outputs are copies of the
-first's (their gradients never reach the module, as only their memory matters here). A subclass with a forward
-or scatter of its own (mmcv's `MMDataParallel`, PyG's) runs as on the CPU.
+devices' batches at once) takes the path it takes on them; PyTorch itself, Accelerate and Lightning get the
+machine's count, as they would take the CUDA path on N. The other replicas' outputs are copies of the first's
+(their gradients never reach the module, as only their memory matters here). A subclass with a forward or
+scatter of its own (mmcv's `MMDataParallel`, PyG's) runs as on the CPU.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -73,7 +75,15 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
 
     patched = {name: wrapper.__dict__.get(name) for name in ("__init__", "__call__")}
     wrapper.__init__, wrapper.__call__ = __init__, __call__  # type: ignore[method-assign]
-    torch.cuda.device_count = lambda: gpus
+
+    def count() -> int:
+        """N to the job's code (and transformers' `TrainingArguments`, which wraps on it); the machine's count
+        to PyTorch itself and to the launchers that would take the CUDA path on it (`fork_rng` reading each
+        device's state, Lightning and Accelerate choosing CUDA and their distributed strategies)."""
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return device_count() if caller.partition(".")[0] in _MACHINE_ANSWERED else gpus
+
+    torch.cuda.device_count = count
     try:
         yield calls
     finally:
@@ -86,6 +96,7 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
 
 
 _OWN = ("forward", "scatter", "gather", "replicate", "parallel_apply")  # what a subclass may change
+_MACHINE_ANSWERED = {"torch", "accelerate", "lightning", "lightning_fabric", "pytorch_lightning"}
 
 
 def _chunk_count(inputs: Any, replicas: int, dim: int) -> int:

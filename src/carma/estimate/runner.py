@@ -45,6 +45,9 @@ STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read bac
 RESULT_BYTES = 16 << 20  # the most of a capture's JSON result read back (an estimate is a few hundred bytes)
 REGISTRY = "carma.estimate.registry:estimate_captured"
 WATCH_S = 0.1  # how often the host's available memory is read while a capture runs
+# A capture is stopped on a short host only when it holds this share of the memory in use: the host's main
+# consumer, not a small capture beside training jobs (or other captures) that take the host's memory.
+MAIN_CONSUMER = 0.5
 # The child may run under another interpreter (the task's own, with its packages): it loads this very carma
 # package from its folder, without putting the folder's neighbours (another environment's packages) on its path.
 _CHILD = """
@@ -236,8 +239,10 @@ def host_memory_floor(total: int) -> int:
 def _watch(child: subprocess.Popen[bytes], timeout_s: float, late: str) -> None:
     """Wait for the capture child to end, `late` the error past `timeout_s`. Its activations are not known
     before it runs and are real in host memory: it is stopped when the host's available memory falls under
-    `host_memory_floor`, with a line saying so, rather than left to the kernel's out-of-memory killer, which
-    reclaims every process's memory first."""
+    `host_memory_floor` while it holds `MAIN_CONSUMER` of the memory in use, with a line saying so, rather
+    than left to the kernel's out-of-memory killer, which reclaims every process's memory first. Its own
+    process only is counted (not DataLoader workers), and the host's memory as /proc/meminfo tells it (not a
+    cgroup's limit)."""
     deadline = time.monotonic() + timeout_s
     total = host_memory("MemTotal")
     floor = host_memory_floor(total) if total else 0
@@ -249,13 +254,14 @@ def _watch(child: subprocess.Popen[bytes], timeout_s: float, late: str) -> None:
             if time.monotonic() >= deadline:
                 raise EstimateError(late) from None
         available = host_memory("MemAvailable") if floor else None
-        if available is not None and available < floor:
-            held = _resident(child.pid)
+        if available is None or available >= floor:
+            continue
+        held = _resident(child.pid)
+        if held is not None and held >= MAIN_CONSUMER * (total - available) and child.poll() is None:
             raise EstimateError(
-                f"the capture was stopped with {size_text(available)} of host memory left"
-                + (f", holding {size_text(held)}" if held else "")
-                + ": it runs the training steps on the CPU, so the host needs about the memory the job needs on the "
-                "GPU; estimate on a host with more memory"
+                f"the capture was stopped with {size_text(available)} of host memory left, holding "
+                f"{size_text(held)}: it runs the training steps on the CPU, so the host needs about the memory the "
+                "job needs on the GPU; estimate on a host with more memory"
             )
 
 
