@@ -9,15 +9,16 @@ from hypothesis import strategies as st
 
 from carma.core import ProcessExit, RiskConfig, Scheduler, SchedulerConfig, TaskSpec
 from carma.core.backfill import EasyBackfill
-from carma.core.blocked import MemoryShort, TtfkWait, WholeIdle
+from carma.core.blocked import MemoryShort, RiskFiltered, TtfkWait, WholeIdle
+from carma.core.risk import Activity
 from support import Bench
 
 
-def bench(gpus: int = 3, durations=None, pairing=None, **config: object) -> Bench:
-    """A Bench whose scheduler is given the duration and interference ports."""
+def bench(gpus: int = 3, durations=None, pairing=None, activity=None, **config: object) -> Bench:
+    """A Bench whose scheduler is given the duration, interference and activity ports."""
     b = Bench(gpus, **config)
     targets = list(b.sched.gpus.values())
-    b.sched = Scheduler(targets, SchedulerConfig(**config), durations=durations, pairing=pairing)
+    b.sched = Scheduler(targets, SchedulerConfig(**config), durations=durations, pairing=pairing, activity=activity)
     b.sample()
     return b
 
@@ -83,6 +84,46 @@ def test_open_warm_ups_beside_memory_no_need_holds_count_the_needs_not_shown_yet
     first, second, third = (b.submit(name, mem_mib=8000) for name in "abc")
     assert b.placed() == {first.id: (0,), second.id: (0,)}  # 20960 - 2 x 8000 - 512 < 8000 + 2048 for the third
     assert isinstance(b.sched.blocked(third.id), MemoryShort)
+
+
+def test_with_warmup_risk_tasks_still_warming_up_count_in_the_risk_filter():
+    """Open warm-ups let tasks join a GPU before any shows its activity; told what each will add once it
+    computes, the filter closes the GPU that a GPU-bound task in its warm-up will saturate, until half a window
+    after its first kernel, when the window's own scores take over; a light task leaves it open."""
+    profiles = {"bound": Activity(1.0, 0.5, 0.7), "light": Activity(0.2, 0.1, 0.1)}
+
+    def activity(task):
+        return profiles.get(task.spec.name)
+
+    b = bench(1, activity=activity, ttfk_unknown_only=True, warmup_risk=True, window_samples=10)
+    bound = b.submit("bound", mem_mib=8000)
+    assert b.placed() == {bound.id: (0,)}
+    later = b.submit("later", mem_mib=8000)
+    assert b.placed() == {}
+    assert isinstance(b.sched.blocked(later.id), RiskFiltered)
+    b.first_kernel(bound.id)
+    b.advance(4)
+    assert b.placed() == {}  # 4 s of a 10 s window after its first kernel: still added
+    b.advance(1)
+    assert b.placed() == {later.id: (0,)}  # the window shows an idle GPU here (the bench's loads stay 0)
+
+    light = bench(1, activity=activity, ttfk_unknown_only=True, warmup_risk=True)
+    first = light.submit("light", mem_mib=8000)
+    light.decide()
+    second = light.submit("light", mem_mib=8000)
+    assert light.placed() == {second.id: (0,)} and first.id != second.id
+
+
+def test_without_the_switch_or_a_profile_warming_tasks_add_nothing():
+    def activity(task):
+        return Activity(1.0, 0.5, 0.7) if task.spec.name == "bound" else None
+
+    for switched, name in ((False, "bound"), (True, "unprofiled")):
+        b = bench(1, activity=activity, ttfk_unknown_only=True, warmup_risk=switched)
+        b.submit(name, mem_mib=8000)
+        b.decide()
+        later = b.submit("later", mem_mib=8000)
+        assert b.placed() == {later.id: (0,)}
 
 
 # ----------------------------------------------------------------- backfilling

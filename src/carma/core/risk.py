@@ -1,9 +1,12 @@
-"""Collocation interference risk: per-metric scores over a monitor window and CARMA's exclusion rule."""
+"""Collocation interference risk: per-metric scores over a monitor window and CARMA's exclusion rule, and
+(carma's own, `warmup_risk`) the activity of tasks the window does not show yet added to the scores."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from carma.core.types import Task
 
 METRICS = ("smact", "smocc", "drama")  # the metrics the risk rule reads
 
@@ -114,6 +117,32 @@ class Risk:
             if (value := getattr(self, metric)) is not None and value >= getattr(config, metric)
         )
         return Exclusion(over=over)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What a task is expected to add to its GPU's SMACT, SMOCC and DRAMA once it computes (alone on a GPU)."""
+
+    smact: float
+    smocc: float
+    drama: float
+
+
+# A task's expected activity (the twin's catalog profile), or None when not known: a port, as durations are.
+ActivityOf = Callable[[Task], Activity | None]
+# How long after its first kernel a task's activity is still added to its GPU's scores, in monitor windows: by
+# then the window's statistics (a p95, a median) show most of it.
+WARMING_WINDOWS = 0.5
+
+
+def with_expected(risk: Risk, expected: Sequence[Activity]) -> Risk:
+    """The scores with the activity of tasks the window does not show yet added (a metric the GPU does not report
+    stays unreported)."""
+
+    def plus(score: float | None, metric: str) -> float | None:
+        return None if score is None else score + sum(getattr(a, metric) for a in expected)
+
+    return Risk(plus(risk.smact, "smact"), plus(risk.smocc, "smocc"), plus(risk.drama, "drama"))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from carma.core.policies.pair import PairingModel
 from carma.core.ports import Estimator
 from carma.core.queue import QueueDiscipline, Queues, StrictFifo
 from carma.core.recovery import classify_exit, oom_message
-from carma.core.risk import Risk
+from carma.core.risk import WARMING_WINDOWS, ActivityOf, Risk, with_expected
 from carma.core.ttfk import TtfkTable
 from carma.core.types import (
     ACTIVE_STATES,
@@ -102,11 +102,14 @@ class Scheduler:
         durations: DurationOf | None = None,
         pairing: PairingModel | None = None,
         early: EarlyRestarts | None = None,
+        activity: ActivityOf | None = None,
     ) -> None:
         """`placer` wraps the whole-GPU placer the configuration makes (dynamic MIG: `carma.core.mig.placer`).
         `durations` (how long a task is expected to run) lets `backfill` pass a waiting head; `pairing` (the
         world's interference model) lets the `pair` policy rank GPUs; without them neither has an effect.
-        `early` restarts a task alone on a MIG instance before it outgrows it (`carma.core.early`)."""
+        `early` restarts a task alone on a MIG instance before it outgrows it (`carma.core.early`). `activity`
+        (what a task adds to its GPU's SMACT, SMOCC and DRAMA once it computes) lets `warmup_risk` count the
+        tasks still warming up in the risk filter."""
         if not targets:
             raise ValueError("a scheduler needs at least one GPU")
         self.config = config or SchedulerConfig()
@@ -133,7 +136,7 @@ class Scheduler:
         self.early = early
         self._growth: dict[TargetId, int] = {}  # by shared GPU: the growth its tasks are predicted to still allocate
         self._next_id = 1
-        self._view = _SchedulerView(self, pairing)
+        self._view = _SchedulerView(self, pairing, activity if self.config.warmup_risk else None)
         if discipline is None and self.config.backfill and durations is not None:
             discipline = EasyBackfill(self._view, self.task, durations)
         self.discipline = discipline or StrictFifo()
@@ -714,11 +717,13 @@ class _SchedulerView:
     in a decision shows in the answers for the next task offered. One per scheduler, moved to each
     decision's time (a decision is a tight loop: it binds what it reads once)."""
 
-    def __init__(self, scheduler: Scheduler, pairing: PairingModel | None) -> None:
+    def __init__(self, scheduler: Scheduler, pairing: PairingModel | None, activity: ActivityOf | None) -> None:
         self.now = 0.0
         self.placing: Task | None = None  # the task offered to the placer
         self.avoid: frozenset[TargetId] = frozenset()  # targets it may not take (held for the head: backfilling)
         self._pairing = pairing
+        self._activity = activity
+        self._warming_s = WARMING_WINDOWS * scheduler.config.window_s
         self.gpus: Mapping[TargetId, Target] = scheduler.gpus  # in the server's order: ties go to the earliest
         self.free_mib = scheduler._free_mib
         self.usable_mib = scheduler._usable
@@ -751,7 +756,13 @@ class _SchedulerView:
         return self._ttfk.valid(gpu, self.now)
 
     def risk(self, gpu: TargetId) -> Risk:
-        return self._windows[gpu].risk()
+        risk = self._windows[gpu].risk()
+        if self._activity is None:
+            return risk
+        tasks = self._tasks
+        warming = self._ttfk.warming(gpu, self.now, self._warming_s)
+        expected = [a for t in warming if (a := self._activity(tasks[t])) is not None]
+        return with_expected(risk, expected) if expected else risk
 
     def tasks_on(self, gpu: TargetId) -> list[Task]:
         return [self._tasks[t] for t in sorted(self._on_gpu[gpu])]

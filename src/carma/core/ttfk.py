@@ -60,6 +60,15 @@ class TtfkTable:
         of its GPUs included)."""
         return any(entry.first_kernel_s is None for entry in self._entries[gpu].values())
 
+    def warming(self, gpu: TargetId, now: float, within_s: float) -> list[TaskId]:
+        """The tasks dispatched to `gpu` not yet seen on it, or seen less than `within_s` ago: a monitor window
+        shows little or none of their activity."""
+        return [
+            task
+            for task, e in self._entries[gpu].items()
+            if e.first_kernel_s is None or now < e.first_kernel_s + within_s
+        ]
+
     def valid(self, gpu: TargetId, now: float) -> bool:
         """Whether `gpu` may take another task now: every task dispatched to it was seen a window ago."""
         for entry in self._entries[gpu].values():

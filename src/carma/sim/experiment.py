@@ -16,7 +16,7 @@ from carma.core.types import MemoryNeed, MigSlot, Target, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
-from carma.sim.hints import durations, history_peak, pairing
+from carma.sim.hints import activity, durations, history_peak, pairing
 from carma.sim.migspeed import RECONFIGURATION_S
 from carma.sim.migtwin import MigTwinServer, full_layouts, geometries, layout_text, mig_server, static_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
@@ -245,7 +245,11 @@ def simulate(
     estimator = RecordedEstimator(source, workload_of, history) if source in ESTIMATOR_COLUMNS else None
 
     def make_scheduler(gpus: list[Target]) -> Scheduler:
-        hints = {"durations": durations(workload_of), "pairing": pairing(twin.interference, twin.sharing, workload_of)}
+        hints = {
+            "durations": durations(workload_of),
+            "pairing": pairing(twin.interference, twin.sharing, workload_of),
+            "activity": activity(workload_of),
+        }
         warmup = lambda task: workload_of(task).warmup_s  # noqa: E731 (read only by the prediction)
         early = EarlyRestarts(remaining, warmup, instances=False)
         return Scheduler(gpus, config, estimator, early=early, **hints)

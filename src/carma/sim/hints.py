@@ -1,6 +1,7 @@
 """What the twin tells the core beyond telemetry, as a server with history would know it: each task's expected
-duration (backfilling), how much collocated tasks slow each other (interference-aware pairing), and the peak of
-a workload's earlier runs (the daemon's default memory estimate).
+duration (backfilling), how much collocated tasks slow each other (interference-aware pairing), the activity a
+task brings to its GPU (the risk of tasks still warming up), and the peak of a workload's earlier runs (the
+daemon's default memory estimate).
 
 A duration is the workload's solo time from the trace's catalog, the figure a daemon's history of earlier runs
 of the same command gives; the interference model is the twin's own fitted one. The core receives both as
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from carma.core.backfill import DurationOf
 from carma.core.policies.pair import PairingModel
+from carma.core.risk import Activity, ActivityOf
 from carma.core.types import Task, TaskState
 from carma.sim.models import InterferenceModel, Load
 from carma.traces.catalog import Workload
@@ -23,6 +25,17 @@ WorkloadOf = Callable[[Task], Workload]
 def durations(workload_of: WorkloadOf) -> DurationOf:
     """Each task's solo time, launch to exit."""
     return lambda task: workload_of(task).solo_s
+
+
+def activity(workload_of: WorkloadOf) -> ActivityOf:
+    """Each task's solo SMACT, SMOCC and DRAMA from the catalog's profile, the figures telemetry shows of it
+    alone (a daemon would need each command's, measured when it ran alone)."""
+
+    def of(task: Task) -> Activity:
+        w = workload_of(task)
+        return Activity(w.smact, w.smocc, w.drama)
+
+    return of
 
 
 def pairing(model: InterferenceModel, sharing: str, workload_of: WorkloadOf) -> PairingModel:
