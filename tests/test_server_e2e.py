@@ -1173,9 +1173,10 @@ def test_ended_tasks_are_forgotten_after_the_configured_days(start_server, tmp_p
 def test_the_first_lines_say_how_clients_reach_a_home_given_and_that_twin_settings_are_not_the_servers(
     start_server, tmp_path
 ):  # type: ignore[no-untyped-def]
-    """Clients find the daemon through $CARMA_HOME only; and [twin] (gpus, sharing) was silently ignored."""
+    """Clients find the daemon through $CARMA_HOME only; and [twin] (gpus, sharing) was silently ignored, as a
+    switch the server has no data for would be."""
     config = tmp_path / "carma.toml"
-    config.write_text('[twin]\nsharing = "timeslice"\n')
+    config.write_text('[scheduler]\nwarmup_risk = true\n\n[twin]\nsharing = "timeslice"\n')
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     options = ("--fake-gpus", "1xA100-40GB", "--home", str(home), "--config", str(config))
     server = start_server(*options, home=home, env={"CARMA_HOME": str(tmp_path / "elsewhere")})
@@ -1183,6 +1184,7 @@ def test_the_first_lines_say_how_clients_reach_a_home_given_and_that_twin_settin
     log = (home / "test-server.log").read_text()
     assert f"; clients reach it with CARMA_HOME={home}\n" in log
     assert f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus" in log
+    assert f"warning: {config}: [scheduler] warmup_risk does nothing in the server yet" in log
     shutil.rmtree(home)
 
 
