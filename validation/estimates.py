@@ -168,6 +168,13 @@ def choose_runs(rows: list[dict[str, str]], runs: Path | None, sample: int, seed
     return [by_name[name] for name in names]
 
 
+def machine_of(gpu_name: str) -> str:
+    """The GPU and software a measurement was made with, as the written results name it."""
+    import torch
+
+    return f"{gpu_name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}, {platform.machine()}"
+
+
 def load_tasks() -> ModuleType:
     """validation/models/tasks.py (its folder, of scripts, put on the path once)."""
     if str(MODELS) not in sys.path:
@@ -196,7 +203,6 @@ def choose_models(names: list[str], covered: list[Any], gpus: int, first: int = 
 def measure_models(chosen: list[Any], steps: int, gpu: int, out: Path, gpu_name: str, device: Any) -> None:
     """Train each task's script on the GPU and write DIR/models.json (the truth `benchmarks/estimators_models.py
     --measured` reads) and its snapshots."""
-    import torch
 
     jobs = [("script", json.dumps(task.argv(sys.executable)), steps) for task in chosen]
     measured = measure_on_gpu(jobs, gpu, out / "models-snapshots.zip")
@@ -207,7 +213,7 @@ def measure_models(chosen: list[Any], steps: int, gpu: int, out: Path, gpu_name:
     ]
     if failed := [task.name for task, m in zip(chosen, measured, strict=True) if m is None]:
         print(f"not measured (their errors above): {', '.join(failed)}", file=sys.stderr)
-    machine = f"{gpu_name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}, {platform.machine()}"
+    machine = machine_of(gpu_name)
     data = {"machine": machine, "device": device.name, "context_bytes": device.context_bytes, "tasks": done}
     (out / "models.json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"{'task':30s} {'steps':>5s} {'held MiB':>9s} {'max reserved':>12s} {'CARMA A100-40GB':>15s}")
@@ -304,7 +310,6 @@ def write(
     measured: list[dict[str, Any]],
 ) -> None:  # fmt: skip
     """estimates.json (every figure) and estimates.md (the benchmark's table and each job's misses)."""
-    import torch
 
     table = io.StringIO()
     with contextlib.redirect_stdout(table):
@@ -313,7 +318,7 @@ def write(
         print()
         estimators.per_run(names, outcomes)
     print(table.getvalue())
-    machine = f"{gpu_name}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}, {platform.machine()}"
+    machine = machine_of(gpu_name)
     jobs = [
         {"job": name, "measured_bytes": o.measured, "estimates": o.estimates, **m}
         for name, o, m in zip(names, outcomes, measured, strict=True)

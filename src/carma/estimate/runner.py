@@ -36,7 +36,7 @@ from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
 from carma.estimate.script import ScriptFailed, ShortBatchEnded, capture_script, parse_argv
-from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, host_memory, last_line
+from carma.estimate.session import DEFAULT_STEPS, REASON_CHARS, host_memory, last_line, proc_kib
 from carma.units import cut, size_text
 from carma.userfiles import open_for_reading, owners_of
 
@@ -256,25 +256,13 @@ def _watch(child: subprocess.Popen[bytes], timeout_s: float, late: str) -> None:
         available = host_memory("MemAvailable") if floor else None
         if available is None or available >= floor:
             continue
-        held = _resident(child.pid)
+        held = proc_kib(f"/proc/{child.pid}/status", "VmRSS")
         if held is not None and held >= MAIN_CONSUMER * (total - available) and child.poll() is None:
             raise EstimateError(
                 f"the capture was stopped with {size_text(available)} of host memory left, holding "
                 f"{size_text(held)}: it runs the training steps on the CPU, so the host needs about the memory the "
                 "job needs on the GPU; estimate on a host with more memory"
             )
-
-
-def _resident(pid: int) -> int | None:
-    """The resident memory of process `pid` (VmRSS), in bytes; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _death(returncode: int, err: str) -> str:

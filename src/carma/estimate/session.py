@@ -70,8 +70,14 @@ def check_host_memory(module: Any) -> None:
 
 def host_memory(field: str) -> int | None:
     """A field of /proc/meminfo (`MemAvailable`, `MemTotal`), in bytes (None where there is none)."""
+    return proc_kib("/proc/meminfo", field)
+
+
+def proc_kib(path: str, field: str) -> int | None:
+    """A `Field: N kB` line of a /proc file (/proc/meminfo, /proc/PID/status), in bytes; None where the file or
+    the field is not there (a process gone)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
