@@ -522,11 +522,12 @@ def test_unknown_task_id_is_a_clear_error():
 class FixedEstimator:
     name = "fixed"
 
-    def __init__(self, value):
+    def __init__(self, value, partial=False):
         self.value = value
+        self.partial = partial
 
     def need(self, task):
-        return estimated(self.name, self.value)
+        return estimated(self.name, self.value, self.partial)
 
 
 class SlowEstimator:
@@ -551,6 +552,22 @@ def test_estimator_value_is_used_with_the_margin():
     b.advance(1)
     assert b.placed() == {task.id: (0,)}
     assert task.current.need.source == "fixed"
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_a_partial_estimate_holds_its_margin(partial):
+    """xMem's estimate of a job on several GPUs leaves out their communication buffers, which the task's MPS
+    limit (its need plus the margin) lets it allocate: a neighbour placed into that margin would crash."""
+    b = Bench(gpus=2, estimator=FixedEstimator(20_000, partial))
+    job = b.submit("data-parallel", gpus=2)
+    assert b.placed() == {job.id: (0, 1)}
+    for gpu in (0, 1):
+        b.set(gpu, used_mib=2_000)  # its weights; the rest comes later
+    b.first_kernel(job.id)
+    b.advance(60)
+    assert {gpu.held_mib for gpu in b.sched.gpu_status(b.t)} == {20_000 + 2048 * partial}
+    beside = b.submit("beside", mem_mib=17_000)  # 17000 + 2048: 20448 MiB left beside the need, 18400 beside both
+    assert (beside.id in b.placed()) is not partial
 
 
 def test_user_value_beats_the_estimator():

@@ -100,6 +100,25 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     again.close()
 
 
+def test_a_capture_of_a_job_on_several_gpus_gives_a_partial_need(tmp_path, workdir):
+    """It leaves out the GPUs' communication (NCCL's buffers, DataParallel's reduction): the task holds its
+    margin with it, also when a restarted daemon takes the estimate from the store."""
+    store, runner = Store(tmp_path / "carma.db"), Runner(peak_mib=17_000)
+    runner.release.set()
+    one, two = job(workdir), job(workdir, gpus=2)
+    estimates = service(store, queued(store, one, two), runner)
+    estimates.request(1, one)
+    estimates.request(2, two)
+    tasks = [Task(1, TaskSpec("train"), 0.0), Task(2, TaskSpec("train", 2), 0.0)]
+    needs = [wait_until(lambda task=task: estimates.need(task)) for task in tasks]
+    assert [(need.mib, need.partial) for need in needs] == [(17_000, False), (17_000, True)]
+    estimates.close()
+    again = service(store, queued(store, two), Runner())
+    again.request(3, two)
+    assert again.need(Task(3, TaskSpec("train", 2), 0.0)) == needs[1]
+    again.close()
+
+
 def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, workdir, caplog):
     runner = Runner(error="the script never reached an optimizer step")
     runner.release.set()

@@ -36,7 +36,7 @@ def test_states_attempts_and_processes_round_trip(path):
     task_id = store.add(JOB, 0.0)
     (stored,) = store.load()
     task = stored.task
-    need = MemoryNeed(NeedKind.KNOWN, 8192, "user")
+    need = MemoryNeed(NeedKind.KNOWN, 8192, "xmem", partial=True)  # a two-GPU job's capture: its margin held
     task.attempts.append(Attempt(1, ("GPU-a", "GPU-b"), 10.0, exclusive=False, recovery=False, need=need, shared=True))
     task.state = TaskState.DISPATCHED
     store.save([task])

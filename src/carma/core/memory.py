@@ -17,11 +17,12 @@ RECOVERY_NEED = MemoryNeed(NeedKind.WHOLE_GPU, source="recovery")  # an OOM-cras
 RECOVERY_ONLY = MemoryNeed(NeedKind.UNKNOWN, source="none")  # nothing known: placed by the minimum-free precondition
 
 
-def estimated(source: str, mib: int | None) -> MemoryNeed:
-    """An estimator's value as a need: known, or a whole GPU when there is no usable value."""
+def estimated(source: str, mib: int | None, partial: bool = False) -> MemoryNeed:
+    """An estimator's value as a need: known (`partial`: see `MemoryNeed`), or a whole GPU when there is no
+    usable value."""
     if mib is None:
         return MemoryNeed(NeedKind.WHOLE_GPU, source=f"{source}: {NO_ESTIMATE}")
-    return MemoryNeed(NeedKind.KNOWN, mib, source)
+    return MemoryNeed(NeedKind.KNOWN, mib, source, partial)
 
 
 def given_need(mem_mib: int | None, estimated: bool) -> MemoryNeed | None:
@@ -43,5 +44,5 @@ def resolve_need(task: Task, estimator: Estimator | None, usable_mib: int, margi
     if need.kind is NeedKind.KNOWN and need.mib is not None and need.mib + margin_mib > usable_mib:
         largest = "any GPU" if task.spec.gpus == 1 else f"the {task.spec.gpus} largest GPUs"
         too_big = f"{need.source}: {need.mib} MiB exceeds {largest} with the margin"
-        return MemoryNeed(NeedKind.WHOLE_GPU, need.mib, too_big)
+        return MemoryNeed(NeedKind.WHOLE_GPU, need.mib, too_big, need.partial)
     return need

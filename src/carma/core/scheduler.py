@@ -573,7 +573,7 @@ class Scheduler:
             if prediction is None or now_mib is None or not early.rising(task.id):
                 continue
             need = _current(task).need
-            holds = need.mib if self.config.hold_known_needs and need is not None and need.mib is not None else 0
+            holds = (need.held_mib(self.config.margin_mib) if self.config.hold_known_needs and need else None) or 0
             held += max(0.0, prediction.peak_mib - max(now_mib, holds))
             grows.append((max(0.0, prediction.trend_mib - now_mib), task, prediction))
         self._growth[gpu] = math.ceil(held)
@@ -634,19 +634,15 @@ class Scheduler:
         return max(0, free - self.config.reserve_mib)
 
     def _held_mib(self, gpu: TargetId, unshown: bool = False) -> int:
-        """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task): one too large for a
-        GPU with the margin, placed on whole GPUs, is held too, or others join it once its window passes. With
-        `unshown`, only those of tasks not yet seen a window ago (with CARMA's TTFK rule, none is when a task
-        is placed beside them)."""
-        attempts = [
-            a
-            for t in self._on_gpu[gpu]
-            if (a := self._tasks[t].current) is not None and a.need is not None and a.need.mib is not None
-        ]
+        """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task), a partial one with its
+        margin: one too large for a GPU with the margin, placed on whole GPUs, is held too, or others join it
+        once its window passes. With `unshown`, only those of tasks not yet seen a window ago (with CARMA's
+        TTFK rule, none is when a task is placed beside them)."""
+        attempts = [a for t in self._on_gpu[gpu] if (a := self._tasks[t].current) is not None and a.need is not None]
         if unshown:
             settled = self._view.now - self.config.window_s  # seen by then: its memory shows
             attempts = [a for a in attempts if a.first_kernel_s is None or a.first_kernel_s > settled]
-        return sum(a.need.mib for a in attempts if a.need is not None and a.need.mib is not None)
+        return sum(a.need.held_mib(self.config.margin_mib) or 0 for a in attempts if a.need is not None)
 
     def _launch(self, task: Task, placement: Placement, need: MemoryNeed, now: float, recovery: bool) -> Launch:
         self._queues.take(task.id, recovery)

@@ -43,9 +43,20 @@ class NeedKind(StrEnum):
 
 @dataclass(frozen=True)
 class MemoryNeed:
+    """What a task is taken to need on each of its GPUs. A `partial` need is an estimate that leaves out memory
+    of a kind it names but cannot size (xMem on a multi-GPU job: NCCL's buffers, DataParallel's reduction):
+    the task holds its margin with it, so that what it leaves out is not placed into by others."""
+
     kind: NeedKind
     mib: int | None = None
     source: str = ""
+    partial: bool = False
+
+    def held_mib(self, margin_mib: int) -> int | None:
+        """The memory the task holds on each GPU with this need (`hold_known_needs`); None when not known."""
+        if self.mib is None:
+            return None
+        return self.mib + margin_mib if self.partial else self.mib
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ from carma.estimate.session import module_window
 
 NOTE = (
     "the model trains under torch.nn.DataParallel on {gpus} GPUs: the estimate is the first GPU's (its "
-    "share of each batch, every replica's outputs, the optimizer's state), the most any of them holds"
+    "share of each batch, every replica's outputs, the optimizer's state), the most any of them holds, less "
+    "their communication (NCCL's buffers, the gradients' reduction), which it does not size: the server holds "
+    "its margin with it"
 )
 
 

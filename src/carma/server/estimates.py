@@ -248,7 +248,7 @@ class Estimates:
         self._done.pop(key, None)
         cached = self._store.estimate(key)
         if cached is not None:
-            self._done[key] = _need(cached)
+            self._done[key] = _need(cached, multi_gpu=job.gpus > 1)
             self._reused(task_id, job, self._done[key])
             return
         capture = self._running[key] = _Capture(task_id)
@@ -373,7 +373,7 @@ class Estimates:
         log.info("estimated %s with %s in %.1f s: %d MiB", who, result.method, result.seconds, _mib(result))
         for note in result.notes:
             log.warning("estimate of %s: %s", who, note)
-        return _need(result)
+        return _need(result, multi_gpu=job.gpus > 1)
 
     def _device_identity(self) -> str:
         """The device with its constants, for the cache key: after `carma estimate calibrate` a job is
@@ -439,8 +439,10 @@ class _Capture:
             kill_group(self.group)
 
 
-def _need(estimate: Estimate) -> MemoryNeed:
-    return estimated(estimate.method, _mib(estimate))
+def _need(estimate: Estimate, multi_gpu: bool = False) -> MemoryNeed:
+    """The need an estimate gives; a capture's of a job on several GPUs is partial (it leaves out their
+    communication: NCCL's buffers, DataParallel's reduction), so the task holds its margin with it."""
+    return estimated(estimate.method, _mib(estimate), partial=multi_gpu)
 
 
 def _mib(estimate: Estimate) -> int:

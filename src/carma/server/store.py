@@ -540,13 +540,14 @@ class Store:
         """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates)."""
         rows = self._db.execute(
             """SELECT a.task_id, a.number, t.job, t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
-                      a.outcome, a.need, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean
+                      a.outcome, a.need, a.shared, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean
                FROM attempts a JOIN tasks t ON t.id = a.task_id
                WHERE a.ended_s IS NOT NULL AND a.ended_s >= ? ORDER BY a.ended_s, a.task_id""",
             (since_s if since_s is not None else float("-inf"),),
         )
         out = []
-        for task_id, number, job, state, gpus, start, first, end, outcome, need, peak, smact, smocc, drama in rows:
+        for row in rows:
+            task_id, number, job, state, gpus, start, first, end, outcome, need, shared, peak, smact, smocc, drama = row
             spec, placed = _job(job), _need(need)
             out.append(
                 {
@@ -568,6 +569,7 @@ class Store:
                     "first_kernel_s": first,
                     "ended_s": end,
                     "exec_s": end - start,
+                    "shared": bool(shared),  # another task or process was on its GPUs at some point
                     "peak_mib": peak,
                     "smact_mean": smact,
                     "smocc_mean": smocc,
@@ -643,7 +645,7 @@ def _need(text: str | None) -> MemoryNeed | None:
     if not text:
         return None
     data = json.loads(text)
-    return MemoryNeed(NeedKind(data["kind"]), data["mib"], data["source"])
+    return MemoryNeed(NeedKind(data["kind"]), data["mib"], data["source"], data.get("partial", False))
 
 
 def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:

@@ -36,7 +36,8 @@ _MEMORY_LABELS = {
     "xmem" + HISTORY: "xMem + history",
 }
 # carma's own decisions (`carma.core.config.OWN_DECISIONS`): tasks of known need leave their GPUs open during
-# their warm-up, and later tasks backfill past a waiting head (docs/policy.md)
+# their warm-up, the risk filter counts the activity they will have, and later tasks backfill past a waiting
+# head (docs/policy.md)
 OWN = dict.fromkeys(OWN_DECISIONS, True)
 
 
@@ -203,7 +204,9 @@ class RunResult:
 class RecordedEstimator:
     """An estimator port that answers with the estimate recorded for each task's workload (CARMA's table,
     or a trace entry's own `<estimator>_mib`); where none is recorded, with `history`'s peak when it gives one
-    (`carma.sim.hints.history_peak`), else a whole GPU."""
+    (`carma.sim.hints.history_peak`), else a whole GPU. The recorded xMem estimates are the daemon's, so a
+    multi-GPU task's is partial as there (`carma.server.estimates`); the baselines' are CARMA's, placed as
+    CARMA placed them."""
 
     def __init__(
         self,
@@ -219,7 +222,7 @@ class RecordedEstimator:
         recorded = self._workload_of(task).estimates.get(self.name)
         if recorded is None and self._history is not None and (peak := self._history(task)) is not None:
             return estimated("history", peak)
-        return estimated(self.name, recorded)
+        return estimated(self.name, recorded, partial=self.name == "xmem" and task.spec.gpus > 1)
 
 
 def simulate(
