@@ -390,10 +390,28 @@ def test_a_commands_expected_duration_is_learnt_from_its_successful_runs_only(ho
     step_until(d, lambda: all(d.scheduler.task(t.id).terminal for t in ran))
     runs = [d.scheduler.task(t.id).attempts[0] for t in ran[:2]]
     times = sorted(a.ended_s - a.dispatched_s for a in runs)
-    assert d.durations(d.submit(job("true"))) == pytest.approx(sum(times) / 2)  # the median of two
-    assert d.durations(d.submit(job("false"))) is None  # it never succeeded
-    assert d.durations(d.submit(job("true", workdir="/"))) is None  # another workdir: another command
-    assert d.durations(d.submit(job("true", duration_s=5400.0))) == 5400.0  # declared: before the history
+    assert d.hints.duration(d.submit(job("true"))) == pytest.approx(sum(times) / 2)  # the median of two
+    assert d.hints.duration(d.submit(job("false"))) is None  # it never succeeded
+    assert d.hints.duration(d.submit(job("true", workdir="/"))) is None  # another workdir: another command
+    assert d.hints.duration(d.submit(job("true", duration_s=5400.0))) == 5400.0  # declared: before the history
+    d.close()
+
+
+def test_a_commands_expected_activity_is_learnt_from_its_runs_alone(home):
+    """`warmup_risk`'s source in the daemon: the median SMACT, SMOCC and DRAMA telemetry saw while the command's
+    successful runs were alone on their GPUs; a run beside another task shows the other's activity too."""
+    d = daemon(home)  # two GPUs: the third task joins one of the first two once its window has passed
+    command = fakejob(60, "1GiB", "--smact", "0.6", "--smocc", "0.2", "--drama", "0.3")
+    ran = [d.submit(job(*command, mem_mib=2048)) for _ in range(3)]
+    step_until(d, lambda: all(d.scheduler.task(t.id).terminal for t in ran), timeout=60)
+    shared = [d.scheduler.task(t.id).attempts[0].shared for t in ran]
+    assert shared.count(True) == 2
+    alone = d.estimates.history.runs(d.jobs[ran[0].id]).alone
+    assert len(alone) == 1
+    seen = d.hints.activity(d.submit(job(*command)))
+    assert seen == alone[0] and 0.4 < seen.smact <= 0.6  # its warm-up (no load yet) is in the means
+    assert (seen.smocc, seen.drama) == (pytest.approx(seen.smact / 3), pytest.approx(seen.smact / 2))
+    assert d.hints.activity(d.submit(job(*fakejob(60, "1GiB")))) is None  # never ran
     d.close()
 
 

@@ -93,7 +93,7 @@ def test_a_task_predicted_to_outgrow_its_instance_is_restarted_early_on_a_larger
     growing = (*fakejob(60, "3GiB"), "--grow-to", "12GiB")
     first = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=11 * 1024))  # room enough: its run time is learnt
     step_until(d, lambda: d.scheduler.task(first.id).state is TaskState.COMPLETED)
-    assert d.durations(d.scheduler.task(first.id)) is not None
+    assert d.hints.duration(d.scheduler.task(first.id)) is not None
     second = d.submit(JobSpec("grows", growing, "/tmp", mem_mib=3 * 1024))  # declared too low: a 1g.10gb
     step_until(d, lambda: d.scheduler.task(second.id).state is TaskState.COMPLETED, timeout=40)
     attempts = d.scheduler.task(second.id).attempts

@@ -1045,7 +1045,7 @@ def _story(server, ids) -> str:  # type: ignore[no-untyped-def]
 
 def test_a_replay_declares_run_times_and_its_twin_mirrors_carmas_own_decisions(start_server, tmp_path):  # type: ignore[no-untyped-def]
     config = tmp_path / "carma.toml"
-    config.write_text("[scheduler]\nttfk_unknown_only = true\nbackfill = true\n")
+    config.write_text("[scheduler]\nttfk_unknown_only = true\nwarmup_risk = true\nbackfill = true\n")
     server = start_server("--fake-gpus", "1xA100-40GB", "--time-scale", "400", "--config", str(config))
     trace = tmp_path / "two.yaml"
     trace.write_text("name: two\ntasks:\n  - {at: 0, task: mobilenet}\n  - {at: 0, task: vgg}\n")
@@ -1055,8 +1055,9 @@ def test_a_replay_declares_run_times_and_its_twin_mirrors_carmas_own_decisions(s
     catalog = load_catalog()
     declared = [server.json("show", i)["duration_s"] for i in replayed["ids"]]
     assert declared == [catalog["mobilenet"].solo_s, catalog["vgg"].solo_s]
-    assert replayed["twin"]["config"].startswith("MAGM oracle, open warm-ups, backfilling on ")
+    assert replayed["twin"]["config"].startswith("MAGM oracle, open warm-ups, warm-up risk, backfilling on ")
     assert "backfills knowing" not in result.stderr  # no note: the server knew the run times too
+    assert "risk filter knows every warming task's activity, the server only" in result.stderr  # not its profiles
 
 
 def test_a_replay_whose_task_was_cancelled_counts_it_and_exits_1(start_server, tmp_path):  # type: ignore[no-untyped-def]
@@ -1173,10 +1174,9 @@ def test_ended_tasks_are_forgotten_after_the_configured_days(start_server, tmp_p
 def test_the_first_lines_say_how_clients_reach_a_home_given_and_that_twin_settings_are_not_the_servers(
     start_server, tmp_path
 ):  # type: ignore[no-untyped-def]
-    """Clients find the daemon through $CARMA_HOME only; and [twin] (gpus, sharing) was silently ignored, as a
-    switch the server has no data for would be."""
+    """Clients find the daemon through $CARMA_HOME only; and [twin] (gpus, sharing) was silently ignored."""
     config = tmp_path / "carma.toml"
-    config.write_text('[scheduler]\nwarmup_risk = true\n\n[twin]\nsharing = "timeslice"\n')
+    config.write_text('[twin]\nsharing = "timeslice"\n')
     home = Path(tempfile.mkdtemp(prefix="c", dir="/tmp"))
     options = ("--fake-gpus", "1xA100-40GB", "--home", str(home), "--config", str(config))
     server = start_server(*options, home=home, env={"CARMA_HOME": str(tmp_path / "elsewhere")})
@@ -1184,7 +1184,6 @@ def test_the_first_lines_say_how_clients_reach_a_home_given_and_that_twin_settin
     log = (home / "test-server.log").read_text()
     assert f"; clients reach it with CARMA_HOME={home}\n" in log
     assert f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus" in log
-    assert f"warning: {config}: [scheduler] warmup_risk does nothing in the server yet" in log
     shutil.rmtree(home)
 
 

@@ -141,6 +141,11 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _
             "note: the twin backfills knowing every task's run time, the server only its command's earlier runs "
             "(--duration oracle declares them)"
         )
+    if switches.get("warmup_risk"):
+        err.print(
+            "note: the twin's risk filter knows every warming task's activity, the server only that of its "
+            "command's earlier runs alone"
+        )
     result = simulate(trace, run, config)
     own = "".join(f", {words}" for name, words in OWN_DECISIONS.items() if switches.get(name))
     return _Twin(result, f"{run.label}{own} on {server_name(result, config)}")

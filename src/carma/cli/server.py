@@ -159,11 +159,6 @@ def server_cmd(
         err.print(
             f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus and --sharing"
         )
-    if scheduler.warmup_risk:
-        err.print(
-            f"warning: {config}: [scheduler] warmup_risk does nothing in the server yet: it knows no command's "
-            "activity before the task runs (docs/policy.md)"
-        )
     if tcp and not _loopback(tcp):
         err.print(
             f"warning: {tcp} is reachable from other machines, and tokens travel in clear HTTP: listen on "

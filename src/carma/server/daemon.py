@@ -37,7 +37,7 @@ from carma.server.archive import SampleArchive
 from carma.server.estimates import Estimates, device_for
 from carma.server.executor import ProcessExecutor, SpawnRecord
 from carma.server.faults import WORLD_FAULTS, FaultLog, StoreUnavailable
-from carma.server.history import HistoryDurations
+from carma.server.history import HistoryHints
 from carma.server.metrics import counted, decision_histogram
 from carma.server.mig import MigManager
 from carma.server.mps import MpsControl, MpsError, client_limits
@@ -135,19 +135,21 @@ class Daemon:
         self.estimates = Estimates(
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
         )
-        durations = self.durations = HistoryDurations(self.estimates.history, self.jobs)
+        hints = self.hints = HistoryHints(self.estimates.history, self.jobs)
         # a task's memory settles within CARMA's monitoring window after its first kernel: the growth fit leaves
         # that window out (the twin knows each job's own warm-up)
         settling = config.window_s
         if self.mig is not None:
             mig = mig or MigConfig("dynamic")
-            early = EarlyRestarts(durations.remaining, lambda task: settling, instances=mig.predict)
+            early = EarlyRestarts(hints.remaining, lambda task: settling, instances=mig.predict)
             self.scheduler = mig_scheduler(
-                self.gpus, config, self.estimates, self.mig.geometries, mig, early, durations
+                self.gpus, config, self.estimates, self.mig.geometries, mig, early, hints.duration, hints.activity
             )
         else:
-            early = EarlyRestarts(durations.remaining, lambda task: settling, instances=False)
-            self.scheduler = Scheduler(self.gpus, config, self.estimates, durations=durations, early=early)
+            early = EarlyRestarts(hints.remaining, lambda task: settling, instances=False)
+            self.scheduler = Scheduler(
+                self.gpus, config, self.estimates, durations=hints.duration, early=early, activity=hints.activity
+            )
         self.mps = mps
         self.executor = ProcessExecutor(
             home=paths.home,

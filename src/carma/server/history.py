@@ -2,11 +2,13 @@
 showed, read from the store incrementally (only the attempts ended since the last read), so that the history
 estimate of every waiting task at every scheduling step, and every expected duration, costs a lookup.
 
-It answers two ports: the peak memory behind `--estimate history` (the server's default estimator), and a task's
+It answers three ports: the peak memory behind `--estimate history` (the server's default estimator); a task's
 expected run time, the median of those runs' (launch to exit, the daemon's clock), which backfilling
 (`carma.core.backfill.DurationOf`) and the growth prediction on MIG instances (`carma.core.early.Remaining`)
-take. A command never run to success has neither: it runs recovery only, is not backfilled and is not
-restarted early.
+take; and its expected activity, the median SMACT, SMOCC and DRAMA of the runs it made alone on its GPUs (the
+means telemetry saw while its processes were on them), which `warmup_risk` adds to a GPU's scores while the
+task warms up (`carma.core.risk.ActivityOf`). A command never run to success has none of them: it runs
+recovery only, is not backfilled, not restarted early and adds nothing to the risk filter before it shows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from carma.core.risk import Activity
 from carma.core.types import ExitKind, Task, TaskId
 from carma.server.spec import JobSpec
 from carma.server.store import Store
@@ -28,10 +31,12 @@ def command_of(job: JobSpec) -> Command:
 
 @dataclass
 class Runs:
-    """The successful runs of one command: their run times, and the peaks observed (a run may have none)."""
+    """The successful runs of one command: their run times, the peaks observed (a run may have none), and the
+    activity of those it made alone (shared runs show their co-runners' too)."""
 
     times: list[float] = field(default_factory=list)
     peaks: list[int] = field(default_factory=list)
+    alone: list[Activity] = field(default_factory=list)
 
 
 class CommandHistory:
@@ -60,16 +65,20 @@ class CommandHistory:
                 runs.times.append(float(run["exec_s"]))  # type: ignore[arg-type]
                 if run["peak_mib"]:
                     runs.peaks.append(int(run["peak_mib"]))  # type: ignore[call-overload]
+                means = [run[f"{metric}_mean"] for metric in ("smact", "smocc", "drama")]
+                if not run["shared"] and None not in means:
+                    runs.alone.append(Activity(*map(float, means)))  # type: ignore[arg-type]
 
 
-class HistoryDurations:
-    """A task's expected run time from its command's history (the daemon's duration port)."""
+class HistoryHints:
+    """A task's expected run time and activity from its command's history (the daemon's duration and activity
+    ports)."""
 
     def __init__(self, history: CommandHistory, jobs: Mapping[TaskId, JobSpec]) -> None:
         self._history = history
         self._jobs = jobs
 
-    def __call__(self, task: Task) -> float | None:
+    def duration(self, task: Task) -> float | None:
         """The run time its submitter declared, else the median run time of its command's successful runs; None
         when there is neither."""
         job = self._jobs.get(task.id)
@@ -80,7 +89,15 @@ class HistoryDurations:
 
     def remaining(self, task: Task, now: float) -> float | None:
         """Seconds a running task has left by its expected run time (None: not known, or not running)."""
-        attempt, expected = task.current, self(task)
+        attempt, expected = task.current, self.duration(task)
         if attempt is None or expected is None:
             return None
         return max(0.0, expected - (now - attempt.dispatched_s))
+
+    def activity(self, task: Task) -> Activity | None:
+        """Each metric's median over its command's successful runs alone on their GPUs; None without one."""
+        job = self._jobs.get(task.id)
+        alone = self._history.runs(job).alone if job is not None else []
+        if not alone:
+            return None
+        return Activity(*(statistics.median(getattr(a, m) for a in alone) for m in ("smact", "smocc", "drama")))

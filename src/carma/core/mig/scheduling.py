@@ -20,6 +20,7 @@ from carma.core.mig.placer import DEFAULT_MIN_MIB, MigPlacer
 from carma.core.placer import Placer
 from carma.core.ports import Estimator
 from carma.core.queue import QueueDiscipline, StrictFifo
+from carma.core.risk import ActivityOf
 from carma.core.scheduler import Scheduler
 from carma.core.types import Target, TargetId, TaskId
 
@@ -63,9 +64,11 @@ def mig_scheduler(
     mig: MigConfig,
     early: EarlyRestarts | None = None,
     durations: DurationOf | None = None,
+    activity: ActivityOf | None = None,
 ) -> Scheduler:
     """A scheduler that partitions the GPUs of `geometries` (by their ids) per task; `durations` serve backfilling
-    on the whole GPUs beside them (`SchedulerConfig.backfill`, scheme B's place: scheme A orders the queue)."""
+    and `activity` the risk of warm-ups (`warmup_risk`) on the whole GPUs beside them (`SchedulerConfig.backfill`,
+    scheme B's place: scheme A orders the queue)."""
     placers: list[MigPlacer] = []
 
     def size(task_id: TaskId) -> Hashable:
@@ -84,5 +87,7 @@ def mig_scheduler(
     discipline: QueueDiscipline | None = SizeGrouped(size, mig.max_passes) if mig.scheme == "a" else None
     if discipline is None and not (config.backfill and durations is not None):
         discipline = StrictFifo()
-    scheduler = Scheduler(targets, config, estimator, discipline, placer=wrap, durations=durations, early=early)
+    scheduler = Scheduler(
+        targets, config, estimator, discipline, placer=wrap, durations=durations, early=early, activity=activity
+    )
     return scheduler
