@@ -13,7 +13,7 @@ MAX_WINDOW_SAMPLES = 3600  # an hour of 1-second samples; every decision and ris
 
 
 # carma's own decisions beyond CARMA's rules (docs/policy.md): the switches, and their names in a run's label
-OWN_DECISIONS = {"ttfk_unknown_only": "open warm-ups", "backfill": "backfilling"}
+OWN_DECISIONS = {"ttfk_unknown_only": "open warm-ups", "warmup_risk": "warm-up risk", "backfill": "backfilling"}
 
 
 @dataclass(frozen=True)
