@@ -16,17 +16,17 @@ from carma.estimate.runner import estimate_script  # noqa: E402
 MIB = 1 << 20
 
 # An MLP whose classifier's outputs are small beside its activations; `dp` wraps it in DataParallel, `if
-# several` when it sees several GPUs.
+# several` when it sees several GPUs; Adam, or plain SGD (no state, no temporaries in its step).
 SCRIPT = """
 import sys, torch
-batch, wrap = int(sys.argv[1]), sys.argv[2]
+batch, wrap, sgd = int(sys.argv[1]), sys.argv[2], sys.argv[3:] == ["sgd"]
 wrapped = wrap == "dp" or (wrap == "if several" and torch.cuda.device_count() > 1)  # PyTorch's tutorial
 model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
                             torch.nn.ReLU(), torch.nn.Linear(2048, 10))
 model = torch.nn.DataParallel(model) if wrapped else model
 device = "cuda" if torch.cuda.is_available() else "cpu"
 model = model.to(device)
-optimizer = torch.optim.Adam(model.parameters())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1) if sgd else torch.optim.Adam(model.parameters())
 for _ in range(5):
     optimizer.zero_grad()
     torch.nn.functional.cross_entropy(model(torch.randn(batch, 512, device=device)),
@@ -42,16 +42,16 @@ def train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "train.py"
 
 
-_made: dict[tuple[int, bool | str, int], Estimate] = {}
+_made: dict[tuple[int, bool | str, int, str], Estimate] = {}
 
 
-def estimate(train: str, batch: int, wrapped: bool | str, gpus: int) -> Estimate:
+def estimate(train: str, batch: int, wrapped: bool | str, gpus: int, optimizer: str = "adam") -> Estimate:
     """The script's estimate, made once per worker (a capture takes seconds; the folder changes nothing);
     `wrapped` True or False, or the script's own condition."""
-    key = (batch, wrapped, gpus)
+    key = (batch, wrapped, gpus, optimizer)
     if key not in _made:
-        argv = ["python", train, str(batch), wrapped if isinstance(wrapped, str) else "dp" if wrapped else "-"]
-        _made[key] = estimate_script(argv, "xmem", "a100-40gb", gpus=gpus)
+        wrap = wrapped if isinstance(wrapped, str) else "dp" if wrapped else "-"
+        _made[key] = estimate_script(["python", train, str(batch), wrap, optimizer], "xmem", "a100-40gb", gpus=gpus)
     return _made[key]
 
 
@@ -66,6 +66,17 @@ def test_data_parallel_on_two_gpus_is_estimated_as_its_first_gpus_half_of_the_ba
     assert two.breakdown.optimizer_state == half.breakdown.optimizer_state  # the first GPU steps the optimizer
     assert any("DataParallel on 2 GPUs" in note for note in two.notes)
     assert not half.notes
+
+
+def test_the_gradients_are_reduced_into_new_tensors_on_the_first_gpu(train: str) -> None:
+    """DataParallel's backward holds the first replica's gradients until every replica's are in, then reduces
+    them into new tensors there: with plain SGD and a tiny batch that moment is the peak, a copy of the
+    gradients above the same model trained without DataParallel."""
+    two = estimate(train, 2, wrapped=True, gpus=2, optimizer="sgd")
+    one = estimate(train, 1, wrapped=False, gpus=1, optimizer="sgd")
+    extra = two.breakdown.activations - one.breakdown.activations
+    assert extra == pytest.approx(two.breakdown.gradients, rel=0.01)
+    assert two.breakdown.gradients == one.breakdown.gradients
 
 
 def test_a_script_that_wraps_its_model_when_it_sees_several_gpus_sees_the_jobs(train: str) -> None:

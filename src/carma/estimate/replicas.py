@@ -7,7 +7,9 @@ and the replicas' outputs are gathered on the first GPU (a scalar loss becomes a
 pass reduces the copies' gradients into the module's. The first GPU holds the most: the module's weights,
 their gradients and the optimizer's state, its share of the activations and every replica's outputs. So, told
 the job's GPU count, the capture calls the module on the first chunk only and gathers N outputs of that
-chunk's shape: the estimate is the first GPU's, which carma asks of each of the job's GPUs.
+chunk's shape, and the module's weights pass through the broadcast's backward as on the GPUs (`_reduce_function`:
+the reduced gradients are new tensors, made while the first replica's are still held): the estimate is the first
+GPU's, which carma asks of each of the job's GPUs.
 `torch.cuda.device_count()` answers N too, so a script that wraps its model only when it sees several GPUs
 (PyTorch's tutorial: `if torch.cuda.device_count() > 1`; Hugging Face's Trainer, which then also loads N
 devices' batches at once) takes the path it takes on them; PyTorch itself, Accelerate and Lightning get the
@@ -46,7 +48,7 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
         return
     from torch.profiler import record_function
 
-    wrapper, gather = torch.nn.DataParallel, _gather_function()
+    wrapper, gather, reduce = torch.nn.DataParallel, _gather_function(), _reduce_function()
     init, call = wrapper.__init__, wrapper.__call__
     device_count = torch.cuda.device_count
 
@@ -71,8 +73,14 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
         # the first replica's inputs: each tensor's first chunk (a view: a chunk already on the first GPU is
         # not copied); its outputs gathered with `chunks - 1` others of the same shapes
         first = lambda t: t.chunk(chunks, self.dim)[0]  # noqa: E731
+        args, named = _mapped(inputs, first), _mapped(kwargs, first)
         with record_function(module_window(self)):  # the gathered outputs are the call's, before training too
-            output = self.module(*_mapped(inputs, first), **_mapped(kwargs, first))
+            trained = {name: w for name, w in self.module.named_parameters() if w.requires_grad}
+            if chunks > 1 and trained and torch.is_grad_enabled():
+                weights = dict(zip(trained, reduce.apply(*trained.values()), strict=True))
+                output = torch.func.functional_call(self.module, weights, args, named)
+            else:
+                output = self.module(*args, **named)
             return _mapped(output, lambda t: gather.apply(t, chunks, self.dim))
 
     patched = {name: wrapper.__dict__.get(name) for name in ("__init__", "__call__")}
@@ -122,6 +130,26 @@ def _mapped(value: Any, change: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_mapped(v, change) for v in value)
     return value
+
+
+def _reduce_function() -> Any:
+    """DataParallel's broadcast of the weights, as the first GPU sees it: its replica computes with the module's
+    own weights, but their gradients reach the module only through the broadcast's backward, which runs once
+    every replica's gradients are in (the end of the backward pass) and reduces them into new tensors there
+    (`ReduceAddCoalesced`), while the first replica's are still held: one more copy of the gradients at that
+    moment than a module trained without DataParallel holds."""
+    import torch
+
+    class Reduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *weights: Any) -> Any:
+            return tuple(w.view_as(w) for w in weights)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            return tuple(None if g is None else g.clone() for g in grads)
+
+    return Reduce
 
 
 def _gather_function() -> Any:
