@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from carma.config import EstimateConfig
 from carma.core import SchedulerConfig, SpecError, TargetKind, TaskState
+from carma.core.blocked import RiskFiltered
 from carma.core.types import NeedKind
 from carma.server.auth import Caller, Tokens, primary_gid
 from carma.server.daemon import Daemon, DaemonClock
@@ -35,9 +36,9 @@ def home(tmp_path):
     return paths
 
 
-def daemon(paths: Paths, grace_s: float = 10.0) -> Daemon:
+def daemon(paths: Paths, grace_s: float = 10.0, config: SchedulerConfig | None = None) -> Daemon:
     backend = FakeGpuBackend(paths.fake_gpus)
-    return Daemon(paths, backend, SchedulerConfig(), 10.0, fake_env(paths.fake_gpus), grace_s)
+    return Daemon(paths, backend, config or SchedulerConfig(), 10.0, fake_env(paths.fake_gpus), grace_s)
 
 
 def job(*argv: str, **fields: object) -> JobSpec:
@@ -412,6 +413,23 @@ def test_a_commands_expected_activity_is_learnt_from_its_runs_alone(home):
     assert seen == alone[0] and 0.4 < seen.smact <= 0.6  # its warm-up (no load yet) is in the means
     assert (seen.smocc, seen.drama) == (pytest.approx(seen.smact / 3), pytest.approx(seen.smact / 2))
     assert d.hints.activity(d.submit(job(*fakejob(60, "1GiB")))) is None  # never ran
+    d.close()
+
+
+def test_with_warmup_risk_a_command_that_saturated_its_gpu_alone_closes_it_while_it_warms_up(home):
+    """Open warm-ups let a third task join a GPU whose task has not computed yet; told by the history that the
+    command saturates a GPU, the risk filter keeps it out (and `carma gpus` shows those GPUs excluded)."""
+    config = SchedulerConfig(ttfk_unknown_only=True, warmup_risk=True)
+    d = daemon(home, config=config)
+    bound = fakejob(20, "1GiB", "--smact", "1.0", "--smocc", "0.6", "--drama", "0.8")
+    first = d.submit(job(*bound, mem_mib=2048))
+    step_until(d, lambda: d.scheduler.task(first.id).terminal)
+    warming = [d.submit(job(*bound, mem_mib=2048)) for _ in range(2)]
+    later = d.submit(job(*fakejob(20, "1GiB"), mem_mib=2048))
+    step_until(d, lambda: all(d.scheduler.task(t.id).current for t in warming))
+    assert d.scheduler.task(later.id).current is None
+    assert isinstance(d.scheduler.blocked(later.id), RiskFiltered)
+    assert all(gpu.excluded for gpu in d.scheduler.gpu_status(d.clock.now()))
     d.close()
 
 

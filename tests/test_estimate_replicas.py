@@ -176,3 +176,24 @@ def test_a_call_without_inputs_runs_one_replica_and_gathers_values_not_garbage()
         gathered = model(torch.ones(8, 3))
     assert calls == [1, 4] and alone.tolist() == [3.0]
     assert gathered.tolist() == [6.0] * 4
+
+
+def test_a_scripted_module_or_one_that_changes_its_weights_in_its_forward_still_trains() -> None:
+    """The reduction's stateless call refuses TorchScript modules, and its weights, aliases of the module's,
+    must take an in-place change (a forward that clamps its weights): both run, their gradients reach the
+    module's weights."""
+
+    class Clamped(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                self.weight.clamp_(-0.5, 0.5)
+            return super().forward(x)
+
+    clamped = Clamped(4, 2)
+    with torch.no_grad():
+        clamped.weight.mul_(10)
+    for module in (torch.jit.script(torch.nn.Linear(4, 2)), clamped):
+        with replicas.data_parallel(2) as calls:
+            torch.nn.DataParallel(module)(torch.randn(6, 4)).sum().backward()
+        assert calls == [2] and module.weight.grad is not None
+    assert float(clamped.weight.detach().abs().max()) <= 0.5

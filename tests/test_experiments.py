@@ -83,6 +83,21 @@ def test_recorded_estimator_answers_with_the_papers_estimates(t1):
     assert bert.kind is NeedKind.WHOLE_GPU and bert.source == "faketensor: no usable estimate"
 
 
+def test_recorded_xmem_estimates_of_multi_gpu_tasks_are_partial_as_the_servers_are(t1):
+    """The server's capture of a job on several GPUs leaves out their communication, and holds its margin; the
+    baselines' recorded estimates are CARMA's, placed as in CARMA's rows."""
+    workloads = {e.workload.name: e.workload for e in t1.entries}
+
+    def need(estimator: str, name: str, gpus: int) -> MemoryNeed:
+        return RecordedEstimator(estimator, lambda task: workloads[task.spec.name]).need(
+            Task(1, TaskSpec(name, gpus), 0.0)
+        )
+
+    assert need("xmem", "xlnet_large_cased_2", 2) == MemoryNeed(NeedKind.KNOWN, 17294, "xmem", partial=True)
+    assert not need("horus", "xlnet_large_cased_2", 2).partial
+    assert not need("xmem", "vgg", 1).partial
+
+
 def test_each_trace_entry_is_placed_by_its_own_recorded_estimate(tmp_path):
     """Two entries of one task may record different estimates (its batch size changed): each is placed by
     its own. Here the later entry's small estimate must not let the earlier one share with the filler."""

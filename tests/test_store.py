@@ -54,6 +54,21 @@ def test_states_attempts_and_processes_round_trip(path):
     assert again.spawns == {1: Spawn(4242, 123456, "/state/tasks/1/1")}
 
 
+def test_a_need_stored_before_partial_needs_reads_as_complete(path):
+    """Attempts stored by an earlier release have no `partial` in their need: they hold no margin."""
+    store = Store(path)
+    task_id = store.add(JOB, 0.0)
+    task = store.load()[0].task
+    task.attempts.append(Attempt(1, ("GPU-a",), 5.0, exclusive=True, recovery=False))
+    task.state = TaskState.DISPATCHED
+    store.save([task])
+    store._db.execute(
+        "UPDATE attempts SET need = ? WHERE task_id = ?", ('{"kind": "known", "mib": 8192, "source": "xmem"}', task_id)
+    )
+    (again,) = store.load()
+    assert again.task.attempts[0].need == MemoryNeed(NeedKind.KNOWN, 8192, "xmem", partial=False)
+
+
 def test_dropping_a_placement_that_never_started(path):
     store = Store(path)
     task_id = store.add(JOB, 0.0)

@@ -42,9 +42,9 @@ class SchedulerConfig:
     # keep CARMA's TTFK rule (a GPU takes no further task until the window after their first kernel).
     ttfk_unknown_only: bool = False
     # carma's own: with open warm-ups, the risk filter adds the activity each task on a GPU is expected to have
-    # (a world's `activity` port: the twin's catalog profiles) until half a window after its first kernel, so
-    # tasks that join during warm-ups do not pile onto a GPU that fails the filter once they compute
-    # (docs/policy.md); a world without the port, or a task without a profile, adds nothing.
+    # (a world's `activity` port: the twin's catalog profiles, the server's history of each command's runs
+    # alone) until half a window after its first kernel, so tasks that join during warm-ups do not pile onto a
+    # GPU that fails the filter once they compute (docs/policy.md); a task without a profile adds nothing.
     warmup_risk: bool = False
     # carma's own: EASY backfilling (`carma.core.backfill`). While the head of the queue waits, a later task
     # of known duration may start where it cannot delay the head's reserved start; off: strict FIFO.

@@ -449,9 +449,12 @@ class Scheduler:
         return bool(self._queues.main or self._queues.recovery or self._crashed)
 
     def gpu_status(self, now: float) -> list[GpuStatus]:
+        """Each GPU as decisions see it: its risk with the activity of the tasks warming up on it
+        (`warmup_risk`) too."""
         out = []
+        self._view.now = now
         for g, window in self._windows.items():
-            risk = window.risk() if window.latest is not None else None
+            risk = self._view.risk(g) if window.latest is not None else None
             out.append(
                 GpuStatus(
                     gpu=self.gpus[g],

@@ -76,7 +76,8 @@ def data_parallel(gpus: int) -> Iterator[list[int]]:
         args, named = _mapped(inputs, first), _mapped(kwargs, first)
         with record_function(module_window(self)):  # the gathered outputs are the call's, before training too
             trained = {name: w for name, w in self.module.named_parameters() if w.requires_grad}
-            if chunks > 1 and trained and torch.is_grad_enabled():
+            scripted = isinstance(self.module, torch.jit.ScriptModule)  # the stateless call refuses it
+            if chunks > 1 and trained and torch.is_grad_enabled() and not scripted:
                 weights = dict(zip(trained, reduce.apply(*trained.values()), strict=True))
                 output = torch.func.functional_call(self.module, weights, args, named)
             else:
@@ -143,11 +144,11 @@ def _reduce_function() -> Any:
     class Reduce(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *weights: Any) -> Any:
-            return tuple(w.view_as(w) for w in weights)
+            return tuple(w.detach() for w in weights)  # the same memory, and a forward may change it in place
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            return tuple(None if g is None else g.clone() for g in grads)
+            return tuple(g.clone() for g in grads)
 
     return Reduce
 

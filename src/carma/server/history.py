@@ -45,6 +45,7 @@ class CommandHistory:
         self._runs: dict[Command, Runs] = {}
         self._since: float | None = None  # the latest end read so far
         self._at_since: set[tuple[object, object]] = set()  # the (task, attempt)s that ended then, counted
+        self._read_after = -1  # the store's write count when last read: nothing can have ended since
 
     def runs(self, job: JobSpec) -> Runs:
         """The job's command's successful runs so far."""
@@ -52,6 +53,9 @@ class CommandHistory:
         return self._runs.get(command_of(job), Runs())
 
     def _read(self) -> None:
+        if self._store.writes == self._read_after:
+            return
+        self._read_after = self._store.writes
         for run in self._store.history(self._since):
             key, ended = (run["task_id"], run["attempt"]), float(run["ended_s"])  # type: ignore[arg-type]
             if ended == self._since and key in self._at_since:
@@ -77,6 +81,7 @@ class HistoryHints:
     def __init__(self, history: CommandHistory, jobs: Mapping[TaskId, JobSpec]) -> None:
         self._history = history
         self._jobs = jobs
+        self._activity: dict[Command, tuple[int, Activity]] = {}  # per command: over how many runs, the medians
 
     def duration(self, task: Task) -> float | None:
         """The run time its submitter declared, else the median run time of its command's successful runs; None
@@ -98,6 +103,11 @@ class HistoryHints:
         """Each metric's median over its command's successful runs alone on their GPUs; None without one."""
         job = self._jobs.get(task.id)
         alone = self._history.runs(job).alone if job is not None else []
-        if not alone:
+        if not alone or job is None:
             return None
-        return Activity(*(statistics.median(getattr(a, m) for a in alone) for m in ("smact", "smocc", "drama")))
+        command = command_of(job)
+        counted, medians = self._activity.get(command, (0, None))
+        if counted != len(alone) or medians is None:  # asked for each warming task at every decision
+            medians = Activity(*(statistics.median(getattr(a, m) for a in alone) for m in ("smact", "smocc", "drama")))
+            self._activity[command] = len(alone), medians
+        return medians

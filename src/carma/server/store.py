@@ -261,6 +261,7 @@ class Store:
         self.path = path
         self._ids = ids
         self._faults = faults or FaultLog(log)
+        self.writes = 0  # transactions committed: a reader that caches what it read reads again only after one
         try:
             self._db = self._connect(path, readonly)
             problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
@@ -320,6 +321,7 @@ class Store:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+        self.writes += 1
 
     @contextmanager
     def _best_effort(self, what: str) -> Iterator[None]:
