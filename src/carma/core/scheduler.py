@@ -469,7 +469,7 @@ class Scheduler:
                     awaiting_first_kernel=self._ttfk.awaiting(g),
                     tasks=tuple(sorted(self._on_gpu[g])),
                     foreign=self._foreign[g],
-                    held_mib=self._held_mib(g) if self.config.hold_known_needs else 0,
+                    held_mib=self._held_mib(g)[0] if self.config.hold_known_needs else 0,
                     growth_mib=self._growth.get(g, 0),
                 )
             )
@@ -623,29 +623,36 @@ class Scheduler:
         """What a new task may take on `gpu`, less the reserve: the memory telemetry shows free, and (with
         `hold_known_needs`, unless `hold` is False) no more than the needs known in MiB of the tasks on it leave,
         whether or not they have allocated them yet, nor what its tasks are predicted to grow by (`early`). Their
-        margin is not held: what a task uses beyond its need shows as used. The needs of tasks within their TTFK
-        window are also taken from the memory shown free, which may not show them yet: beside memory no need
-        holds (a relaunch's, a task's of unknown need) the needs held alone would let open warm-ups place tasks
-        into memory that is not there."""
+        margin is not held (but for a partial need's): what a task uses beyond its need shows as used. The needs
+        of tasks within their TTFK window are also taken from the memory shown free, which may not show them yet:
+        beside memory no need holds (a relaunch's, a task's of unknown need) the needs held alone would let open
+        warm-ups place tasks into memory that is not there."""
         latest = self._windows[gpu].latest
         assert latest is not None, "a GPU telemetry never read is no candidate"
         free = latest.free_mib
         if hold and self.config.hold_known_needs:
-            free = min(free - self._held_mib(gpu, unshown=True), latest.total_mib - self._held_mib(gpu))
+            held, unshown = self._held_mib(gpu)
+            free = min(free - unshown, latest.total_mib - held)
         if hold:
             free -= self._growth.get(gpu, 0)
         return max(0, free - self.config.reserve_mib)
 
-    def _held_mib(self, gpu: TargetId, unshown: bool = False) -> int:
+    def _held_mib(self, gpu: TargetId) -> tuple[int, int]:
         """The needs known in MiB of the tasks on `gpu` (per GPU, for a multi-GPU task), a partial one with its
         margin: one too large for a GPU with the margin, placed on whole GPUs, is held too, or others join it
-        once its window passes. With `unshown`, only those of tasks not yet seen a window ago (with CARMA's
-        TTFK rule, none is when a task is placed beside them)."""
-        attempts = [a for t in self._on_gpu[gpu] if (a := self._tasks[t].current) is not None and a.need is not None]
-        if unshown:
-            settled = self._view.now - self.config.window_s  # seen by then: its memory shows
-            attempts = [a for a in attempts if a.first_kernel_s is None or a.first_kernel_s > settled]
-        return sum(a.need.held_mib(self.config.margin_mib) or 0 for a in attempts if a.need is not None)
+        once its window passes. Second, those of tasks not yet seen a window ago (with CARMA's TTFK rule, none
+        is when a task is placed beside them)."""
+        held = unshown = 0
+        settled = self._view.now - self.config.window_s  # seen by then: its memory shows
+        for t in self._on_gpu[gpu]:
+            a = self._tasks[t].current
+            mib = a.need.held_mib(self.config.margin_mib) if a is not None and a.need is not None else None
+            if a is None or mib is None:
+                continue
+            held += mib
+            if a.first_kernel_s is None or a.first_kernel_s > settled:
+                unshown += mib
+        return held, unshown
 
     def _launch(self, task: Task, placement: Placement, need: MemoryNeed, now: float, recovery: bool) -> Launch:
         self._queues.take(task.id, recovery)
