@@ -63,6 +63,16 @@ def test_open_warm_ups_never_over_commit_the_needs_held():
     assert isinstance(b.sched.blocked(late.id), MemoryShort)
 
 
+def test_within_one_decision_each_placement_shows_in_the_next_tasks_answers():
+    """A decision keeps each GPU's free memory and risk while it offers tasks (backfilling offers them all),
+    until a task is placed: the third of three 15 GiB tasks offered together finds the memory the first two
+    took."""
+    b = bench(1, ttfk_unknown_only=True)  # 40 GiB
+    tasks = [b.sched.submit(TaskSpec(name, 1, 15_000), b.t) for name in "abc"]
+    assert b.placed() == {tasks[0].id: (0,), tasks[1].id: (0,)}
+    assert isinstance(b.sched.blocked(tasks[2].id), MemoryShort)
+
+
 def test_open_warm_ups_need_the_needs_held():
     b = bench(1, ttfk_unknown_only=True, hold_known_needs=False)
     b.submit("a", mem_mib=8000)

@@ -402,13 +402,18 @@ class Scheduler:
             view.avoid = frozenset()
             if isinstance(outcome, Placement):
                 actions.append(self._launch(task, outcome, need, now, recovery))
+                view.placed()
             else:
                 if isinstance(outcome, Preparing):  # it waits for what the world is asked to prepare for it
                     actions.extend(outcome.actions)
                 self._blocked[task_id] = outcome
             return outcome
 
-        self.discipline.offer(self._queues, attempt)
+        view.offering(True)
+        try:
+            self.discipline.offer(self._queues, attempt)
+        finally:
+            view.offering(False)
         return actions
 
     def next_timer(self, now: float) -> float | None:
@@ -721,7 +726,9 @@ def _current(task: Task) -> Attempt:
 class _SchedulerView:
     """The scheduler's bookkeeping as the placer reads it (`carma.core.view.View`), live: a placement made
     in a decision shows in the answers for the next task offered. One per scheduler, moved to each
-    decision's time (a decision is a tight loop: it binds what it reads once)."""
+    decision's time (a decision is a tight loop: it binds what it reads once). While a decision offers tasks
+    (`offering`), a GPU's free memory and risk are worked out once and kept until a task is placed, the only
+    change in the meantime: backfilling offers every waiting task."""
 
     def __init__(self, scheduler: Scheduler, pairing: PairingModel | None, activity: ActivityOf | None) -> None:
         self.now = 0.0
@@ -731,7 +738,9 @@ class _SchedulerView:
         self._activity = activity
         self._warming_s = WARMING_WINDOWS * scheduler.config.window_s
         self.gpus: Mapping[TargetId, Target] = scheduler.gpus  # in the server's order: ties go to the earliest
-        self.free_mib = scheduler._free_mib
+        self._free_mib = scheduler._free_mib
+        self._free: dict[tuple[TargetId, bool], int] | None = None  # while offering: the answers so far
+        self._risks: dict[TargetId, Risk] | None = None
         self.usable_mib = scheduler._usable
         self._windows = scheduler._windows
         self._on_gpu = scheduler._on_gpu
@@ -761,7 +770,31 @@ class _SchedulerView:
     def valid(self, gpu: TargetId) -> bool:
         return self._ttfk.valid(gpu, self.now)
 
+    def offering(self, started: bool) -> None:
+        """A decision starts (or ends) offering tasks: answers are kept (or no longer)."""
+        self._free, self._risks = ({}, {}) if started else (None, None)
+
+    def placed(self) -> None:
+        """A task was placed: the GPUs' free memory and risk change."""
+        if self._free is not None and self._risks is not None:
+            self._free.clear()
+            self._risks.clear()
+
+    def free_mib(self, gpu: TargetId, hold: bool = True) -> int:
+        if self._free is None:
+            return self._free_mib(gpu, hold)
+        if (gpu, hold) not in self._free:
+            self._free[gpu, hold] = self._free_mib(gpu, hold)
+        return self._free[gpu, hold]
+
     def risk(self, gpu: TargetId) -> Risk:
+        if self._risks is None:
+            return self._risk(gpu)
+        if gpu not in self._risks:
+            self._risks[gpu] = self._risk(gpu)
+        return self._risks[gpu]
+
+    def _risk(self, gpu: TargetId) -> Risk:
         risk = self._windows[gpu].risk()
         if self._activity is None:
             return risk
