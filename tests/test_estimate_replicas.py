@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -192,7 +193,10 @@ def test_a_scripted_module_or_one_that_changes_its_weights_in_its_forward_still_
     clamped = Clamped(4, 2)
     with torch.no_grad():
         clamped.weight.mul_(10)
-    for module in (torch.jit.script(torch.nn.Linear(4, 2)), clamped):
+    with warnings.catch_warnings():  # deprecated in favour of torch.compile, and still in users' scripts
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(torch.nn.Linear(4, 2))
+    for module in (scripted, clamped):
         with replicas.data_parallel(2) as calls:
             torch.nn.DataParallel(module)(torch.randn(6, 4)).sum().backward()
         assert calls == [2] and module.weight.grad is not None
