@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, TaskState
+from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, Task, TaskState
 from carma.estimate.base import Breakdown, Estimate
 from carma.server.spec import JobSpec
 from carma.server.store import Spawn, Store
@@ -54,33 +54,34 @@ def test_states_attempts_and_processes_round_trip(path):
     assert again.spawns == {1: Spawn(4242, 123456, "/state/tasks/1/1")}
 
 
-def test_a_need_stored_before_partial_needs_reads_as_complete(path):
-    """Attempts stored by an earlier release have no `partial` in their need: they hold no margin."""
+def _placed(path) -> tuple[Store, Task]:
+    """A store holding one task, dispatched to GPU-a (its first attempt not started yet)."""
     store = Store(path)
-    task_id = store.add(JOB, 0.0)
+    store.add(JOB, 0.0)
     task = store.load()[0].task
     task.attempts.append(Attempt(1, ("GPU-a",), 5.0, exclusive=True, recovery=False))
     task.state = TaskState.DISPATCHED
     store.save([task])
+    return store, task
+
+
+def test_a_need_stored_before_partial_needs_reads_as_complete(path):
+    """Attempts stored by an earlier release have no `partial` in their need: they hold no margin."""
+    store, task = _placed(path)
     store._db.execute(
-        "UPDATE attempts SET need = ? WHERE task_id = ?", ('{"kind": "known", "mib": 8192, "source": "xmem"}', task_id)
+        "UPDATE attempts SET need = ? WHERE task_id = ?", ('{"kind": "known", "mib": 8192, "source": "xmem"}', task.id)
     )
     (again,) = store.load()
     assert again.task.attempts[0].need == MemoryNeed(NeedKind.KNOWN, 8192, "xmem", partial=False)
 
 
 def test_dropping_a_placement_that_never_started(path):
-    store = Store(path)
-    task_id = store.add(JOB, 0.0)
-    task = store.load()[0].task
-    task.attempts.append(Attempt(1, ("GPU-a",), 5.0, exclusive=True, recovery=False))
-    task.state = TaskState.DISPATCHED
-    store.save([task])
+    store, task = _placed(path)
     task.attempts.pop()
     task.state = TaskState.QUEUED
     store.drop_attempt(task, 1)
     (again,) = store.load()
-    assert (again.task.id, again.task.state, again.task.attempts) == (task_id, TaskState.QUEUED, [])
+    assert (again.task.id, again.task.state, again.task.attempts) == (task.id, TaskState.QUEUED, [])
 
 
 def test_ids_continue_after_a_restart_and_events_follow_state_changes(path):
