@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections import deque
 from typing import cast
 
-from carma.core.risk import Risk, RiskWeights, risk_score
+from carma.core.risk import METRICS, Risk, RiskWeights, risk_score
 from carma.core.types import GpuSample
-
-METRICS = ("smact", "smocc", "drama")
 
 
 class MonitorWindow:

@@ -47,7 +47,7 @@ class RiskConfig:
     missing: str = "risky"
 
     def __post_init__(self) -> None:
-        for name in ("smact", "smocc", "drama"):
+        for name in METRICS:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"risk threshold {name} must be a fraction in [0, 1], got {getattr(self, name):g}")
         if self.missing not in ("risky", "skip"):
@@ -142,7 +142,7 @@ def with_expected(risk: Risk, expected: Sequence[Activity]) -> Risk:
     def plus(score: float | None, metric: str) -> float | None:
         return None if score is None else score + sum(getattr(a, metric) for a in expected)
 
-    return Risk(plus(risk.smact, "smact"), plus(risk.smocc, "smocc"), plus(risk.drama, "drama"))
+    return Risk(*(plus(getattr(risk, metric), metric) for metric in METRICS))
 
 
 @dataclass(frozen=True)

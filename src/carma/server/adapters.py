@@ -9,13 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from carma.core.loop import JournalError
 from carma.core.ports import GpuProcesses, TelemetryReading
+from carma.core.risk import METRICS
 from carma.core.types import Target, TargetId, Task, TaskId
 from carma.server import proctree
 from carma.server.faults import WORLD_FAULTS
 from carma.server.store import Observation, Store
 from carma.telemetry import DeviceReading, GpuBackend
-
-METRICS = ("smact", "smocc", "drama")
 
 
 class RunRecorder:

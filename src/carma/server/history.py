@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from carma.core.risk import Activity
+from carma.core.risk import METRICS, Activity
 from carma.core.types import ExitKind, Task, TaskId
 from carma.server.spec import JobSpec
 from carma.server.store import Store
@@ -69,7 +69,7 @@ class CommandHistory:
                 runs.times.append(float(run["exec_s"]))  # type: ignore[arg-type]
                 if run["peak_mib"]:
                     runs.peaks.append(int(run["peak_mib"]))  # type: ignore[call-overload]
-                means = [run[f"{metric}_mean"] for metric in ("smact", "smocc", "drama")]
+                means = [run[f"{metric}_mean"] for metric in METRICS]
                 if not run["shared"] and None not in means:
                     runs.alone.append(Activity(*map(float, means)))  # type: ignore[arg-type]
 
@@ -108,6 +108,6 @@ class HistoryHints:
         command = command_of(job)
         counted, medians = self._activity.get(command, (0, None))
         if counted != len(alone) or medians is None:  # asked for each warming task at every decision
-            medians = Activity(*(statistics.median(getattr(a, m) for a in alone) for m in ("smact", "smocc", "drama")))
+            medians = Activity(*(statistics.median(getattr(a, m) for a in alone) for m in METRICS))
             self._activity[command] = len(alone), medians
         return medians

@@ -29,7 +29,7 @@ def durations(workload_of: WorkloadOf) -> DurationOf:
 
 def activity(workload_of: WorkloadOf) -> ActivityOf:
     """Each task's solo SMACT, SMOCC and DRAMA from the catalog's profile, the figures telemetry shows of it
-    alone (a daemon would need each command's, measured when it ran alone)."""
+    alone (the daemon's come from each command's runs alone: `carma.server.history`)."""
 
     def of(task: Task) -> Activity:
         w = workload_of(task)
