@@ -326,6 +326,20 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
     estimates.close()
 
 
+def test_another_users_runs_of_the_same_command_never_give_a_history(tmp_path, workdir):
+    """In a shared folder another user could otherwise set a job's peak low, and its MPS limit with it."""
+    store = Store(tmp_path / "carma.db")
+    alice, mallory = job(workdir, estimator="history", user="alice"), job(workdir, estimator="history", user="mallory")
+    estimates = service(store, {}, Runner())
+    for spec, peak in ((mallory, 100), (alice, 7000)):
+        task_id = store.add(spec, 0.0)
+        (stored,) = [s for s in store.load() if s.task.id == task_id]
+        _end(store, stored.task, "success", Observation(peak, None, None, None))
+    assert estimates._history(alice).mib == 7000 and estimates._history(mallory).mib == 100
+    assert estimates._history(job(workdir, estimator="history", user="bob")).kind is NeedKind.UNKNOWN
+    estimates.close()
+
+
 def test_an_estimate_the_store_forgot_is_made_again_not_served_from_memory(tmp_path, workdir):
     """A task of the same job got the forgotten estimate from memory, and `carma show` could not show it."""
     store, spec, runner = Store(tmp_path / "carma.db"), job(workdir), Runner(peak_mib=5120)

@@ -1,5 +1,5 @@
-"""The daemon's history by command: what the earlier successful runs of the same command (argv, workdir, shell)
-showed, read from the store incrementally (only the attempts ended since the last read), so that the history
+"""The daemon's history by command: what the earlier successful runs of the same command (its user, argv, workdir,
+shell) showed, read from the store incrementally (only the attempts ended since the last read), so that the history
 estimate of every waiting task at every scheduling step, and every expected duration, costs a lookup.
 
 It answers three ports: the peak memory behind `--estimate history` (the server's default estimator); a task's
@@ -9,6 +9,10 @@ take; and its expected activity, the median SMACT, SMOCC and DRAMA of the runs i
 means telemetry saw while its processes were on them), which `warmup_risk` adds to a GPU's scores while the
 task warms up (`carma.core.risk.ActivityOf`). A command never run to success has none of them: it runs
 recovery only, is not backfilled, not restarted early and adds nothing to the risk filter before it shows.
+
+The user is part of the command: another user's runs of the same argv in the same directory (a shared
+project folder) never shape a job's estimate, whose MPS memory limit a too low peak would turn into a crash,
+nor its expected run time and activity.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from carma.core.types import ExitKind, Task, TaskId
 from carma.server.spec import JobSpec
 from carma.server.store import Store
 
-Command = tuple[tuple[str, ...], str, bool]
+Command = tuple[str, tuple[str, ...], str, bool]
 
 
 def command_of(job: JobSpec) -> Command:
-    return tuple(job.argv), job.workdir, job.shell
+    return job.user, tuple(job.argv), job.workdir, job.shell
 
 
 @dataclass
@@ -64,7 +68,7 @@ class CommandHistory:
                 self._since, self._at_since = ended, set()
             self._at_since.add(key)
             if run["outcome"] == ExitKind.SUCCESS.value:
-                command = (tuple(run["command"]), str(run["workdir"]), bool(run["shell"]))  # type: ignore[call-overload]
+                command = (str(run["user"]), tuple(run["command"]), str(run["workdir"]), bool(run["shell"]))  # type: ignore[call-overload]
                 runs = self._runs.setdefault(command, Runs())
                 runs.times.append(float(run["exec_s"]))  # type: ignore[arg-type]
                 if run["peak_mib"]:
