@@ -190,6 +190,21 @@ def test_a_daemon_window_holds_what_ran_in_it_and_leaves_unmeasured_values_out()
     assert record.figures["makespan_s"] == 2700.0 - 450.0 and record.figures["energy_mj"] == 1.0
 
 
+def test_a_gpu_the_daemon_no_longer_has_counts_in_the_energy_and_is_not_charted():
+    """A server restarted with other GPUs, or a MIG instance remade, names a GPU gone by its id: the report
+    stopped with a traceback (int() of the id)."""
+    api = _Api()
+    api.summaries[3].update(ended_s=2700.0, state="cancelled")
+    column = {"t": [1000.0, 1010.0], "used_mib": [1, 2], "smact": [0.1, 0.2], "power_w": [None, None]}
+    api.series = {"0": {**column, "energy_j": [5e6, 6e6]}, "GPU-fake-0-bfaa00f6": {**column, "energy_j": [1e6, 3e6]}}
+    record = from_server(api, 1)  # type: ignore[arg-type]
+    assert list(record.series) == [0] and record.figures["energy_mj"] == 3.0
+    assert record.source == "carma server at /tmp/fake.sock; 1 GPU it no longer has counted in the energy, not charted"
+    api.series["GPU-fake-0-bfaa00f6"]["t"] = [10.0, 20.0]  # gone before the window: not in the report at all
+    record = from_server(api, 1)  # type: ignore[arg-type]
+    assert record.figures["energy_mj"] == 1.0 and record.source == "carma server at /tmp/fake.sock"
+
+
 def test_a_task_the_daemon_forgets_between_its_listing_and_its_fetch_is_left_out():
     """Its retention forgot it in between: the report stopped with "no task with id 2"."""
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from carma.metrics.run import mean_p95
 from carma.textfiles import NotText, read_text
+from carma.units import pluralize
 
 if TYPE_CHECKING:
     from carma.metrics.timeline import Segment
@@ -251,7 +252,9 @@ def from_server(client: Client, hours: float) -> RunRecord:
     tasks = _window_tasks(client, since, timeline["attempts"])
     if not tasks:
         raise RecordError(f"the carma server at {client.where} has no tasks in the last {hours:g} h")
-    raw = {int(g): s for g, s in client.request("GET", "/v1/series", {"minutes": hours * 60})["gpus"].items()}
+    # a GPU the server no longer has (restarted with others, a MIG instance since remade) is named by its id
+    raw = client.request("GET", "/v1/series", {"minutes": hours * 60})["gpus"]
+    present = {int(g): s for g, s in raw.items() if g.isdigit()}
     unfinished = sum(t.end_s is None for t in tasks)
     first = min(t.submit_s for t in tasks)
     last = None if unfinished else max(t.end_s for t in tasks if t.end_s is not None)
@@ -259,21 +262,25 @@ def from_server(client: Client, hours: float) -> RunRecord:
     start, end = max(since, first), now if last is None else last
     ooms = _ooms(tasks, since)
     scale = status["time_scale"]
+    sampled = {g: s for g, s in raw.items() if any(start <= t <= end for t in s["t"])}
+    gone = sum(not g.isdigit() for g in sampled)
     return RunRecord(
         label=f"server ({status['policy']}), last {hours:g} h",
-        source=f"carma server at {client.where}" + (f" (clock sped up {scale:g}x)" if scale != 1 else ""),
+        source=f"carma server at {client.where}"
+        + (f" (clock sped up {scale:g}x)" if scale != 1 else "")
+        + (f"; {pluralize(gone, 'GPU')} it no longer has counted in the energy, not charted" if gone else ""),
         start_s=start,
         end_s=end,
         gpus=tuple(GpuRef(g["index"], g["name"], g["total_mib"]) for g in client.gpus()),
         figures={
             "makespan_s": None if last is None else last - first,
-            "energy_mj": _energy_mj(list(raw.values()), start, end),
+            "energy_mj": _energy_mj(list(sampled.values()), start, end),
             "oom_crashes": len(ooms),
             **task_figures(tasks),
             "tasks_unfinished": unfinished,
         },
         tasks=tasks,
-        series={g: _clip(s, start, end) for g, s in sorted(raw.items())},
+        series={g: _clip(s, start, end) for g, s in sorted(present.items())},
         ooms=ooms,
     )
 
