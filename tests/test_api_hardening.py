@@ -105,6 +105,18 @@ def test_a_bad_body_without_a_token_is_401_not_422(served):  # type: ignore[no-u
     assert answer.startswith(b"HTTP/1.1 401 ")  # was 422: the body judged before the caller
 
 
+def test_a_body_that_is_not_json_is_a_400_one_liner(served):  # type: ignore[no-untyped-def]
+    """As the schema says: it was a 422 located at `[1]` (a position in the body) with pydantic's words."""
+    _, port = served
+    body = b"{bad"
+    head = b"POST /v1/tasks HTTP/1.1\r\nHost: carma\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    answer = _exchange(port, head % len(body) + b"Authorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n\r\n" + body)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2]) == {
+        "detail": "the body is not JSON: Expecting property name enclosed in double quotes"
+    }
+
+
 def test_the_page_and_schema_stay_public(served):  # type: ignore[no-untyped-def]
     _, port = served
     assert [_request(port, "GET", path, token=None).status for path in ("/", "/openapi.json", "/v1/status")] == [

@@ -426,6 +426,14 @@ def test_each_option_s_help_is_printed_whole(words, command):
             assert unwrapped(param.help.replace("\\[", "[")) in unwrapped(result.stdout), param.name
 
 
+@pytest.mark.parametrize("words", ["server", "simulate"])
+def test_the_policy_option_names_every_registered_policy(words):
+    from carma.core.policies import POLICY_NAMES
+
+    (option,) = [p for p in _commands()[words].params if p.name == "policy"]
+    assert all(name in option.help for name in POLICY_NAMES), option.help
+
+
 def test_a_long_error_message_stays_on_one_line():
     result = run_carma("simulate", "--trace", "carma-heavy60")
     assert result.returncode == 2

@@ -602,6 +602,11 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
         (["wait", "1", "--timeout", "nan"], "--timeout must be a number of seconds; got nan"),  # it waited forever
         (["submit", "--duration", "90", "--", "true"], "--duration: cannot read '90' as a run time: write e.g. 2h"),
         (["submit", "-f", _file(tmp_path, "long.yaml", b"command: run\nduration: 2 weeks\n")], "duration: cannot"),
+        (  # a number is seconds: it was told to be quoted, and quoted it is no run time
+            ["submit", "-f", _file(tmp_path, "zero.yaml", b"command: run\nduration: 0\n")],
+            "invalid request: duration: a run time must be above 0 and at most a year, got 0",
+        ),
+        (["submit", "-f", _file(tmp_path, "yes.yaml", b"command: run\nduration: true\n")], "a number of seconds"),
     ]
     for args, message in cases:
         result = server.cli(*args)

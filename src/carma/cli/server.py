@@ -38,7 +38,7 @@ def server_cmd(
         ),
     ] = None,
     policy: Annotated[
-        str | None, typer.Option(help="exclusive, rr, magm, lug, ff or bf (default: magm, or the config's).")
+        str | None, typer.Option(help="exclusive, rr, magm, lug, ff, bf or pair (default: magm, or the config's).")
     ] = None,
     config: Annotated[
         Path | None,

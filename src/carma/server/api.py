@@ -121,6 +121,8 @@ def _one_line(exc: RequestValidationError) -> str:
     if first.get("type") == "enum":  # a query's choice (`state`), the choices as a user types them
         choices = ", ".join(re.findall(r"'([^']*)'", first.get("ctx", {}).get("expected", "")))
         return f"invalid request: {loc[-1]} must be one of {choices}; got {value!r}"
+    if loc[:1] == ["duration"]:  # the schema's members (a pattern, a range) would be named, not the run time's rule
+        return f"invalid request: duration: {_run_time_problem(value)}"
     if len(loc) > 1 and loc[-1] in _UNION_MEMBERS:
         loc.pop()
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
@@ -136,6 +138,16 @@ def _one_line(exc: RequestValidationError) -> str:
     elif message == "Input should be a valid string" and isinstance(value, int | float | bool):
         message += " (quote it in a task file)"
     return f"invalid request: {where + ': ' if where else ''}{message}"
+
+
+def _run_time_problem(value: object) -> str:
+    """Why `value` is no run time, in the words `carma submit --duration` uses."""
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        try:
+            parse_seconds(value)
+        except ValueError as e:
+            return str(e)
+    return "a run time is text such as 2h, 90min or 1h30m, or a number of seconds"
 
 
 def _texts(request: SubmitRequest) -> Iterator[tuple[str, str]]:
@@ -190,6 +202,10 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        if first.get("type") == "json_invalid":  # no request to validate: the body is not JSON at all
+            why = first.get("ctx", {}).get("error", "malformed")
+            return JSONResponse({"detail": f"the body is not JSON: {why}"}, status_code=400)
         return JSONResponse({"detail": _one_line(exc)}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
