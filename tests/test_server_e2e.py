@@ -587,6 +587,10 @@ def test_malformed_requests_get_one_clear_line_and_change_nothing(start_server, 
             ["submit", "-f", _file(tmp_path, "inf.yaml", b"command: 'true'\nmem: .inf\n")],
             "mem = inf: a memory size is a",
         ),
+        (  # was told to give a fraction with its unit
+            ["submit", "-f", _file(tmp_path, "huge.yaml", b"command: 'true'\nmem: 1.0e+300\n")],
+            "mem = 1e+300: a size without a unit is whole MiB, written as an integer, or give it with its unit",
+        ),
         (["submit", "-f", _file(tmp_path, "blank.yaml", b"command: '  '\n")], "blank.yaml: 'command' is missing or"),
         (["queue", "--state", "queud"], "state must be one of queued, "),
         (["submit", "--", ""], "command: its program is empty"),  # these three were a 500 Internal Server Error

@@ -131,9 +131,11 @@ def _one_line(exc: RequestValidationError) -> str:
     message = first.get("msg", "invalid")
     if loc == ["mem"] and isinstance(value, float):  # `mem: 8192` is MiB: 1.5 was told to be quoted, as "1.5"
         message = (
-            "a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'"
-            if math.isfinite(value)
-            else "a memory size is a finite number"  # `.inf` in YAML was told to be given with a unit
+            "a memory size is a finite number"  # `.inf` in YAML was told to be given with a unit
+            if not math.isfinite(value)
+            else "a size without a unit is whole MiB, written as an integer, or give it with its unit, e.g. '8GiB'"
+            if value.is_integer()  # 1e300 was told to be given as a fraction
+            else "a size without a unit is whole MiB; give a fraction with its unit, e.g. '1.5GiB'"
         )
     elif message == "Input should be a valid string" and isinstance(value, int | float | bool):
         message += " (quote it in a task file)"
