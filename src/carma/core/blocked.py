@@ -6,9 +6,10 @@ scheduler with the others. The words users read are made from these outside the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from carma.core.risk import Exclusion
+from carma.core.risk import Exclusion, Risk, RiskConfig
 from carma.core.types import Action, TargetId
 
 
@@ -93,8 +94,15 @@ class MemoryShort(Blocked):
 
 @dataclass(frozen=True)
 class RiskFiltered(Blocked):
-    """Fewer than `gpus` GPUs with enough memory pass the risk filter."""
+    """Fewer than `gpus` GPUs with enough memory pass the risk filter. Why each is excluded is worked out when
+    asked (`carma queue`, the log): a decision offers every waiting task, most of them blocked so."""
 
     gpus: int
     passing: int
-    excluded: tuple[tuple[TargetId, Exclusion], ...]  # the GPUs with enough memory it excludes, and why
+    risky: tuple[tuple[TargetId, Risk], ...]  # the GPUs with enough memory it excludes, with their scores
+    config: RiskConfig
+
+    @functools.cached_property
+    def excluded(self) -> tuple[tuple[TargetId, Exclusion], ...]:
+        """The GPUs with enough memory it excludes, and why."""
+        return tuple((g, risk.exclusion(self.config)) for g, risk in self.risky)

@@ -69,7 +69,7 @@ class Placer:
                 risky = [g for g in gpus if risks[g].excluded(cfg.risk)]
                 gpus = [g for g in gpus if g not in risky]
                 if len(gpus) < n:
-                    return RiskFiltered(n, len(gpus), tuple((g, risks[g].exclusion(cfg.risk)) for g in risky))
+                    return RiskFiltered(n, len(gpus), tuple((g, risks[g]) for g in risky), cfg.risk)
         return Placement(tuple(policy.order(gpus, view)[:n]))
 
     def room_mib(self, target: Target) -> int:
