@@ -119,6 +119,38 @@ def test_estimators_without_an_estimate_place_tasks_on_whole_gpus(t1):
     assert bert.attempts[0].exclusive
 
 
+def test_activity_from_history_is_known_once_a_run_of_the_workload_completed_alone():
+    """As the daemon learns it: a run that shared its GPU, or one still going, tells nothing."""
+    from types import SimpleNamespace
+
+    from carma.core.risk import Activity
+    from carma.core.types import Attempt, ExitKind, TaskState
+    from carma.sim.hints import history_activity
+
+    def task(task_id: int, name: str, gpu: str, start: float, end: float | None) -> Task:
+        t = Task(task_id, TaskSpec(name), start)
+        outcome = ExitKind.SUCCESS if end is not None else None
+        t.attempts.append(Attempt(1, (gpu,), start, exclusive=False, recovery=False, ended_s=end, outcome=outcome))
+        t.state = TaskState.COMPLETED if end is not None else TaskState.RUNNING
+        return t
+
+    tasks = [task(1, "vgg", "g0", 0, 100), task(2, "mobilenet", "g0", 50, 150), task(3, "vgg", "g1", 120, None)]
+    of = history_activity(lambda t: SimpleNamespace(smact=1.0, smocc=0.5, drama=0.6), lambda: tasks)
+    asked = Task(9, TaskSpec("vgg"), 400)
+    assert of(asked) is None  # the completed run shared g0 with mobilenet; the run on g1 has not ended
+    tasks[2] = task(3, "vgg", "g1", 120, 300)
+    assert of(asked) == Activity(1.0, 0.5, 0.6)
+    assert of(Task(10, TaskSpec("mobilenet"), 400)) is None  # its only run shared g0
+
+
+def test_the_twin_learning_activity_as_the_daemon_does_is_its_own_configuration(t1):
+    learnt = simulate(t1, RunConfig("magm", "oracle", own=True, activity="history"))
+    assert learnt.config.label == "MAGM oracle, carma's own, activity from history"
+    assert learnt.metrics.makespan_s != simulate(t1, RunConfig("magm", "oracle", own=True)).metrics.makespan_s
+    with pytest.raises(ValueError, match="unknown activity source 'oracle'"):
+        RunConfig("magm", activity="oracle")
+
+
 def test_with_history_a_task_without_an_estimate_takes_the_peak_of_an_earlier_completed_run(tmp_path):
     """`xmem+history`: dlrm has no xMem estimate. Its first run and a second submitted while it runs take a whole
     GPU (no run had completed: causal, not an oracle); a third, after one completed, takes dlrm's peak and starts

@@ -133,18 +133,21 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _
         return None
     decisions = status.get("decisions") or {}  # a server of an earlier release: none of them
     memory = "oracle" if declared.memory else "none"
-    run = RunConfig(status["policy"], memory, status["risk"]["enabled"], predict=decisions.get("predict_growth", False))
     switches = {name: decisions[name] for name in ("hold_known_needs", *OWN_DECISIONS) if name in decisions}
+    # the server learns a command's activity from its runs alone, and the twin as it does
+    learnt = "history" if switches.get("warmup_risk") else "profile"
+    run = RunConfig(
+        status["policy"],
+        memory,
+        status["risk"]["enabled"],
+        predict=decisions.get("predict_growth", False),
+        activity=learnt,
+    )
     config = TwinConfig(gpus=tuple(k for k in kinds if k), scheduler=replace(SchedulerConfig(), **switches))
     if switches.get("backfill") and not declared.duration:
         err.print(
             "note: the twin backfills knowing every task's run time, the server only its command's earlier runs "
             "(--duration oracle declares them)"
-        )
-    if switches.get("warmup_risk"):
-        err.print(
-            "note: the twin's risk filter knows every warming task's activity, the server only that of its "
-            "command's earlier runs alone"
         )
     result = simulate(trace, run, config)
     own = "".join(f", {words}" for name, words in OWN_DECISIONS.items() if switches.get(name))

@@ -16,7 +16,7 @@ from carma.core.types import MemoryNeed, MigSlot, Target, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
-from carma.sim.hints import activity, durations, history_peak, pairing
+from carma.sim.hints import activity, durations, history_activity, history_peak, pairing
 from carma.sim.migspeed import RECONFIGURATION_S
 from carma.sim.migtwin import MigTwinServer, full_layouts, geometries, layout_text, mig_server, static_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
@@ -27,6 +27,9 @@ from carma.traces.loaders import Trace
 
 MEMORY_MODES = MEMORY_SOURCES
 MIG_MODES = ("off", "dynamic", "static")
+# where `warmup_risk` learns a task's activity: its workload's profile, or only once a run of it completed alone
+# (as the daemon's history learns it: `carma replay` compares the daemon with the latter)
+ACTIVITY_SOURCES = ("profile", "history")
 _MEMORY_LABELS = {
     "none": "recovery only",
     "oracle": "oracle",
@@ -55,8 +58,11 @@ class RunConfig:
     predict: bool = True  # restart a task early when its memory will outgrow its instance, or its GPU beside others
     own: bool = False  # carma's own decisions (`OWN`) on top of the policy
     layout: tuple[tuple[MigSlot, ...], ...] = ()  # with static MIG: one layout for every GPU, or one per GPU
+    activity: str = "profile"  # one of ACTIVITY_SOURCES
 
     def __post_init__(self) -> None:
+        if self.activity not in ACTIVITY_SOURCES:
+            raise ValueError(f"unknown activity source {self.activity!r} (choose from {', '.join(ACTIVITY_SOURCES)})")
         if self.memory not in MEMORY_MODES:
             raise ValueError(f"unknown memory mode {self.memory!r} (choose from {', '.join(MEMORY_MODES)})")
         if self.mig not in MIG_MODES:
@@ -82,6 +88,7 @@ class RunConfig:
             + ("" if self.risk_filter else ", no risk filter")
             + (", carma's own" if self.own else "")
             + ("" if self.predict else ", no prediction")
+            + (", activity from history" if self.activity == "history" else "")
         )
 
     @property
@@ -251,7 +258,9 @@ def simulate(
         hints = {
             "durations": durations(workload_of),
             "pairing": pairing(twin.interference, twin.sharing, workload_of),
-            "activity": activity(workload_of),
+            "activity": activity(workload_of)
+            if run.activity == "profile"
+            else history_activity(workload_of, lambda: server.loop.scheduler.tasks),
         }
         warmup = lambda task: workload_of(task).warmup_s  # noqa: E731 (read only by the prediction)
         early = EarlyRestarts(remaining, warmup, instances=False)

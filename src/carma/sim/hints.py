@@ -1,7 +1,7 @@
 """What the twin tells the core beyond telemetry, as a server with history would know it: each task's expected
 duration (backfilling), how much collocated tasks slow each other (interference-aware pairing), the activity a
-task brings to its GPU (the risk of tasks still warming up), and the peak of a workload's earlier runs (the
-daemon's default memory estimate).
+task brings to its GPU (the risk of tasks still warming up: from its profile, or as the daemon learns it), and
+the peak of a workload's earlier runs (the daemon's default memory estimate).
 
 A duration is the workload's solo time from the trace's catalog, the figure a daemon's history of earlier runs
 of the same command gives; the interference model is the twin's own fitted one. The core receives both as
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from carma.core.backfill import DurationOf
 from carma.core.policies.pair import PairingModel
 from carma.core.risk import Activity, ActivityOf
-from carma.core.types import Task, TaskState
+from carma.core.types import Attempt, Task, TaskId, TaskState
 from carma.sim.models import InterferenceModel, Load
 from carma.traces.catalog import Workload
 
@@ -65,3 +65,39 @@ def history_peak(workload_of: WorkloadOf, tasks: Callable[[], Iterable[Task]]) -
         return max((workload_of(t).mem_mib for t in done), default=None)
 
     return peak
+
+
+def history_activity(workload_of: WorkloadOf, tasks: Callable[[], Iterable[Task]]) -> ActivityOf:
+    """`warmup_risk`'s activity as the daemon learns it (`carma.server.history`: from a command's successful runs
+    alone on their GPUs): a workload's profile once one of its runs completed in this simulation with no other
+    task's attempt on its GPUs meanwhile; None before. Causal, as `history_peak`."""
+    profile = activity(workload_of)
+    known: set[str] = set()
+    checked: set[TaskId] = set()  # completed runs found shared: they never become alone
+
+    def of(task: Task) -> Activity | None:
+        name = task.spec.name
+        if name not in known:
+            everything = list(tasks())
+            for done in everything:
+                if done.spec.name != name or done.state is not TaskState.COMPLETED or done.id in checked:
+                    continue
+                checked.add(done.id)
+                if _alone(done, everything):
+                    known.add(name)
+                    break
+        return profile(task) if name in known else None
+
+    return of
+
+
+def _alone(done: Task, everything: Iterable[Task]) -> bool:
+    """Whether `done`'s last attempt (its successful run) had its GPUs to itself from launch to exit."""
+    run = done.attempts[-1]
+    return not any(other.id != done.id and _overlap(run, a) for other in everything for a in other.attempts)
+
+
+def _overlap(run: Attempt, other: Attempt) -> bool:
+    assert run.ended_s is not None
+    ends = other.ended_s if other.ended_s is not None else float("inf")
+    return bool(set(run.gpus) & set(other.gpus)) and other.dispatched_s < run.ended_s and ends > run.dispatched_s
