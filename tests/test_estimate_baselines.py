@@ -395,6 +395,7 @@ def test_calibrated_values_take_precedence_and_keep_each_other(config_home):
         ("context_bytes = -5\ntotal_bytes = 100\nsource = 'hand-edited'", "context_bytes must be at least 0"),
         ("context_bytes = 200\ntotal_bytes = 100\nsource = 'hand-edited'", "and below total_bytes \\(100\\), not 200"),
         ("context_bytes = 5\ntotal_bytes = 0\nsource = 'hand-edited'", "total_bytes must be positive, not 0"),
+        ("context_bytes = 5\ntotal_bytes = 100", "\\[a100-40gb\\] has no source"),  # it said only 'source'
     ],
 )
 def test_a_broken_calibration_file_is_one_clear_error(config_home, table, why):

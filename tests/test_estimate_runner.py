@@ -1727,6 +1727,32 @@ def test_crashing_script_reports_its_last_error_line(workdir: Path) -> None:
         estimate(["python", on_gpu])
 
 
+def test_an_error_in_a_dataloader_worker_is_reported_as_the_worker_raised_it(workdir: Path) -> None:
+    """It was PyTorch's re-raise: "Caught KeyError in DataLoader worker process 0. Original Traceback ..." cut at
+    500 characters, never reaching 'label', and located at the loop, not at the line that raised it."""
+    train = script(
+        workdir,
+        "workers.py",
+        textwrap.dedent(
+            """\
+            import torch
+            class Records(torch.utils.data.Dataset):
+                def __len__(self): return 8
+                def __getitem__(self, i):
+                    return {"x": torch.randn(4)}["label"]
+            model = torch.nn.Linear(4, 2)
+            for batch in torch.utils.data.DataLoader(Records(), batch_size=4, num_workers=1):
+                model(batch).sum().backward()
+            """
+        ),
+    )
+    with pytest.raises(
+        EstimateError,
+        match=r"after 0 optimizer steps: KeyError: 'label' \(in DataLoader worker process 0\) at workers\.py:5$",
+    ):
+        estimate(["python", train])
+
+
 @pytest.mark.parametrize(
     ("signal_name", "message"),
     [
@@ -1768,7 +1794,8 @@ def test_the_capture_ends_with_the_process_that_waits_for_it(workdir: Path) -> N
 def test_script_that_stops_early_or_is_missing(workdir: Path) -> None:
     train = tiny_script(workdir, "short.py", 2)
     with pytest.raises(
-        EstimateError, match=r"ended after 2 optimizer steps; the capture needs 3 \(let it train longer"
+        EstimateError,
+        match=r"ended after 2 optimizer steps; the capture needs 3 \(let it train longer, or .* --steps 2\)",
     ):
         estimate(["python", train])
     with pytest.raises(EstimateError, match=r"^the script ended after 1 optimizer step; the capture needs 3 \("):

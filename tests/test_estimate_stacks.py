@@ -50,6 +50,10 @@ def test_devices_toml_sets_the_stack_of_every_estimate_and_keeps_it(config_home:
     devices.save_calibrated(devices.Device("a100-40gb", 600 * MIB, 40 * 2**30, "measured", "cuda12-torch2"))
     assert devices.get_device("a100-40gb@cuda12-torch2").context_bytes == 600 * MIB
     assert devices.get_device("a100-40gb@cuda11-torch2-eager").context_bytes == 1449 * MIB
+    with pytest.raises(  # it said "unknown device 'rtx-4090-24gb'", listing rtx-4090-24gb among the known
+        devices.EstimateError, match=r"^rtx-4090-24gb is calibrated for cuda12-torch2, not cuda13-torch2: measure it"
+    ):
+        devices.get_device("rtx-4090-24gb@cuda13-torch2")
     (config_home / "devices.toml").write_text('stack = "cuda7"\n')
     with pytest.raises(devices.EstimateError, match=r"devices.toml: unknown stack 'cuda7'; known stacks: "):
         devices.get_device("a100-40gb")
@@ -152,3 +156,13 @@ def test_the_estimate_takes_the_jobs_stack(tmp_path: Path) -> None:
     assert (result["device"], result["breakdown"]["context"]) == ("a100-40gb@cuda11-torch2-eager", 1449 * MIB)
     refused = run_carma("estimate", "--stack", "cuda9", "--", "python", "train.py", cwd=tmp_path, env=env)
     assert refused.returncode == 2 and refused.stderr.startswith("error: unknown stack 'cuda9'; known stacks: ")
+    twice = run_carma(  # it read the stack as 'cuda13-torch2@cuda13-torch2'
+        "estimate", "--device", "a100-40gb@cuda11-torch2-eager", "--stack", "cuda11-torch2-eager", "--json", "--",
+        "python", "train.py", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert json.loads(twice.stdout)["device"] == "a100-40gb@cuda11-torch2-eager"
+    both = run_carma("estimate", "--device", "a100-40gb@cuda12-torch2", "--stack", "cuda13-torch2", "--", "x")
+    assert (
+        both.stderr == "error: --device a100-40gb@cuda12-torch2 names stack cuda12-torch2, --stack cuda13-torch2: "
+        "give the stack once\n"
+    )

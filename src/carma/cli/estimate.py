@@ -134,7 +134,10 @@ def estimate_cmd(
 
     try:
         if stack:
-            device = f"{device}{STACK_SEPARATOR}{stack}"
+            named, _, other = device.lower().partition(STACK_SEPARATOR)
+            if other and other != stack.lower():
+                raise fail(f"--device {device} names stack {other}, --stack {stack}: give the stack once")
+            device = f"{named}{STACK_SEPARATOR}{stack}"
         get_device(device)
         from carma.estimate.runner import estimate_job, estimate_script
 

@@ -176,7 +176,7 @@ def calibrated() -> dict[str, Device]:
         tables = tomllib.loads(path.read_text())
         return {
             name.lower(): Device(name.lower(), _bytes(name, t, "context_bytes"), _bytes(name, t, "total_bytes"),
-                                 str(t["source"]), str(t.get("stack", "")))
+                                 str(_key(name, t, "source")), str(t.get("stack", "")))
             for name, t in tables.items()
             if name != "stack"  # the stack of every estimate, a top-level key (`default_stack`)
         }  # fmt: skip
@@ -185,10 +185,17 @@ def calibrated() -> dict[str, Device]:
         raise EstimateError(f"cannot read {path}: {why}; run `carma estimate calibrate` again or delete it") from None
 
 
+def _key(name: str, table: dict, key: str) -> object:
+    """A device's value, or an error naming the device and the key it lacks (a KeyError said only 'source')."""
+    if key not in table:
+        raise ValueError(f"[{name}] has no {key}")
+    return table[key]
+
+
 def _bytes(name: str, table: dict, key: str) -> int:
     """A size as `calibrate` writes it, a TOML integer: `int()` took `true` as 1 byte, 3.7 as 3 and "5e8" as
     a refusal that named no key."""
-    value = table[key]
+    value = _key(name, table, key)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name}: {key} must be a whole number of bytes, not {value!r}")
     return value
@@ -237,7 +244,12 @@ def get_device(name: str) -> Device:
     """A device by its name, in any case; an unknown name is an error listing the known ones."""
     known = find_device(name)
     if known is None:
-        device = name.partition(STACK_SEPARATOR)[0]
+        device, _, stack = name.lower().partition(STACK_SEPARATOR)
+        if (own := calibrated().get(device)) is not None:  # known, for another stack only
+            raise EstimateError(
+                f"{device} is calibrated for {own.stack or 'the stack it was measured on'}, not {stack}: measure it "
+                f"on that stack (`carma estimate calibrate` on the GPU), or leave the stack out"
+            )
         raise EstimateError(f"unknown device {device!r}; known devices: {', '.join(sorted(devices()))}")
     return known
 

@@ -87,7 +87,8 @@ def check_steps(method: str, steps: int) -> None:
     where the first's optimizer state is alive with the second's activations; one step would hide it."""
     least = 2 if method == "xmem" else 1
     if steps < least:
-        raise EstimateError(f"{method} needs at least {least} training steps, not {steps}")
+        why = " (its peak is in the second step, beside the first's optimizer state)" if least > 1 else ""
+        raise EstimateError(f"{method} needs at least {least} training steps, not {steps}{why}")
 
 
 def precision_notes(method: str, capture: Capture) -> tuple[str, ...]:

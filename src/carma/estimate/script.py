@@ -439,7 +439,7 @@ def capture_script(
             each = f" of each of its {len(session.optimizers)} optimizers" if len(session.optimizers) > 1 else ""
             raise (ShortBatchEnded if session.short_moved else ScriptFailed)(
                 f"the script ended after {_steps_taken(session)}; the capture needs {steps}{each} (let it train "
-                "longer, or capture fewer steps with --steps)"
+                f"longer, or capture fewer steps with --steps {max(1, len(session.order))})"
             )
     return captured()
 

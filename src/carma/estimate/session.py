@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 import sysconfig
 import tempfile
@@ -527,13 +528,37 @@ def hide_cuda() -> None:
 def last_line(exc: BaseException, where: bool = True) -> str:
     """An exception as one line, with where the job raised it (`where`): a syntax error's file and line, which
     the line leaves out, or the innermost line of the job's own files (not Python's, its packages' or carma's)."""
-    line = cut(traceback.format_exception_only(exc)[-1].strip(), REASON_CHARS)
+    text = traceback.format_exception_only(exc)[-1].strip()
+    frames = [(f.filename, f.lineno or 0) for f in traceback.extract_tb(exc.__traceback__)]
+    if worker := _in_a_worker(text):  # a DataLoader worker's: its own traceback, as text in the message
+        text, in_worker = worker
+        frames += in_worker  # the worker's innermost line of the job's, else where the job took the batch
+    line = cut(text, REASON_CHARS)
     if not where:
         return line
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
         return f"{line} at {_shown(exc.filename)}:{exc.lineno}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(NOT_THE_JOBS)]
-    return f"{line} at {_shown(frames[-1].filename)}:{frames[-1].lineno}" if frames else line
+    frames = [(file, number) for file, number in frames if not file.startswith(NOT_THE_JOBS)]
+    return f"{line} at {_shown(frames[-1][0])}:{frames[-1][1]}" if frames else line
+
+
+WORKER = re.compile(
+    r"Caught (\w+) in (DataLoader worker process \d+)\.\s*Original Traceback \(most recent call last\):"
+)
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.MULTILINE)
+
+
+def _in_a_worker(text: str) -> tuple[str, list[tuple[str, int]]] | None:
+    """An exception a DataLoader worker raised, which PyTorch raises again in the job with the worker's traceback
+    as its message: its own last line, said to come from the worker, and the worker's frames."""
+    match = WORKER.search(text)
+    if match is None:
+        return None
+    original = text[match.end() :]
+    lines = [line for line in original.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else match.group(1)
+    frames = [(file, int(number)) for file, number in FRAME.findall(original)]
+    return f"{last} (in {match.group(2)})", frames
 
 
 # Where code that is not the job's lives: Python's library, installed packages (PyTorch's), carma's own.
