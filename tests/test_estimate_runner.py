@@ -1783,7 +1783,8 @@ def test_the_capture_ends_with_the_process_that_waits_for_it(workdir: Path) -> N
     """A daemon killed with -9 (or a killed `carma estimate`) leaves no capture behind holding host memory."""
     script(workdir, "slow.py", "import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)\n")
     code = "from carma.estimate.runner import estimate_script as e; e(['python', 'slow.py'], 'horus', 'a100-40gb')"
-    waiting = subprocess.Popen([sys.executable, "-c", code], cwd=workdir)
+    # its temporary folder stays, as a killed process leaves it: in the test's folder, not in /tmp at every run
+    waiting = subprocess.Popen([sys.executable, "-c", code], cwd=workdir, env={**os.environ, "TMPDIR": str(workdir)})
     capture = int(wait_until(lambda: (workdir / "pid").exists() and (workdir / "pid").read_text()))
     started = proctree.start_ticks(capture)
     waiting.kill()
