@@ -93,6 +93,19 @@ def test_a_task_out_of_memory_alone_on_the_largest_instance_fails():
     assert task.state is TaskState.FAILED and "more memory than the GPU has" in task.reason
 
 
+def test_a_need_the_largest_instance_holds_only_without_its_whole_margin_runs_there():
+    """38 GiB (accepted: the largest instance holds it) with the 2 GiB margin is over a 7g.40gb's 40,192 MiB: it
+    waited for a whole GPU a MIG server does not have, and every task behind it waited too."""
+    world = MigWorld()
+    loop = world.loop(config=SchedulerConfig(margin_mib=2048))
+    big = loop.submit(TaskSpec("big", mem_mib=38 * 1024))
+    settle(loop, world)
+    assert world.placed[big.id].split("/")[1] == "7g.40gb@0"
+    too_big = loop.submit(TaskSpec("too big", mem_mib=40193))
+    settle(loop, world)
+    assert too_big.state is TaskState.QUEUED and too_big.id not in world.placed
+
+
 def test_a_need_larger_than_the_current_instances_is_kept_not_turned_into_a_whole_gpu():
     world = MigWorld()
     loop = world.loop(config=NO_MARGIN)

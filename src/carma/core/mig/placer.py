@@ -65,6 +65,7 @@ class MigPlacer:
         self.geometries = dict(geometries)
         self.min_mib = min_mib
         self.margin_mib = whole.config.margin_mib
+        self._largest_mib = max(p.memory_mib or 0 for g in self.geometries.values() for p in g.sizing)
         self._reserved: dict[TaskId, _Reserved] = {}  # the instance a plan makes for a task, until it is placed
         # GPUs with a plan carried out or about to be, by the instance it creates and the decision that made it:
         # no other plan touches them until the world lists that instance (two plans made on one stale layout
@@ -138,14 +139,14 @@ class MigPlacer:
         `min_mib`; for a relaunch after an OOM crash on an instance, the next larger profile's (None when it
         ran out on the largest; a relaunch also keeps what its need asked, and one restarted early holds its
         predicted peak)."""
-        asked = self.min_mib if need.mib is None or need.kind is NeedKind.UNKNOWN else need.mib + self.margin_mib
+        asked = self.min_mib if need.mib is None or need.kind is NeedKind.UNKNOWN else self._with_margin(need.mib)
         if task.state is not TaskState.RECOVERING:
             return asked
         first = task.attempts[0].need
         if first is not None and first.mib is not None and first.kind is not NeedKind.UNKNOWN:
-            asked = first.mib + self.margin_mib
+            asked = self._with_margin(first.mib)
         if need.kind is NeedKind.KNOWN and need.mib is not None:  # restarted early: its predicted peak
-            asked = max(asked, need.mib + self.margin_mib)
+            asked = max(asked, self._with_margin(need.mib))
         outgrown = self._ran_on.get(task.id)
         if outgrown is None:
             return asked  # it crashed on a whole GPU: its need decides
@@ -175,9 +176,15 @@ class MigPlacer:
     def profile_for(self, mib: int | None) -> str:
         """The profile a need of `mib` (None: not known) picks on the first dynamic GPU: scheme A's group."""
         geometry = next(iter(self.geometries.values()))
-        want = self.min_mib if mib is None else mib + self.margin_mib
+        want = self.min_mib if mib is None else self._with_margin(mib)
         fits = geometry.holding(want)
         return fits[0].name if fits else "whole GPU"
+
+    def _with_margin(self, mib: int) -> int:
+        """A need with the margin, the margin cut to the largest instance: a need the largest holds runs there (as
+        a whole GPU's need is cut to its usable memory), where the margin alone sent it to whole GPUs a MIG server
+        has none of, and it blocked the queue for good."""
+        return min(mib + self.margin_mib, max(mib, self._largest_mib))
 
     def _dynamic(self, target: Target) -> bool:
         return target.slot is not None and target.parent in self.geometries
