@@ -542,6 +542,15 @@ def test_server_with_an_empty_fake_gpus_is_refused_not_started_on_real_gpus(tmp_
     assert (result.returncode, result.stderr) == (2, "error: cannot read GPU group ''; write e.g. 3xA100-40GB\n")
 
 
+def test_server_on_mig_gpus_without_instances_and_not_dynamic_says_what_to_do(tmp_path):
+    """It stopped with "max() arg is an empty sequence": a GPU in MIG mode lists no target until instances are made."""
+    env = cli_env(CARMA_HOME=str(tmp_path / "home"))
+    result = run_carma("server", "--fake-gpus", "1xA100-40GB", "--fake-mig", env=env)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: no GPU or MIG instance to run tasks on: ")
+    assert "--mig dynamic" in result.stderr
+
+
 def test_server_whose_state_dir_is_a_file_says_so(tmp_path):
     """It said "FILE: File exists"."""
     (tmp_path / "home").write_text("")

@@ -14,13 +14,15 @@ import pytest
 from carma.core import SchedulerConfig, TaskState
 from carma.core.mig.scheduling import MigConfig
 from carma.core.types import MigSlot, Reconfigure
+from carma.server.client import run_figures
 from carma.server.daemon import Daemon
 from carma.server.dashboard import timeline_view
-from carma.server.metrics import Metrics
+from carma.server.metrics import Metrics, counted
 from carma.server.mig import JOURNAL
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
 from carma.server.store import Store
+from carma.server.views import task_view
 from carma.sim.gpus import parse_gpus
 from carma.telemetry.fake import FakeDevice, FakeGpuBackend, fake_env
 from carma.telemetry.fakemig import FakeMigControl
@@ -99,6 +101,11 @@ def test_a_task_predicted_to_outgrow_its_instance_is_restarted_early_on_a_larger
     attempts = d.scheduler.task(second.id).attempts
     assert len(attempts) == 2 and attempts[0].message.startswith("restarted early")
     assert not any("out of memory" in (a.message or "") for a in attempts)
+    # no crash in the counters and reports an operator reads (they counted it as one)
+    assert counted(d.scheduler.tasks)["oom_crashes"] == 0
+    shown = task_view(d, d.scheduler.task(second.id))
+    assert [a["restarted_early"] for a in shown["attempt_list"]] == [True, False]
+    assert run_figures([shown])["oom_crashes"] == 0
     (target,) = attempts[1].gpus
     assert d.mig.geometries[d.gpus[0].parent].profile(d.scheduler.gpus[target].slot.profile).memory_mib >= 12 * 1024
     d.close()
@@ -260,6 +267,15 @@ def test_reconfigurations_are_kept_as_long_as_ended_tasks(home):
     gpu = d.gpus[0].parent
     d.mig.reconfigure(Reconfigure(gpu, (MigSlot("7g.40gb", 0),), (MigSlot("3g.20gb", 4),)))
     assert [r["created"] for r in reconfigurations(d)] == [["3g.20gb@4"]]
+    d.close()
+
+
+def test_a_mig_instance_reads_no_energy_as_nvml_gives_it_none(home):
+    """The fake backend counted 0 J for it: `/metrics` and reports showed 0 energy, not "not measured"."""
+    d = mig_daemon(home)
+    (instance,) = d.backend.read(d.clock.now())
+    assert d.gpus[0].slot is not None and instance.sample.gpu == d.gpus[0].id
+    assert (instance.sample.power_w, instance.sample.energy_j) == (None, None)
     d.close()
 
 

@@ -132,7 +132,8 @@ def test_a_growing_task_restarts_early_with_prediction_and_crashes_without(predi
     row = result.row()
     first = task.attempts[0]
     if predict:
-        assert row["early_restarts"] == 1 and row["oom_crashes"] == 0
+        assert row["early_restarts"] == 1 and row["oom_crashes"] == result.metrics.oom_crashes == 0
+        assert [(a.restarted_early, a.out_of_memory) for a in task.attempts] == [(True, False), (False, False)]
         # restarted before its memory reached the 1g.10gb's 9856 MiB
         assert first.message.startswith("restarted early")
     else:

@@ -205,6 +205,14 @@ def test_a_gpu_the_daemon_no_longer_has_counts_in_the_energy_and_is_not_charted(
     assert record.figures["energy_mj"] == 1.0 and record.source == "carma server at /tmp/fake.sock"
 
 
+def test_an_early_restart_is_no_oom_crash_in_a_daemons_report():
+    api = _Api()
+    api.rerun = {**api.rerun, "outcome": "oom", "restarted_early": True}  # stopped before its growth crashed it
+    record = from_server(api, 1)  # type: ignore[arg-type]
+    assert [a.outcome for a in record.task(2).attempts] == ["oom", "restarted"]
+    assert record.ooms == () and record.figures["oom_crashes"] == 0
+
+
 def test_a_task_the_daemon_forgets_between_its_listing_and_its_fetch_is_left_out():
     """Its retention forgot it in between: the report stopped with "no task with id 2"."""
 

@@ -197,6 +197,15 @@ class Attempt:
     shared: bool = False  # another task ran on one of its GPUs at some point during the attempt
     restart_mib: int | None = None  # stopped to restart early: the peak predicted, which its relaunch holds
 
+    @property
+    def out_of_memory(self) -> bool:
+        """Whether it crashed out of memory: an early restart is relaunched as one, but was stopped before it could."""
+        return self.outcome is ExitKind.OOM and self.restart_mib is None
+
+    @property
+    def restarted_early(self) -> bool:
+        return self.outcome is ExitKind.OOM and self.restart_mib is not None
+
 
 @dataclass
 class Task:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from carma.core.types import ExitKind, Task, TaskState
+from carma.core.types import Task, TaskState
 from carma.metrics.timeline import Segment, integrate, time_mean
 
 
@@ -73,7 +73,7 @@ def compute_metrics(tasks: Sequence[Task], timelines: Sequence[Sequence[Segment]
         makespan_s=end - start,
         energy_mj=energy_j / 1e6,
         energy_per_task_kj=energy_j / 1e3 / len(done) if done else None,
-        oom_crashes=sum(1 for t in tasks for a in t.attempts if a.outcome is ExitKind.OOM),
+        oom_crashes=sum(1 for t in tasks for a in t.attempts if a.out_of_memory),
         wait_mean_s=wait_mean,
         wait_p95_s=wait_p95,
         exec_mean_s=exec_mean,

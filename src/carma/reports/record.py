@@ -22,11 +22,13 @@ from carma.textfiles import NotText, read_text
 from carma.units import pluralize
 
 if TYPE_CHECKING:
+    from carma.core.types import Attempt
     from carma.metrics.timeline import Segment
     from carma.server.client import Client
     from carma.sim.experiment import RunResult
 
 VERSION = 1
+RESTARTED = "restarted"  # an attempt's outcome: stopped early on a predicted growth, and relaunched
 SERIES_COLUMNS = ("t", "used_mib", "smact", "power_w")
 
 Figures = dict[str, float | int | None]
@@ -49,7 +51,7 @@ class AttemptRecord:
     gpus: tuple[int, ...]
     start_s: float
     end_s: float | None  # None while it runs
-    outcome: str | None  # success, oom, error, killed; None while it runs
+    outcome: str | None  # success, oom, error, killed, restarted (early, before an OOM crash); None while it runs
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,17 @@ def task_figures(tasks: Sequence[TaskRecord]) -> Figures:
     return figures
 
 
+def _outcome(a: Attempt) -> str | None:
+    """How an attempt ended, in the report's words: an early restart is relaunched as after an OOM crash, but
+    was stopped before one, and is no crash."""
+    return RESTARTED if a.restarted_early else a.outcome.value if a.outcome else None
+
+
+def _served_outcome(a: dict[str, Any]) -> str | None:
+    """`_outcome` of an attempt as the daemon's API gives it."""
+    return RESTARTED if a.get("restarted_early") else a["outcome"]
+
+
 def _ooms(tasks: Iterable[TaskRecord], since_s: float = -math.inf) -> tuple[OomEvent, ...]:
     events = [
         OomEvent(a.end_s, a.gpus, t.id)
@@ -159,9 +172,7 @@ def from_run_result(result: RunResult, source: str = "digital twin") -> RunRecor
             t.ended_s,
             t.state.value,
             tuple(
-                AttemptRecord(
-                    tuple(map(target_index, a.gpus)), a.dispatched_s, a.ended_s, a.outcome.value if a.outcome else None
-                )
+                AttemptRecord(tuple(map(target_index, a.gpus)), a.dispatched_s, a.ended_s, _outcome(a))
                 for a in t.attempts
             ),
         )
@@ -194,7 +205,7 @@ def _window_tasks(client: Client, since_s: float, attempts: list[dict[str, Any]]
 
     in_window: dict[int, list[AttemptRecord]] = {}
     for a in attempts:
-        record = AttemptRecord(tuple(a["gpus"]), a["start_s"], a["end_s"], a["outcome"])
+        record = AttemptRecord(tuple(a["gpus"]), a["start_s"], a["end_s"], _served_outcome(a))
         in_window.setdefault(a["task_id"], []).append(record)
     tasks = []
     for s in client.tasks(all=True):
@@ -209,7 +220,7 @@ def _window_tasks(client: Client, since_s: float, attempts: list[dict[str, Any]]
                     raise
                 continue  # forgotten since the listing (the server's retention): not in the report
             seen = [
-                AttemptRecord(tuple(a["gpus"]), a["dispatched_s"], a["ended_s"], a["outcome"])
+                AttemptRecord(tuple(a["gpus"]), a["dispatched_s"], a["ended_s"], _served_outcome(a))
                 for a in whole["attempt_list"]
             ]
         tasks.append(TaskRecord(s["id"], s["name"], s["submit_s"], s["ended_s"], s["state"], tuple(seen)))

@@ -103,7 +103,7 @@ def run_table(result: RunResult, title: str) -> Table:
             "energy per completed task",
             NOT_MEASURED if m.energy_per_task_kj is None else f"{m.energy_per_task_kj:.0f} kJ",
         ),
-        ("OOM crashes", str(m.oom_crashes - result.early_restarts)),
+        ("OOM crashes", str(m.oom_crashes)),
         ("tasks completed / failed", f"{m.tasks_completed} / {m.tasks_failed}"),
         ("waiting mean / p95", _minutes(m.wait_mean_s, m.wait_p95_s)),
         ("execution mean / p95", _minutes(m.exec_mean_s, m.exec_p95_s)),

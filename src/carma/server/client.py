@@ -301,6 +301,6 @@ def run_figures(tasks: list[dict[str, Any]]) -> dict[str, float | int]:
         "completed": sum(t["state"] == "completed" for t in tasks),
         "failed": sum(t["state"] == "failed" for t in tasks),
         "cancelled": sum(t["state"] == "cancelled" for t in tasks),
-        "oom_crashes": sum(a["outcome"] == "oom" for a in attempts),
+        "oom_crashes": sum(a["outcome"] == "oom" and not a.get("restarted_early") for a in attempts),
         "collocated_attempts": sum(not a["exclusive"] for a in attempts),
     }

@@ -128,6 +128,11 @@ class Daemon:
                 for line in self.mig.start():
                     log.warning("%s", line)
         self.gpus = list(backend.gpus())
+        if not self.gpus:  # GPUs in MIG mode list none until instances are made
+            raise ValueError(
+                "no GPU or MIG instance to run tasks on: a GPU in MIG mode has none until they are made (an admin "
+                "makes them: nvidia-smi mig -cgi PROFILES -C; or --mig dynamic, and carma makes them as tasks need)"
+            )
         with self._starting():
             stored = self.store.load()  # read once: checked against the GPUs here, restored below
             self._check_gpus(stored)

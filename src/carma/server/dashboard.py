@@ -65,6 +65,7 @@ def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
                     "first_kernel_s": a.first_kernel_s,
                     "end_s": a.ended_s,
                     "outcome": a.outcome.value if a.outcome else None,
+                    "restarted_early": a.restarted_early,  # relaunched as after an OOM crash, before one
                     "exclusive": a.exclusive,
                     "recovery": a.recovery,
                 }

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from carma.core.ports import Clock
 from carma.core.scheduler import Scheduler
-from carma.core.types import TERMINAL_STATES, ExitKind, Task, TaskState
+from carma.core.types import TERMINAL_STATES, Task, TaskState
 from carma.server.mig import MigManager
 from carma.server.store import Store
 
@@ -102,7 +102,7 @@ def counted(tasks: Iterable[Task]) -> Counter[str]:
     for task in tasks:
         if task.terminal:
             counts[task.state.value] += 1
-        counts["oom_crashes"] += sum(a.outcome is ExitKind.OOM for a in task.attempts)
+        counts["oom_crashes"] += sum(a.out_of_memory for a in task.attempts)
         counts["recovered"] += task.state is TaskState.COMPLETED and any(a.recovery for a in task.attempts)
     return counts
 

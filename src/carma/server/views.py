@@ -160,6 +160,7 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
                 "first_kernel_s": a.first_kernel_s,
                 "ended_s": a.ended_s,
                 "outcome": a.outcome.value if a.outcome else None,
+                "restarted_early": a.restarted_early,  # relaunched as after an OOM crash, before one
                 "message": a.message,
                 "recovery": a.recovery,
                 "exclusive": a.exclusive,  # started alone on its GPUs

@@ -8,7 +8,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 from carma.core.config import OWN_DECISIONS, SchedulerConfig
-from carma.core.early import EARLY_RESTART, EarlyRestarts
+from carma.core.early import EarlyRestarts
 from carma.core.memory import estimated
 from carma.core.mig.scheduling import SCHEMES
 from carma.core.scheduler import Scheduler
@@ -170,7 +170,7 @@ class RunResult:
             "makespan_s": round(m.makespan_s, 1),
             "energy_mj": round(m.energy_mj, 4),
             "energy_per_task_kj": _round(m.energy_per_task_kj, 1),
-            "oom_crashes": m.oom_crashes - self.early_restarts,  # the metrics count an early restart's stop as one
+            "oom_crashes": m.oom_crashes,
             "wait_mean_s": _round(m.wait_mean_s, 1),
             "wait_p95_s": _round(m.wait_p95_s, 1),
             "exec_mean_s": _round(m.exec_mean_s, 1),
@@ -189,7 +189,7 @@ class RunResult:
     @property
     def early_restarts(self) -> int:
         """Attempts stopped on a growth prediction (`carma.core.early`), relaunched before they ran out of memory."""
-        return sum(a.message.startswith(EARLY_RESTART) for t in self.tasks for a in t.attempts)
+        return sum(a.restarted_early for t in self.tasks for a in t.attempts)
 
     def _mig_row(self) -> dict[str, object]:
         m = self.metrics

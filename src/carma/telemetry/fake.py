@@ -393,9 +393,12 @@ class FakeGpuBackend:
         stamped = []
         for r in readings:
             s = r.sample
+            if s.power_w is None:  # a MIG instance: NVML reads power and energy of the whole GPU only
+                stamped.append(r)
+                continue
             then, power, joules = self._energy.get(s.gpu, (now, 0.0, 0.0))
             joules += power * max(0.0, now - then)
-            self._energy[s.gpu] = (now, s.power_w or 0.0, joules)
+            self._energy[s.gpu] = (now, s.power_w, joules)
             stamped.append(DeviceReading(replace(s, energy_j=joules), r.processes))
         return stamped
 
