@@ -326,6 +326,7 @@ def test_carma_server_mig_dynamic_through_the_cli(start_server):  # type: ignore
     )
     assert "on MIG instance 1g.10gb@6 of GPU-fake-0-" in server.cli("show", small).stdout
     assert server.json("status")["mig"]["reconfigurations"] == 2
+    assert "2 targets (MIG instances) on 1 GPU," in server.cli("status").stdout  # it said "2 GPUs" of one A100
     timeline = server.client.request("GET", "/v1/timeline", {"hours": 1})["reconfigurations"]
     made = [r for r in timeline if r["reason"] is None]
     assert [r["outcome"] for r in made] == ["done", "done"]

@@ -567,6 +567,8 @@ def status_cmd(as_json: JsonOption = False) -> None:
     mps = ", MPS" if status["mps"] else ""
     risk = "" if status["risk"]["enabled"] else ", risk filter off"  # else a risky GPU "ok" reads as a fault
     gpus = pluralize(status["gpus"], "GPU")
+    if status.get("physical_gpus", status["gpus"]) != status["gpus"]:  # a server of an earlier release: not given
+        gpus = f"{pluralize(status['gpus'], 'target')} (MIG instances) on {pluralize(status['physical_gpus'], 'GPU')}"
     tcp = f", on http://{status['tcp']}" if status.get("tcp") else ""  # none from a daemon before an upgrade
     out.print(
         f"carma {status['version']}: {gpus}{mps}, policy {status['policy']}{risk}{drain}{tcp}; {counts}",

@@ -37,6 +37,7 @@ def status_view(daemon: Daemon) -> dict[str, Any]:
         "decisions": {name: getattr(daemon.scheduler.config, name) for name in OWN_SWITCHES},
         "draining": daemon.draining,
         "gpus": len(daemon.scheduler.gpus),  # the targets now: a MIG reconfiguration changes them
+        "physical_gpus": len({t.gpu for t in daemon.scheduler.gpus.values()}),  # MIG instances' GPUs counted once
         "mps": daemon.mps is not None,
         "tcp": daemon.tcp,
         "mig": mig_view(daemon),
