@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tests.mig_world import MigWorld
 
 from carma.core import ExitKind, ProcessExit, Scheduler, SchedulerConfig, Target, TaskSpec, TaskState
-from carma.core.blocked import PassedOver, Preparing
+from carma.core.blocked import PassedOver, Preparing, TtfkWait
 from carma.core.early import EARLY_RESTART, EarlyRestarts
 from carma.core.grouped import SizeGrouped
 from carma.core.queue import Queues
@@ -214,6 +214,9 @@ def test_each_mig_waiting_reason_has_words():
     assert reasons[0] == "tasks of another size went first 2 times (at most 3: scheme A)"
     assert reasons[2] == "waiting for its MIG instance 1g.5gb@6 on GPU GPU-0 to be ready"
     assert all(r and "\n" not in r for r in reasons)
+    # every instance busy on static MIG: it read "0 shareable and not awaiting a first kernel (TTFK)"
+    assert render(TtfkWait(1, 0, 0), str).startswith("needs 1 GPU; none idle, and none another task may join (a MIG")
+    assert render(TtfkWait(1, 0, 2), str) == "needs 1 GPU; 0 shareable and not awaiting a first kernel (TTFK)"
 
 
 # ----------------------------------------------------------------- early restarts on predicted growth

@@ -70,6 +70,7 @@ class TtfkWait(Blocked):
 
     gpus: int
     valid: int  # shareable GPUs not awaiting a first kernel
+    shareable: int  # GPUs another task may join at all (not MIG instances, nor relaunches kept to themselves)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class Placer:
         shareable = [g for g in view.reported_gpus() if self._shareable(g, view)]
         gpus = [g for g in shareable if view.valid(g)]
         if len(gpus) < n:
-            return TtfkWait(n, len(gpus))
+            return TtfkWait(n, len(gpus), len(shareable))
         if policy.checks_fit:
             known_mib = need.mib if need.kind is NeedKind.KNOWN else None
             required = cfg.min_free_mib if known_mib is None else known_mib + cfg.margin_mib
