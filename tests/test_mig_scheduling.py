@@ -215,7 +215,7 @@ def test_each_mig_waiting_reason_has_words():
     assert reasons[2] == "waiting for its MIG instance 1g.5gb@6 on GPU GPU-0 to be ready"
     assert all(r and "\n" not in r for r in reasons)
     # every instance busy on static MIG: it read "0 shareable and not awaiting a first kernel (TTFK)"
-    assert render(TtfkWait(1, 0, 0), str).startswith("needs 1 GPU; none idle, and none another task may join (a MIG")
+    assert render(TtfkWait(1, 0, 0), str).startswith("needs 1 GPU; no idle one that holds it, and none another task")
     assert render(TtfkWait(1, 0, 2), str) == "needs 1 GPU; 0 shareable and not awaiting a first kernel (TTFK)"
 
 

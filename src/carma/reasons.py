@@ -57,8 +57,8 @@ def render(blocked: Blocked, label: Callable[[TargetId], str]) -> str:
             return _whole_idle(blocked)
         case TtfkWait(gpus=n, shareable=0):
             return (
-                f"needs {pluralize(n, 'GPU')}; none idle, and none another task may join (a MIG instance runs one "
-                "task; a relaunch after an OOM crash keeps its GPUs)"
+                f"needs {pluralize(n, 'GPU')}; no idle one that holds it, and none another task may join (a MIG "
+                "instance runs one task; a relaunch after an OOM crash keeps its GPUs)"
             )
         case TtfkWait(gpus=n, valid=valid):
             return f"needs {pluralize(n, 'GPU')}; {valid} shareable and not awaiting a first kernel (TTFK)"
