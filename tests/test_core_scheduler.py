@@ -741,7 +741,7 @@ def test_mig_instances_take_one_task_each():
     b.first_kernel(first.id)
     b.advance(60)
     assert b.placed() == {}  # plenty of memory, but an instance is never shared
-    assert "shareable" in waiting_reason(b.sched, second.id)
+    assert "none another task may join (a MIG instance runs one task" in waiting_reason(b.sched, second.id)
     b.exit(first.id)
     assert b.placed() == {second.id: (0,)}
 
