@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.mig_world import MigWorld
 
-from carma.core import ExitKind, ProcessExit, Scheduler, SchedulerConfig, Target, TaskSpec, TaskState
+from carma.core import ExitKind, NeedKind, ProcessExit, Scheduler, SchedulerConfig, Target, TaskSpec, TaskState
 from carma.core.blocked import PassedOver, Preparing, TtfkWait
 from carma.core.early import EARLY_RESTART, EarlyRestarts
 from carma.core.grouped import SizeGrouped
@@ -79,6 +79,10 @@ def test_a_task_of_unknown_need_starts_small_and_restarts_on_the_next_larger_pro
         sizes.append(world.placed[task.id].split("/")[1].split("@")[0])
         world.end(task.id, OOM)
     assert sizes == ["1g.5gb", "2g.10gb", "4g.20gb"]  # never a whole GPU at once
+    # what it waits for and runs with, as `carma queue` and `show` say it (they said "whole GPU")
+    needs = [a.need for a in task.attempts[1:]]
+    assert [(n.kind, n.source) for n in needs] == [(NeedKind.KNOWN, "recovery: a larger MIG instance")] * 2  # type: ignore[union-attr]
+    assert [n.mib for n in needs] == [world.geometry.profile(p).memory_mib for p in ("1g.10gb", "3g.20gb")]  # type: ignore[union-attr]
     settle(loop, world)
     assert task.state is TaskState.FAILED and "limit reached" in task.reason  # max_relaunches bounds it
 

@@ -77,6 +77,10 @@ class Placer:
         remade larger: `carma.core.mig.placer`)."""
         return target.total_mib
 
+    def relaunch_need(self, task: Task, need: MemoryNeed) -> MemoryNeed:
+        """Whole idle GPUs, as asked."""
+        return need
+
     def ended(self, task_id: TaskId) -> None:
         """Nothing kept per task."""
 

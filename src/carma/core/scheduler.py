@@ -82,6 +82,10 @@ class PlacerPort(Protocol):
         """The most memory a task on `target` can ever be given (what a need and an OOM are measured against)."""
         ...
 
+    def relaunch_need(self, task: Task, need: MemoryNeed) -> MemoryNeed:
+        """What a relaunch after an OOM crash is placed with (`need`: whole idle GPUs), as the placer sizes it."""
+        ...
+
     def ended(self, task_id: TaskId) -> None:
         """`task_id` reached a terminal state: a placer forgets what it kept for it."""
         ...
@@ -393,7 +397,7 @@ class Scheduler:
         def attempt(task_id: TaskId, avoid: frozenset[TargetId] = frozenset()) -> Placement | Blocked:
             task = self._tasks[task_id]
             recovery = task.state is TaskState.RECOVERING
-            need = self._relaunch_need(task) if recovery else self._need(task)
+            need = self.relaunch_need(task) if recovery else self._need(task)
             if need is None:
                 self._blocked[task_id] = Estimating()  # it waits at the head: the queue stays FIFO
                 return self._blocked[task_id]
@@ -599,13 +603,13 @@ class Scheduler:
         where = f"it can have on GPU {self.shown(gpu)} beside its co-runners"
         return [Outgrowing(task.id, _current(task).number, prediction, int(beside), where)]
 
-    def _relaunch_need(self, task: Task) -> MemoryNeed:
-        """A relaunch's need: whole idle GPUs, as after any out-of-memory crash, unless the task was stopped on a
-        prediction; then its predicted peak, held where it runs next (a larger MIG instance, or a GPU with that
-        much free)."""
+    def relaunch_need(self, task: Task) -> MemoryNeed:
+        """A relaunch's need: whole idle GPUs, as after any out-of-memory crash (the placer's size of it: the next
+        larger MIG instance), unless the task was stopped on a prediction; then its predicted peak, held where it
+        runs next (a larger MIG instance, or a GPU with that much free)."""
         peak = _current(task).restart_mib
         if peak is None:
-            return RECOVERY_NEED
+            return self.placer.relaunch_need(task, RECOVERY_NEED)
         if peak + self.config.margin_mib > self._usable(task.spec.gpus):
             return MemoryNeed(NeedKind.WHOLE_GPU, peak, f"{PREDICTED}, more than a GPU has with the margin")
         return MemoryNeed(NeedKind.KNOWN, peak, PREDICTED)

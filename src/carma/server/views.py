@@ -8,7 +8,7 @@ from typing import Any
 from carma import __version__
 from carma.core.blocked import Estimating
 from carma.core.config import OWN_DECISIONS
-from carma.core.memory import RECOVERY_NEED, given_need
+from carma.core.memory import given_need
 from carma.core.scheduler import GpuStatus
 from carma.core.types import ACTIVE_STATES, MemoryNeed, TargetId, Task, TaskState
 from carma.reasons import render, target_label
@@ -125,11 +125,11 @@ def _waiting_reason(daemon: Daemon, task: Task) -> str | None:
 
 
 def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
-    """The memory the scheduler plans the task with: whole GPUs when it waits for recovery, else its last
-    placement's need, else the declared value, else a finished estimate; all None while its estimate is
-    still to come."""
+    """The memory the scheduler plans the task with: its relaunch's when it waits for recovery (whole GPUs; the
+    next larger MIG instance; a predicted peak), else its last placement's need, else the declared value, else a
+    finished estimate; all None while its estimate is still to come."""
     if task.state is TaskState.RECOVERING:
-        need: MemoryNeed | None = RECOVERY_NEED
+        need: MemoryNeed | None = daemon.scheduler.relaunch_need(task)
     else:
         need = task.current.need if task.current else None
     if need is None:

@@ -82,6 +82,16 @@ class MigPlacer:
         geometry = self.geometries.get(target.parent) if target.slot is not None else None
         return target.total_mib if geometry is None else max(p.memory_mib or 0 for p in geometry.sizing)
 
+    def relaunch_need(self, task: Task, need: MemoryNeed) -> MemoryNeed:
+        """After an OOM crash on an instance, the next larger profile's memory (less the margin it is placed
+        with), which `want_mib` asks for; as asked elsewhere, and after a crash on the largest instance."""
+        outgrown = self._ran_on.get(task.id)
+        geometry = next((g for g in self.geometries.values() if outgrown in g.profiles), None)
+        larger = geometry.next_larger(outgrown) if geometry is not None and outgrown is not None else None
+        if larger is None or larger.memory_mib is None:
+            return need
+        return MemoryNeed(NeedKind.KNOWN, larger.memory_mib - self.margin_mib, "recovery: a larger MIG instance")
+
     def ended(self, task_id: TaskId) -> None:
         """An ended task (completed, failed, cancelled while it waited) holds no reservation and needs no profile
         to grow from: a daemon running for months keeps nothing for it."""
