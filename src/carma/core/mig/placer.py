@@ -86,8 +86,7 @@ class MigPlacer:
         """After an OOM crash on an instance, the next larger profile's memory (less the margin it is placed
         with), which `want_mib` asks for; as asked elsewhere, and after a crash on the largest instance."""
         outgrown = self._ran_on.get(task.id)
-        geometry = next((g for g in self.geometries.values() if outgrown in g.profiles), None)
-        larger = geometry.next_larger(outgrown) if geometry is not None and outgrown is not None else None
+        larger = None if outgrown is None else self._larger_than(outgrown)
         if larger is None or larger.memory_mib is None:
             return need
         return MemoryNeed(NeedKind.KNOWN, larger.memory_mib - self.margin_mib, "recovery: a larger MIG instance")
@@ -160,8 +159,7 @@ class MigPlacer:
         outgrown = self._ran_on.get(task.id)
         if outgrown is None:
             return asked  # it crashed on a whole GPU: its need decides
-        geometry = next(g for g in self.geometries.values() if outgrown in g.profiles)
-        larger = geometry.next_larger(outgrown)
+        larger = self._larger_than(outgrown)
         return None if larger is None else max(asked, larger.memory_mib or 0)
 
     def layouts(self, gpus: Mapping[TargetId, Target], idle: set[TargetId], now: float) -> dict[str, MigGpu]:
@@ -189,6 +187,10 @@ class MigPlacer:
         want = self.min_mib if mib is None else self._with_margin(mib)
         fits = geometry.holding(want)
         return fits[0].name if fits else "whole GPU"
+
+    def _larger_than(self, outgrown: Profile) -> Profile | None:
+        """The next larger profile than one a task ran out of memory on (None: it was the largest)."""
+        return next(g for g in self.geometries.values() if outgrown in g.profiles).next_larger(outgrown)
 
     def _with_margin(self, mib: int) -> int:
         """A need with the margin, the margin cut to the largest instance: a need the largest holds runs there (as
