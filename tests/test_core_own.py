@@ -243,6 +243,18 @@ def test_pair_prefers_the_gpu_its_model_predicts_the_least_slowdown_on():
     assert b.placed() == {task.id: (1,)}
 
 
+def test_pair_ranks_a_gpu_it_cannot_tell_the_cost_of_after_those_it_can():
+    """A co-runner whose load the model does not know (a command never run alone): its GPU comes after one whose
+    cost is known, though it has the more free memory."""
+
+    def pairing(task, others):
+        return None if any(o.spec.name == "unknown" for o in others) else 1.5
+
+    b = _pair_beside("unknown", "known", pairing=pairing)
+    task = b.submit("new", mem_mib=1000)
+    assert b.placed() == {task.id: (1,)}
+
+
 def test_pair_without_a_model_orders_as_magm():
     b = _pair_beside("a", "b")
     task = b.submit("new", mem_mib=1000)

@@ -433,6 +433,28 @@ def test_with_warmup_risk_a_command_that_saturated_its_gpu_alone_closes_it_while
     d.close()
 
 
+def test_pair_ranks_gpus_by_the_interference_of_the_commands_history(home):
+    """The daemon's `pair`: the twin's fitted interference model over each command's GRACT, SMACT, SMOCC and
+    DRAMA alone. A light task goes beside another light one, not beside a busy task whose GPU has more free
+    memory (MAGM's choice); a command never run alone has no load, and pairing cannot tell its cost."""
+    d = daemon(home, config=SchedulerConfig(policy="pair", ttfk_unknown_only=True))
+    busy = fakejob(30, "1GiB", "--gract", "0.9", "--smact", "0.7", "--smocc", "0.3", "--drama", "0.3")
+    light = fakejob(30, "6GiB", "--gract", "0.2", "--smact", "0.15", "--smocc", "0.1", "--drama", "0.1")
+    for command, mib in ((busy, 2048), (light, 7168)):  # one run alone each: their loads are learnt
+        ran = d.submit(job(*command, mem_mib=mib))
+        step_until(d, lambda ran=ran: d.scheduler.task(ran.id).state is TaskState.COMPLETED, timeout=60)
+    heavy_load = d.hints.load(d.submit(job(*busy, mem_mib=2048)))
+    assert heavy_load is not None and 0.5 < heavy_load.gract <= 0.9  # its start-up is in the means
+    assert d.hints.load(d.submit(job(*light, mem_mib=7168))).gract <= 0.2
+    step_until(d, lambda: all(d.scheduler.task(i).current for i in (3, 4)))
+    third = d.submit(job(*light, mem_mib=7168))
+    step_until(d, lambda: d.scheduler.task(third.id).current)
+    light_gpu = d.scheduler.task(4).current.gpus
+    assert d.scheduler.task(3).current.gpus != light_gpu and d.scheduler.task(third.id).current.gpus == light_gpu
+    assert d.hints.load(d.submit(job(*fakejob(30, "1GiB"), mem_mib=2048))) is None  # never ran
+    d.close()
+
+
 def test_a_task_given_no_need_is_placed_with_its_commands_history_by_default(home):
     """Recovery only is the fallback for a command never run before, not the default ([estimate] default)."""
     d = daemon(home)

@@ -143,6 +143,20 @@ def test_activity_from_history_is_known_once_a_run_of_the_workload_completed_alo
     assert of(Task(10, TaskSpec("mobilenet"), 400)) is None  # its only run shared g0
 
 
+def test_pairing_cannot_tell_the_cost_beside_a_task_whose_load_is_not_known():
+    """The pairing port over loads learnt from history: no cost where the task or a co-runner has none yet (the
+    policy then ranks that GPU after those it can tell)."""
+    from carma.sim.hints import pairing
+    from carma.sim.models import Load, calibrated_interference
+
+    known = {"vgg": Load(1.0, 1.0, 0.6, 0.8), "mobilenet": Load(0.3, 0.2, 0.1, 0.2)}
+    cost = pairing(calibrated_interference(), "mps", lambda t: known.get(t.spec.name))
+    vgg, mobilenet, new = (Task(i, TaskSpec(name), 0) for i, name in enumerate(("vgg", "mobilenet", "new")))
+    assert cost(mobilenet, []) == 1.0
+    assert 1.0 < cost(mobilenet, [mobilenet]) < cost(mobilenet, [vgg])
+    assert cost(mobilenet, [new]) is None and cost(new, []) is None
+
+
 def test_the_twin_learning_activity_as_the_daemon_does_is_its_own_configuration(t1):
     learnt = simulate(t1, RunConfig("magm", "oracle", own=True, activity="history"))
     assert learnt.config.label == "MAGM oracle, carma's own, activity from history"

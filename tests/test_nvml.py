@@ -40,6 +40,7 @@ class FakeNvml:
     NVML_DEVICE_ARCH_HOPPER = 9
     NVML_TEMPERATURE_GPU = 0
     NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_GRAPHICS_UTIL = 1
     NVML_GPM_METRIC_SM_UTIL = 2
     NVML_GPM_METRIC_SM_OCCUPANCY = 3
     NVML_GPM_METRIC_DRAM_BW_UTIL = 10
@@ -97,7 +98,7 @@ class FakeNvml:
         self.gpm_samples = getattr(self, "gpm_samples", 0) + 1
 
     def nvmlGpmMetricsGet(self, query):
-        assert query.sample1 is not query.sample2 and query.numMetrics == 3
+        assert query.sample1 is not query.sample2 and query.numMetrics == 4
         for m in query.metrics[: query.numMetrics]:
             if m.metricId in self.gpm_values:
                 m.value = self.gpm_values[m.metricId]
@@ -156,14 +157,14 @@ def no_dcgm(_gpus, _interval_ms):  # type: ignore[no-untyped-def]
 
 
 def test_hopper_reads_profiling_metrics_from_gpm():
-    nvml = FakeNvml([hopper(used=10 * GIB)], gpm_values={2: 45.0, 3: 20.0, 10: 30.0})
+    nvml = FakeNvml([hopper(used=10 * GIB)], gpm_values={1: 60.0, 2: 45.0, 3: 20.0, 10: 30.0})
     backend = NvmlBackend(nvml, dcgm_factory=no_dcgm)
     (info,) = backend.gpus()
     assert (info.name, info.total_mib, info.id, info.shareable) == ("NVIDIA H100 80GB HBM3", 81920, "GPU-h", True)
     first = backend.read(1.0)[0].sample
     assert (first.smact, first.smocc, first.drama) == (None, None, None)  # GPM needs two samples
     second = backend.read(2.0)[0].sample
-    assert (second.smact, second.smocc, second.drama) == pytest.approx((0.45, 0.20, 0.30))
+    assert (second.gract, second.smact, second.smocc, second.drama) == pytest.approx((0.60, 0.45, 0.20, 0.30))
     assert (second.used_mib, second.power_w, second.energy_j, second.temperature_c) == (10240, 100.0, 5000.0, 40)
     assert backend.missing() == {}
     backend.close()
@@ -435,7 +436,7 @@ DCGMI = str(Path(__file__).parent / "bin" / "dcgmi")  # a stand-in for `dcgmi dm
 def test_dcgm_dmon_streams_the_latest_values_per_gpu():
     dmon = DcgmDmon([0, 2], interval_ms=50, binary=DCGMI)
     wait_until(lambda: dmon.latest(2) is not None, 10, "dmon's first values")
-    assert dmon.latest(2) == {"smact": 0.5, "smocc": 0.25, "drama": None} and dmon.latest(1) is None
+    assert dmon.latest(2) == {"gract": 0.8, "smact": 0.5, "smocc": 0.25, "drama": None} and dmon.latest(1) is None
     dmon.close()
     assert not dmon.alive()
 
@@ -454,11 +455,12 @@ def test_dcgm_without_a_host_engine_is_reported_missing_saying_why(monkeypatch, 
 @pytest.mark.parametrize(
     ("line", "parsed"),
     [
-        ("#Entity   SMACT  SMOCC  DRAMA", None),
+        ("#Entity   GRACT  SMACT  SMOCC  DRAMA", None),
         ("ID", None),
-        ("GPU 0     0.512  0.201  0.100", (0, {"smact": 0.512, "smocc": 0.201, "drama": 0.1})),
-        ("GPU 3     N/A    0.201  N/A", (3, {"smact": None, "smocc": 0.201, "drama": None})),
-        ("GPU x 1 2 3", None),
+        ("GPU 0     0.9  0.512  0.201  0.100", (0, {"gract": 0.9, "smact": 0.512, "smocc": 0.201, "drama": 0.1})),
+        ("GPU 3     N/A  N/A    0.201  N/A", (3, {"gract": None, "smact": None, "smocc": 0.201, "drama": None})),
+        ("GPU 3     0.512  0.201  0.100", None),  # a field short
+        ("GPU x 1 2 3 4", None),
     ],
 )
 def test_dcgm_dmon_lines(line, parsed):

@@ -59,7 +59,8 @@ class WithoutProfiling(FakeGpuBackend):
 
     def read(self, now):  # type: ignore[no-untyped-def]
         return [
-            DeviceReading(replace(r.sample, smact=None, smocc=None, drama=None), r.processes) for r in super().read(now)
+            DeviceReading(replace(r.sample, smact=None, smocc=None, drama=None, gract=None), r.processes)
+            for r in super().read(now)
         ]
 
     def missing(self):  # type: ignore[no-untyped-def]
@@ -90,7 +91,7 @@ def test_metrics_export_gpus_tasks_and_decisions_and_leave_missing_metrics_out(d
     families = scrape(daemon)
     used = {s.labels["gpu"]: s.value for s in families["carma_gpu_memory_used_bytes"]}
     assert set(used) == {"0", "1"} and families["carma_gpu_memory_total_bytes"][0].value == 40960 * 2**20
-    assert families["carma_gpu_sm_active_ratio"] == []  # not reported: absent, not 0
+    assert families["carma_gpu_sm_active_ratio"] == families["carma_gpu_graphics_active_ratio"] == []  # absent, not 0
     assert all(s.value > 0 for s in families["carma_gpu_power_watts"])
     ended = {s.labels["outcome"]: s.value for s in families["carma_tasks_ended"] if s.name.endswith("_total")}
     assert ended == {"completed": 1.0, "failed": 0.0, "cancelled": 0.0}

@@ -9,7 +9,7 @@ import pytest
 from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, Task, TaskState
 from carma.estimate.base import Breakdown, Estimate
 from carma.server.spec import JobSpec
-from carma.server.store import Spawn, Store
+from carma.server.store import Observation, Spawn, Store
 
 JOB = JobSpec(
     "train", ("python", "train.py", "--lr", "0.1"), "/work", 2, 8192, {"SEED": "1"}, False, 1001, 1001, "alice"
@@ -52,6 +52,29 @@ def test_states_attempts_and_processes_round_trip(path):
     assert again.task.state is TaskState.RECOVERING
     assert again.task.attempts == task.attempts  # every field, the need included
     assert again.spawns == {1: Spawn(4242, 123456, "/state/tasks/1/1")}
+
+
+def test_what_telemetry_saw_round_trips_and_older_databases_gain_gract(path):
+    """GRACT (the interference model's input) joined the observed means later: a database without its column
+    gains it, and a run's means come back from the store and in the history."""
+    Store(path).close()
+    old = sqlite3.connect(path)
+    old.execute("ALTER TABLE attempts DROP COLUMN gract_mean")  # the table as an earlier release made it
+    old.close()
+    store = Store(path)
+    task_id = store.add(JOB, 0.0)
+    (stored,) = store.load()
+    task = stored.task
+    task.attempts.append(Attempt(1, ("GPU-a",), 10.0, exclusive=False, recovery=False, ended_s=40.0))
+    task.attempts[0].outcome, task.state = ExitKind.SUCCESS, TaskState.COMPLETED
+    store.save([task])
+    seen = Observation(4096, 0.6, 0.2, 0.3, samples=30, gract_mean=0.75)
+    store.record_observation(task_id, 1, seen)
+    store.close()
+    store = Store(path)
+    assert store.load()[0].observed == {1: seen}
+    (run,) = store.history()
+    assert (run["smact_mean"], run["gract_mean"], run["peak_mib"]) == (0.6, 0.75, 4096)
 
 
 def _placed(path) -> tuple[Store, Task]:

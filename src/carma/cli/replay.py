@@ -134,8 +134,8 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _
     decisions = status.get("decisions") or {}  # a server of an earlier release: none of them
     memory = "oracle" if declared.memory else "none"
     switches = {name: decisions[name] for name in ("hold_known_needs", *OWN_DECISIONS) if name in decisions}
-    # the server learns a command's activity from its runs alone, and the twin as it does
-    learnt = "history" if switches.get("warmup_risk") else "profile"
+    # the server learns a command's activity (warmup_risk's, and pair's load) from its runs alone; the twin as it does
+    learnt = "history" if switches.get("warmup_risk") or status["policy"] == "pair" else "profile"
     run = RunConfig(
         status["policy"],
         memory,

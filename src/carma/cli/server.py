@@ -136,6 +136,7 @@ def server_cmd(
             settings.server.keep_ended_s,
             mig_config,
             mig_control,
+            sharing_mode if fake_gpus else None,
         )
         if tcp and not tokens:
             tokens.create(_me(), os.geteuid(), admin=True)

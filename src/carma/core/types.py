@@ -117,6 +117,7 @@ class GpuSample:
     power_w: float | None = None  # board power (None for a MIG instance: power is per GPU)
     energy_j: float | None = None  # the device's cumulative energy counter
     temperature_c: float | None = None
+    gract: float | None = None  # the share of time any kernel ran (DCGM GRACT): the interference model's input
 
     @property
     def free_mib(self) -> int:

@@ -16,6 +16,8 @@ from carma.server.faults import WORLD_FAULTS
 from carma.server.store import Observation, Store
 from carma.telemetry import DeviceReading, GpuBackend
 
+OBSERVED = (*METRICS, "gract")  # the risk rule's metrics, and the interference model's
+
 
 class RunRecorder:
     """Per live task: the most GPU memory its processes held on one GPU, and the metrics it ran under
@@ -39,9 +41,9 @@ class RunRecorder:
         samples = {r.sample.gpu: r.sample for r in readings}
         for task_id, per_gpu in used.items():
             self._peak[task_id] = max(self._peak.get(task_id, 0), *per_gpu.values())
-            sums = self._sums.setdefault(task_id, {m: [0.0, 0] for m in METRICS})
+            sums = self._sums.setdefault(task_id, {m: [0.0, 0] for m in OBSERVED})
             for gpu in per_gpu:
-                for metric in METRICS:
+                for metric in OBSERVED:
                     value = getattr(samples[gpu], metric)
                     if value is not None:
                         sums[metric][0] += value
@@ -50,10 +52,8 @@ class RunRecorder:
     def resume(self, task_id: TaskId, seen: Observation) -> None:
         """Go on from what an earlier daemon saw of the task's live attempt."""
         self._peak[task_id] = seen.peak_mib
-        means = (seen.smact_mean, seen.smocc_mean, seen.drama_mean)
-        self._sums[task_id] = {
-            m: [0.0, 0] if v is None else [v * seen.samples, seen.samples] for m, v in zip(METRICS, means, strict=True)
-        }
+        means = {m: getattr(seen, f"{m}_mean") for m in OBSERVED}
+        self._sums[task_id] = {m: [0.0, 0] if v is None else [v * seen.samples, seen.samples] for m, v in means.items()}
 
     def peaks(self) -> dict[TaskId, int]:
         """Each live task's peak memory so far (MiB), without the means `live` works out."""
@@ -73,8 +73,8 @@ class RunRecorder:
 
     def _seen(self, task_id: TaskId) -> Observation:
         sums = self._sums[task_id]
-        means = [total / n if n else None for total, n in (sums[m] for m in METRICS)]
-        return Observation(self._peak[task_id], *means, max(int(n) for _, n in sums.values()))
+        means = {f"{m}_mean": total / n if n else None for m, (total, n) in sums.items()}
+        return Observation(self._peak[task_id], **means, samples=max(int(n) for _, n in sums.values()))
 
 
 class Journal:

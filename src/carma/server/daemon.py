@@ -45,6 +45,8 @@ from carma.server.paths import Paths
 from carma.server.spec import JobSpec
 from carma.server.state import Backups, open_store
 from carma.server.store import Spawn, Store, StoredTask, no_space_left
+from carma.sim.hints import pairing as hints_pairing
+from carma.sim.models import calibrated_interference
 from carma.telemetry import GpuBackend
 from carma.units import pluralize
 
@@ -109,8 +111,11 @@ class Daemon:
         keep_ended_s: float | None = None,
         mig: MigConfig | None = None,
         mig_control: MigControl | None = None,
+        sharing: str | None = None,
     ) -> None:
-        """`mig_control`: how MIG instances are made and destroyed, given with `mig.dynamic` (`--mig dynamic`)."""
+        """`mig_control`: how MIG instances are made and destroyed, given with `mig.dynamic` (`--mig dynamic`);
+        `sharing`: how tasks on one GPU share it, for the interference model of `pair` (fake GPUs: theirs; real
+        ones: MPS under `mps`, else time-slicing)."""
         self.paths = paths
         self.keep_ended_s = keep_ended_s  # None: every task is kept
         self.backend = backend
@@ -152,8 +157,15 @@ class Daemon:
             )
         else:
             early = EarlyRestarts(hints.remaining, lambda task: settling, instances=False)
+            pairing = hints_pairing(calibrated_interference(), sharing or ("mps" if mps else "timeslice"), hints.load)
             self.scheduler = Scheduler(
-                self.gpus, config, self.estimates, durations=hints.duration, early=early, activity=hints.activity
+                self.gpus,
+                config,
+                self.estimates,
+                durations=hints.duration,
+                pairing=pairing,
+                early=early,
+                activity=hints.activity,
             )
         self.mps = mps
         self.executor = ProcessExecutor(

@@ -7,8 +7,10 @@ expected run time, the median of those runs' (launch to exit, the daemon's clock
 (`carma.core.backfill.DurationOf`) and the growth prediction on MIG instances (`carma.core.early.Remaining`)
 take; and its expected activity, the median SMACT, SMOCC and DRAMA of the runs it made alone on its GPUs (the
 means telemetry saw while its processes were on them), which `warmup_risk` adds to a GPU's scores while the
-task warms up (`carma.core.risk.ActivityOf`). A command never run to success has none of them: it runs
-recovery only, is not backfilled, not restarted early and adds nothing to the risk filter before it shows.
+task warms up (`carma.core.risk.ActivityOf`), and with their GRACT the load interference-aware pairing weighs
+(`carma.core.policies.pair.PairingModel`, the twin's fitted interference model). A command never run to success
+has none of them: it runs recovery only, is not backfilled, not restarted early, adds nothing to the risk
+filter before it shows, and pairing cannot tell what it costs.
 
 The user is part of the command: another user's runs of the same argv in the same directory (a shared
 project folder) never shape a job's estimate, whose MPS memory limit a too low peak would turn into a crash,
@@ -25,6 +27,7 @@ from carma.core.risk import METRICS, Activity
 from carma.core.types import ExitKind, Task, TaskId
 from carma.server.spec import JobSpec
 from carma.server.store import Store
+from carma.sim.models import Load
 
 Command = tuple[str, tuple[str, ...], str, bool]
 
@@ -36,11 +39,13 @@ def command_of(job: JobSpec) -> Command:
 @dataclass
 class Runs:
     """The successful runs of one command: their run times, the peaks observed (a run may have none), and the
-    activity of those it made alone (shared runs show their co-runners' too)."""
+    activity of those it made alone (shared runs show their co-runners' too), with their GRACT where the GPU
+    gave it."""
 
     times: list[float] = field(default_factory=list)
     peaks: list[int] = field(default_factory=list)
     alone: list[Activity] = field(default_factory=list)
+    gract: list[float] = field(default_factory=list)
 
 
 class CommandHistory:
@@ -76,6 +81,8 @@ class CommandHistory:
                 means = [run[f"{metric}_mean"] for metric in METRICS]
                 if not run["shared"] and None not in means:
                     runs.alone.append(Activity(*map(float, means)))  # type: ignore[arg-type]
+                    if run["gract_mean"] is not None:
+                        runs.gract.append(float(run["gract_mean"]))  # type: ignore[arg-type]
 
 
 class HistoryHints:
@@ -115,3 +122,13 @@ class HistoryHints:
             medians = Activity(*(statistics.median(getattr(a, m) for a in alone) for m in METRICS))
             self._activity[command] = len(alone), medians
         return medians
+
+    def load(self, task: Task) -> Load | None:
+        """Its activity with the median GRACT of the same runs alone; None without one (a GPU that gives no
+        GRACT: neither GPM nor DCGM)."""
+        activity = self.activity(task)
+        job = self._jobs.get(task.id)
+        gract = self._history.runs(job).gract if job is not None else []
+        if activity is None or not gract:
+            return None
+        return Load(statistics.median(gract), activity.smact, activity.smocc, activity.drama)

@@ -31,6 +31,7 @@ GPU_GAUGES = (
     ("carma_gpu_sm_active_ratio", "SMACT: fraction of time SMs had a warp resident", "smact", 1),
     ("carma_gpu_sm_occupancy_ratio", "SMOCC: resident warps over the maximum", "smocc", 1),
     ("carma_gpu_dram_active_ratio", "DRAMA: fraction of cycles the memory interface was busy", "drama", 1),
+    ("carma_gpu_graphics_active_ratio", "GRACT: fraction of time any kernel ran", "gract", 1),
     ("carma_gpu_power_watts", "GPU power draw", "power_w", 1),
     ("carma_gpu_temperature_celsius", "GPU temperature", "temperature_c", 1),
 )

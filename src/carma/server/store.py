@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     drama_mean REAL,
     observed_samples INTEGER,
     restart_mib INTEGER,
+    gract_mean REAL,
     PRIMARY KEY (task_id, number)
 );
 CREATE INDEX IF NOT EXISTS attempts_ended ON attempts (ended_s);  -- the history read since its last end
@@ -125,6 +126,7 @@ ADDED_COLUMNS = {
         "drama_mean": "REAL",
         "observed_samples": "INTEGER",
         "restart_mib": "INTEGER",
+        "gract_mean": "REAL",
     },
     "estimates": {"notes": "TEXT NOT NULL DEFAULT '[]'"},
 }
@@ -150,6 +152,7 @@ class Observation:
     smocc_mean: float | None
     drama_mean: float | None
     samples: int = 0  # the samples the means are over: a restarted daemon goes on averaging from there
+    gract_mean: float | None = None
 
 
 @dataclass(frozen=True)
@@ -421,9 +424,14 @@ class Store:
     @staticmethod
     def _observe(db: sqlite3.Connection, task_id: TaskId, attempt: int, seen: Observation) -> None:
         db.execute(
-            """UPDATE attempts SET peak_mib = ?, smact_mean = ?, smocc_mean = ?, drama_mean = ?,
+            """UPDATE attempts SET peak_mib = ?, smact_mean = ?, smocc_mean = ?, drama_mean = ?, gract_mean = ?,
                observed_samples = ? WHERE task_id = ? AND number = ?""",
-            (seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, seen.samples, task_id, attempt),
+            (
+                *(seen.peak_mib, seen.smact_mean, seen.smocc_mean, seen.drama_mean, seen.gract_mean),
+                seen.samples,
+                task_id,
+                attempt,
+            ),
         )
 
     def add_gpu_samples(
@@ -542,14 +550,16 @@ class Store:
         """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates)."""
         rows = self._db.execute(
             """SELECT a.task_id, a.number, t.job, t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
-                      a.outcome, a.need, a.shared, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean
+                      a.outcome, a.need, a.shared, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean,
+                      a.gract_mean
                FROM attempts a JOIN tasks t ON t.id = a.task_id
                WHERE a.ended_s IS NOT NULL AND a.ended_s >= ? ORDER BY a.ended_s, a.task_id""",
             (since_s if since_s is not None else float("-inf"),),
         )
         out = []
         for row in rows:
-            task_id, number, job, state, gpus, start, first, end, outcome, need, shared, peak, smact, smocc, drama = row
+            (task_id, number, job, state, gpus, start, first, end, outcome, need, shared, peak, smact, smocc, drama,
+             gract) = row  # fmt: skip
             spec, placed = _job(job), _need(need)
             out.append(
                 {
@@ -576,6 +586,7 @@ class Store:
                     "smact_mean": smact,
                     "smocc_mean": smocc,
                     "drama_mean": drama,
+                    "gract_mean": gract,
                 }
             )
         return out
@@ -652,7 +663,7 @@ def _need(text: str | None) -> MemoryNeed | None:
 
 def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:
     (_, number, gpus, dispatched_s, exclusive, recovery, first_kernel_s, ended_s, outcome, message, need, shared,
-     pid, start_ticks, run_dir, peak, smact, smocc, drama, samples, restart_mib) = row  # fmt: skip
+     pid, start_ticks, run_dir, peak, smact, smocc, drama, samples, restart_mib, gract) = row  # fmt: skip
     attempt = Attempt(
         number=number,
         gpus=tuple(json.loads(gpus)),
@@ -668,7 +679,7 @@ def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:
         restart_mib=restart_mib,
     )
     spawn = Spawn(pid, start_ticks, run_dir) if pid is not None else None
-    observed = Observation(peak, smact, smocc, drama, samples or 0) if peak is not None else None
+    observed = Observation(peak, smact, smocc, drama, samples or 0, gract) if peak is not None else None
     return attempt, spawn, observed
 
 

@@ -16,7 +16,7 @@ from carma.core.types import MemoryNeed, MigSlot, Target, Task
 from carma.metrics.run import RunMetrics, compute_metrics
 from carma.metrics.timeline import Segment
 from carma.sim.gpus import GpuType, parse_gpus
-from carma.sim.hints import activity, durations, history_activity, history_peak, pairing
+from carma.sim.hints import activity, durations, history_activity, history_loads, history_peak, loads, pairing
 from carma.sim.migspeed import RECONFIGURATION_S
 from carma.sim.migtwin import MigTwinServer, full_layouts, geometries, layout_text, mig_server, static_server
 from carma.sim.models import SHARING_MODES, InterferenceModel, PowerModel, calibrated_interference, calibrated_power
@@ -27,8 +27,8 @@ from carma.traces.loaders import Trace
 
 MEMORY_MODES = MEMORY_SOURCES
 MIG_MODES = ("off", "dynamic", "static")
-# where `warmup_risk` learns a task's activity: its workload's profile, or only once a run of it completed alone
-# (as the daemon's history learns it: `carma replay` compares the daemon with the latter)
+# where `warmup_risk` and `pair` learn a task's activity: its workload's profile, or only once a run of it completed
+# alone (as the daemon's history learns it: `carma replay` compares the daemon with the latter)
 ACTIVITY_SOURCES = ("profile", "history")
 _MEMORY_LABELS = {
     "none": "recovery only",
@@ -255,12 +255,14 @@ def simulate(
     estimator = RecordedEstimator(source, workload_of, history) if source in ESTIMATOR_COLUMNS else None
 
     def make_scheduler(gpus: list[Target]) -> Scheduler:
+        tasks = lambda: server.loop.scheduler.tasks  # noqa: E731
+        profile = run.activity == "profile"
         hints = {
             "durations": durations(workload_of),
-            "pairing": pairing(twin.interference, twin.sharing, workload_of),
-            "activity": activity(workload_of)
-            if run.activity == "profile"
-            else history_activity(workload_of, lambda: server.loop.scheduler.tasks),
+            "pairing": pairing(
+                twin.interference, twin.sharing, loads(workload_of) if profile else history_loads(workload_of, tasks)
+            ),
+            "activity": activity(workload_of) if profile else history_activity(workload_of, tasks),
         }
         warmup = lambda task: workload_of(task).warmup_s  # noqa: E731 (read only by the prediction)
         early = EarlyRestarts(remaining, warmup, instances=False)

@@ -4,8 +4,9 @@ task brings to its GPU (the risk of tasks still warming up: from its profile, or
 the peak of a workload's earlier runs (the daemon's default memory estimate).
 
 A duration is the workload's solo time from the trace's catalog, the figure a daemon's history of earlier runs
-of the same command gives; the interference model is the twin's own fitted one. The core receives both as
-ports (`carma.core.backfill.DurationOf`, `carma.core.policies.pair.PairingModel`) and imports nothing here.
+of the same command gives; the interference model is the twin's own fitted one (the daemon's too, over its
+history). The core receives both as ports (`carma.core.backfill.DurationOf`,
+`carma.core.policies.pair.PairingModel`) and imports nothing here.
 """
 
 from __future__ import annotations
@@ -38,17 +39,25 @@ def activity(workload_of: WorkloadOf) -> ActivityOf:
     return of
 
 
-def pairing(model: InterferenceModel, sharing: str, workload_of: WorkloadOf) -> PairingModel:
-    """The rise in the summed slowdowns of a GPU's tasks when `task` joins them (1.0 on an idle GPU)."""
+def loads(workload_of: WorkloadOf) -> Callable[[Task], Load]:
+    """Each task's solo load (GRACT, SMACT, SMOCC, DRAMA) from the catalog's profile."""
 
-    def load(task: Task) -> Load:
+    def of(task: Task) -> Load:
         w = workload_of(task)
         return Load(w.gract, w.smact, w.smocc, w.drama)
 
-    def cost(task: Task, others: Sequence[Task]) -> float:
-        loads = [load(t) for t in others]
-        before = sum(model.slowdowns(loads, sharing)) if loads else 0.0
-        return sum(model.slowdowns([*loads, load(task)], sharing)) - before
+    return of
+
+
+def pairing(model: InterferenceModel, sharing: str, load_of: Callable[[Task], Load | None]) -> PairingModel:
+    """The rise in the summed slowdowns of a GPU's tasks when `task` joins them, by `load_of` (the catalog's
+    profiles, or what history knows of them: the daemon's `carma.server.history`); None when a load is not known."""
+
+    def cost(task: Task, others: Sequence[Task]) -> float | None:
+        joining, rest = load_of(task), [load_of(t) for t in others]
+        if joining is None or None in rest:
+            return None
+        return model.rise(joining, rest, sharing)  # type: ignore[arg-type]
 
     return cost
 
@@ -71,11 +80,22 @@ def history_activity(workload_of: WorkloadOf, tasks: Callable[[], Iterable[Task]
     """`warmup_risk`'s activity as the daemon learns it (`carma.server.history`: from a command's successful runs
     alone on their GPUs): a workload's profile once one of its runs completed in this simulation with no other
     task's attempt on its GPUs meanwhile; None before. Causal, as `history_peak`."""
-    profile = activity(workload_of)
+    profile, learnt = activity(workload_of), history_learnt(tasks)
+    return lambda task: profile(task) if learnt(task) else None
+
+
+def history_loads(workload_of: WorkloadOf, tasks: Callable[[], Iterable[Task]]) -> Callable[[Task], Load | None]:
+    """Pairing's loads as the daemon learns them: as `history_activity`, with GRACT."""
+    profile, learnt = loads(workload_of), history_learnt(tasks)
+    return lambda task: profile(task) if learnt(task) else None
+
+
+def history_learnt(tasks: Callable[[], Iterable[Task]]) -> Callable[[Task], bool]:
+    """Whether a run of the task's workload completed in this simulation with its GPUs to itself."""
     known: set[str] = set()
     checked: set[TaskId] = set()  # completed runs found shared: they never become alone
 
-    def of(task: Task) -> Activity | None:
+    def learnt(task: Task) -> bool:
         name = task.spec.name
         if name not in known:
             everything = list(tasks())
@@ -86,9 +106,9 @@ def history_activity(workload_of: WorkloadOf, tasks: Callable[[], Iterable[Task]
                 if _alone(done, everything):
                     known.add(name)
                     break
-        return profile(task) if name in known else None
+        return name in known
 
-    return of
+    return learnt
 
 
 def _alone(done: Task, everything: Iterable[Task]) -> bool:

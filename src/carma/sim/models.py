@@ -59,6 +59,12 @@ class InterferenceModel:
         bound = max(1.0, sum(x.smact for x in loads), sum(x.drama for x in loads))
         return [min(s, max(1.0 + self.mps_share * (s - 1.0), bound)) for s in shared]
 
+    def rise(self, joining: Load, others: Sequence[Load], sharing: str) -> float:
+        """How much `joining` raises the summed slowdowns of a GPU's tasks `others` (1.0 on an idle GPU): the
+        cost interference-aware pairing ranks GPUs by."""
+        before = sum(self.slowdowns(others, sharing)) if others else 0.0
+        return sum(self.slowdowns([*others, joining], sharing)) - before
+
 
 @dataclass(frozen=True)
 class PowerModel:

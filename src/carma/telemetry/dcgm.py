@@ -1,8 +1,8 @@
-"""SMACT, SMOCC and DRAMA from DCGM, for GPUs without NVML's GPU Performance Monitoring (before Hopper).
+"""SMACT, SMOCC, DRAMA and GRACT from DCGM, for GPUs without NVML's GPU Performance Monitoring (before Hopper).
 
-One long-running `dcgmi dmon` streams the profiling fields (1002 SM activity, 1003 SM occupancy,
-1005 DRAM activity) once a second; a reader thread keeps the latest values per GPU. One subprocess for
-the daemon's lifetime, never one per sample.
+One long-running `dcgmi dmon` streams the profiling fields (1001 graphics engine activity, 1002 SM activity,
+1003 SM occupancy, 1005 DRAM activity) once a second, in that order; a reader thread keeps the latest values
+per GPU. One subprocess for the daemon's lifetime, never one per sample.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
-FIELDS = {1002: "smact", 1003: "smocc", 1005: "drama"}
+FIELDS = {1001: "gract", 1002: "smact", 1003: "smocc", 1005: "drama"}
 STARTUP_S = 3.0  # how long the start waits for dmon's first values, or for it to end (no host engine, say)
 log = logging.getLogger("carma.dcgm")
 

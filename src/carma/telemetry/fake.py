@@ -308,9 +308,10 @@ class FakeDevice:
         smact = min(1.0, sum(load.smact * s for load, s in computing))
         smocc = min(1.0, sum(load.smocc * s for load, s in computing))
         drama = min(1.0, sum(load.drama * s for load, s in computing))
+        gract = min(1.0, sum(load.gract * s for load, s in computing))
         used = sum(r.mib[uuid] for r in holders)
         power = calibrated_power().power_w(self._kinds[index], smact) if target.kind is TargetKind.GPU else None
-        return GpuSample(uuid, now, used, target.total_mib, smact, smocc, drama, power)
+        return GpuSample(uuid, now, used, target.total_mib, smact, smocc, drama, power, gract=gract)
 
     def _speeds_of(self, regs: Sequence[_Registration], targets: Sequence[tuple[Target, int]]) -> dict[int, float]:
         """Each computing process's speed: 1 / its largest slowdown among the targets it computes on. On a whole

@@ -1,5 +1,5 @@
 """Real GPUs through NVML (nvidia-ml-py): memory, power, energy, temperature, processes, and the
-profiling metrics SMACT, SMOCC and DRAMA.
+profiling metrics SMACT, SMOCC and DRAMA (the risk rule's) and GRACT (the interference model's).
 
 One NVML session for the daemon's lifetime, no subprocess per sample. The profiling metrics come from
 NVML's GPU Performance Monitoring (GPM: Hopper and newer) or from DCGM (`dcgmi dmon`, e.g. on an A100);
@@ -22,6 +22,7 @@ from carma.telemetry import DeviceReading, GpuProcess
 
 METRICS = ("smact", "smocc", "drama")
 GPM_METRICS = {
+    "gract": "NVML_GPM_METRIC_GRAPHICS_UTIL",
     "smact": "NVML_GPM_METRIC_SM_UTIL",
     "smocc": "NVML_GPM_METRIC_SM_OCCUPANCY",
     "drama": "NVML_GPM_METRIC_DRAM_BW_UTIL",
@@ -315,6 +316,7 @@ class NvmlBackend:
             smact=metrics.get("smact"),
             smocc=metrics.get("smocc"),
             drama=metrics.get("drama"),
+            gract=metrics.get("gract"),
             power_w=self._optional(target, "power", lambda: nvml.nvmlDeviceGetPowerUsage(gpu) / 1000)
             if whole
             else None,
