@@ -848,3 +848,17 @@ def test_only_an_idle_target_leaves_and_tasks_the_smaller_server_cannot_run_fail
     b.exit(running.id)
     assert running.state is TaskState.COMPLETED
     assert b.sched.position(idle) is None and b.sched.position(busy_gpu) is not None
+
+
+def test_an_attempt_never_ends_before_it_was_dispatched():
+    """An end time from the world (the daemon reads it from a file the task could write) before the dispatch
+    is taken as the dispatch: an attempt of negative length would count negative GPU time."""
+    from carma.core.types import ProcessExit
+
+    b = Bench(1)
+    b.advance(100)
+    task = b.submit()
+    b.placed()
+    b.sched.record_exit(task.id, ProcessExit(0, ""), 5.0)
+    attempt = b.sched.task(task.id).attempts[0]
+    assert attempt.ended_s == attempt.dispatched_s == 100.0 and b.sched.task(task.id).ended_s == 100.0

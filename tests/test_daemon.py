@@ -470,3 +470,24 @@ def test_a_task_given_no_need_is_placed_with_its_commands_history_by_default(hom
                  estimate=EstimateConfig(default="none"))  # fmt: skip
     assert off.submit(job(*fakejob(5, "3GiB"))).spec.mem_mib is None and off.jobs[3].estimator is None
     off.close()
+
+
+def test_what_a_tasks_output_says_is_its_owners_not_every_users(home):
+    """The queue is everyone's, but a failed task's reason and an attempt's message are its log's last lines:
+    another user sees that there is one, not what it says (nor a failed estimate's last error line)."""
+    import json
+
+    from carma.server.views import OWNERS_ONLY, as_seen_by_others, task_summary, task_view
+
+    d = daemon(home)
+    task = d.submit(job("/bin/sh", "-c", "echo password=$SECRET >&2; exit 3", mem_mib=1024, env={"SECRET": "hunter2"}))
+    step_until(d, lambda: d.scheduler.task(task.id).terminal)
+    mine = task_view(d, d.scheduler.task(task.id))
+    assert "hunter2" in mine["reason"]
+    theirs = as_seen_by_others(mine)
+    assert theirs["reason"] == OWNERS_ONLY and "hunter2" not in json.dumps(theirs)
+    assert theirs["env"] is None and theirs["state"] == mine["state"] == "failed"
+    assert "hunter2" not in json.dumps(as_seen_by_others(task_summary(d, d.scheduler.task(task.id))))
+    failed = {**mine, "need_source": "xmem failed: KeyError: 'hunter2'"}
+    assert as_seen_by_others(failed)["need_source"] == "xmem failed"
+    d.close()

@@ -189,6 +189,47 @@ def estimate(argv: list[str], **kwargs: object):
     return estimate_script(argv, "xmem", "test-gpu", estimator="xmem_only:estimate", **kwargs)
 
 
+def test_the_capture_enters_the_working_directory_itself(tmp_path):
+    """As the job's user, after root's rights are dropped (a root `chdir` before would let a user's capture into
+    a folder below one closed to them); a directory it cannot enter is the estimate's one-line error."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "xmem_only.py").write_text(ESTIMATOR)  # the test's estimator, found in the job's directory
+    tiny_script(workdir, "t.py", 10, each_step="open('where', 'w').write(__import__('os').getcwd())")
+    estimate(["python", "t.py"], cwd=workdir)
+    assert (workdir / "where").read_text() == str(workdir)
+    gone = tmp_path / "gone"
+    with pytest.raises(EstimateError, match=rf"^cannot enter the working directory '{gone}': No such file"):
+        estimate(["python", "-c", "pass"], cwd=gone)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        '{"estimate": {"method": "xmem", "device": "d", "peak_bytes": "boom", "breakdown": {}}}',
+        '{"estimate": {"method": "xmem", "device": "d", "peak_bytes": Infinity, "breakdown": {}}}',
+        '{"estimate": {"method": "xmem", "device": "d", "peak_bytes": 1e400, "breakdown": {}}}',
+        '{"estimate": {"method": {}, "device": "d", "peak_bytes": 1, "breakdown": {"parameters": 1}}}',
+        '{"estimate": {"method": "xmem", "device": "d", "peak_bytes": 1, "breakdown": {"mine": 1}}}',
+        '{"estimate": {"method": "xmem", "device": "d", "peak_bytes": 99999999999999999999, "breakdown": {}}}',
+        '{"values_read": [1], "error": "x"}',
+        "[1]",
+    ],
+)
+def test_a_result_the_job_forged_is_a_malformed_estimate_never_taken(tmp_path, forged):
+    """The capture child runs the job's code, as its user, which may write the result file itself and exit: a
+    server that took its figures as they came stopped at them (and at every start, the estimate being kept)."""
+    body = f"""
+    import json, os
+    argv = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+    spec = json.loads(next(a for a in argv if a.startswith(b'{{"')))
+    open(spec["result"], "w").write({forged!r})
+    os._exit(0)
+    """
+    with pytest.raises(EstimateError, match=r"^the estimating process wrote a malformed (estimate|result)"):
+        estimate(["python", str(tmp_path / script(tmp_path, "forge.py", body))])
+
+
 MLP_ARGV = ("--batch-size", "64", "--log", "steps.log")
 _references: dict[tuple[str, ...], Estimate] = {}
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -409,7 +411,26 @@ def test_the_fingerprint_follows_the_script_and_the_method(workdir):
     assert before == fingerprint(spec, "xmem", "a100-40gb")
     assert before != fingerprint(spec, "horus", "a100-40gb") != fingerprint(spec, "xmem", "h100-80gb")
     (workdir / "train.py").write_text("print('training harder')\n")
-    assert fingerprint(spec, "xmem", "a100-40gb") != before
+    after = fingerprint(spec, "xmem", "a100-40gb")
+    assert after != before
+    other = dataclasses.replace(spec, uid=4242, user="bob")  # the same job, another user's
+    assert fingerprint(other, "xmem", "a100-40gb") != after
+
+
+def test_a_fifo_or_device_named_as_the_program_is_not_opened(tmp_path):
+    """The fingerprint reads a program's `#!` line as root, on the server's event loop: a FIFO there blocked
+    the whole server (at every start too, the task being kept), and a device would be opened."""
+    os.mkfifo(tmp_path / "fifo")
+    done = []
+    for program in ("./fifo", "/dev/zero"):
+        spec = JobSpec("j", (program, "train.py"), str(tmp_path))
+        reader = threading.Thread(
+            target=lambda spec=spec: done.append(fingerprint(spec, "xmem", "a100-40gb")), daemon=True
+        )
+        reader.start()
+        reader.join(timeout=10)
+        assert not reader.is_alive(), f"the fingerprint of {program} blocked"
+    assert len(done) == 2
 
 
 def test_a_job_on_two_gpus_is_estimated_for_two(tmp_path, workdir):

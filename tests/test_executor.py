@@ -270,11 +270,13 @@ def test_a_missing_workdir_is_reported_as_an_exit_not_raised(world, tmp_path):
     task = world.start(py("pass"), workdir=missing)
     ended = one_exit(world)
     assert ended.task_id == task
-    assert ended.exit.exit_code is None
-    assert missing in ended.exit.log_tail and "No such file or directory" in ended.exit.log_tail
+    assert ended.exit.exit_code == 126
+    assert (
+        ended.exit.log_tail.strip()
+        == f"carma: cannot enter the working directory {missing!r}: No such file or directory"
+    )
     assert classify_exit(ended.exit) is ExitKind.ERROR
     assert missing in world.log(task, "stderr")
-    assert world.spawned == []
 
 
 # --- cancelling -------------------------------------------------------------------------------------
@@ -399,6 +401,51 @@ def test_tasks_run_as_their_owner_when_the_daemon_is_root(make_world):
         run_dir = w.executor.run_dir(task, 1)
         assert (run_dir.stat().st_uid, run_dir.stat().st_gid) == (NOBODY, NOBODY)
         assert (run_dir / "exit.json").stat().st_uid == NOBODY
+    finally:
+        shutil.rmtree(home)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")
+def test_a_task_cannot_enter_a_workdir_below_a_folder_closed_to_its_owner(make_world):
+    """The shim enters the workdir as the user: a root `chdir` before the switch to the user put a task inside
+    a folder below another user's closed home, where it read what its owner cannot."""
+    if not nobody_can_run_the_shim():
+        pytest.skip(f"user nobody cannot run {PY} with carma (interpreter or sources not readable by others)")
+    home, closed = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())  # not under tmp_path: only root enters it
+    try:
+        home.chmod(0o755)
+        (closed / "proj").mkdir(mode=0o755)  # open itself, but below a folder closed to others
+        (closed / "proj" / "secret.txt").write_text("root's secret\n")
+        (closed / "proj" / "secret.txt").chmod(0o644)
+        w = make_world(home, run_as_owner=True)
+        task = w.start(("cat", "secret.txt"), workdir=str(closed / "proj"), uid=NOBODY, gid=NOBODY)
+        ended = one_exit(w)
+        assert ended.exit.exit_code == 126 and "root's secret" not in w.log(task)
+        assert ended.exit.log_tail.strip().endswith("proj': Permission denied")
+    finally:
+        shutil.rmtree(home)
+        shutil.rmtree(closed)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")
+def test_an_abandoned_attempt_placed_again_runs_as_its_owner_under_a_root_daemon(make_world):
+    """The abandoned marker a restarted root daemon leaves is the run dir owner's: the shim, as that user, read
+    it as root's file (refused) and took the new launch for the abandoned one, so the task failed."""
+    if not nobody_can_run_the_shim():
+        pytest.skip(f"user nobody cannot run {PY} with carma (interpreter or sources not readable by others)")
+    home = Path(tempfile.mkdtemp())
+    try:
+        home.chmod(0o755)
+        w = make_world(home, run_as_owner=True)
+        run_dir = w.executor.run_dir(1, 1)
+        run_dir.mkdir(parents=True)  # the old daemon died after making it the user's, before the shim started
+        for folder in (run_dir.parent.parent, run_dir.parent):
+            folder.chmod(0o711)
+        os.chown(run_dir, NOBODY, NOBODY)
+        assert w.executor.recover_unrecorded(1, 1) is None
+        assert (run_dir / "shim.json").stat().st_uid == NOBODY
+        task = w.start(("/bin/echo", "ran"), workdir="/", uid=NOBODY, gid=NOBODY)
+        assert one_exit(w).exit.exit_code == 0 and w.log(task) == "ran\n"
     finally:
         shutil.rmtree(home)
 
@@ -571,6 +618,21 @@ def test_an_abandoned_attempt_placed_again_runs_and_a_late_shim_of_it_still_does
         [PY, "-m", "carma.server.shim", str(run_dir), "--", *py("open('late', 'w')")], cwd=tmp_path, capture_output=True
     )
     assert late.returncode == 1 and not (tmp_path / "late").exists()
+
+
+@pytest.mark.parametrize("ended_at", ["NaN", "Infinity", "1e300", "true"])
+def test_an_end_time_a_task_wrote_that_is_no_time_is_taken_as_now(world, ended_at):
+    """exit.json is in the task's own run dir: a NaN there stopped the daemon (its event row needs a time), at
+    every restart, as the task was taken up again."""
+    run_dir = world.executor.run_dir(1, 1)
+    run_dir.mkdir(parents=True)
+    (run_dir / "exit.json").write_text(f'{{"exit_code": 0, "signal": null, "ended_at": {ended_at}}}')
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    before = time.time()
+    world.executor.adopt(SpawnRecord(1, 1, gone.pid, None, str(run_dir)))
+    (ended,) = wait_for_exits(world.executor, 1)
+    assert ended.exit.exit_code == 0 and before <= ended.ended_s <= time.time()
 
 
 def test_kill_reaches_an_adopted_task(world):

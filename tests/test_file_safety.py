@@ -68,6 +68,9 @@ def test_a_file_of_another_user_is_refused(run_dir: Path) -> None:
     os.chown(run_dir, 4242, 4242)  # the run dir's owner is the task's user: their files are theirs to show
     with open_for_reading(run_dir / "stdout.log", owners_of(run_dir)) as f:
         assert f.read() == b"theirs"
+    (run_dir / "moved").write_text("root's")  # a file of root's the user moved in from a folder they can write
+    with pytest.raises(UnsafeFile, match="belongs to uid 0, not to the task's user"):
+        open_for_reading(run_dir / "moved", owners_of(run_dir))
 
 
 def test_a_record_linked_twice_is_read_as_claim_links_it_in_place(run_dir: Path) -> None:

@@ -146,6 +146,15 @@ def test_estimates_keep_their_notes_and_older_databases_gain_the_column(path):
     assert Store(path).estimate("new") == noted
 
 
+def test_an_estimate_row_that_is_no_estimate_is_made_again_not_loaded(path):
+    """An earlier release kept what a capture child wrote unchecked (the job's own code may write it): such a
+    row stopped the server at every start; it now reads as no estimate, which is made again."""
+    store = Store(path)
+    store.add_estimate("forged", Estimate("xmem", "boom", Breakdown(), "d", 1.0), 0.0)  # type: ignore[arg-type]
+    store.add_estimate("fine", Estimate("xmem", 1024, Breakdown(parameters=1024), "d", 1.0), 0.0)
+    assert store.estimate("forged") is None and store.estimate("fine").peak_bytes == 1024
+
+
 def _ended(store: Store, task_id: int, state: TaskState, ended_s: float) -> None:
     task = next(s.task for s in store.load() if s.task.id == task_id)
     task.attempts.append(Attempt(1, ("GPU-a",), ended_s - 1, exclusive=True, recovery=False, ended_s=ended_s))

@@ -68,9 +68,11 @@ def open_for_append(path: Path, owners: Collection[int] | None = None, mode: int
 
 
 def owners_of(directory: Path) -> set[int]:
-    """Who may own the files of `directory`: its owner (a task's run dir belongs to the task's user) and this
-    process. The directory itself must not be replaceable by a user: its parent is the daemon's."""
-    return {os.lstat(directory).st_uid, os.geteuid()}
+    """Who may own the files of `directory`: its owner only (a task's run dir belongs to the task's user, and a
+    root daemon gives the user each file it makes there). Not root besides: a user may move into their run dir
+    any file of root's from a folder they can write, which root would then show as their log. The directory
+    itself must not be replaceable by a user: its parent is the daemon's."""
+    return {os.lstat(directory).st_uid}
 
 
 def _checked(fd: int, path: Path, owners: Collection[int] | None, single_link: bool) -> int:

@@ -360,6 +360,7 @@ class Scheduler:
         kind = classify_exit(exit, killed_by_request=task.cancel_requested)
         if self.early is not None:
             self.early.forget(task_id)
+        now = max(now, attempt.dispatched_s)  # a world's end time from a file the task could write: never before
         if attempt.restart_mib is not None and kind is ExitKind.SUCCESS:  # it ended before its stop reached it
             attempt.restart_mib, attempt.message = None, ""
         elif attempt.restart_mib is not None and kind is not ExitKind.KILLED:  # its stop: relaunched on its peak

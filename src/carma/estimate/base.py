@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 CAPTURE_TIMEOUT_S = 900.0  # how long `carma estimate`'s capture may take to reach its steps, by default
+MAX_BYTES = 1 << 50  # a PiB, beyond any GPU: a larger figure is no estimate
 
 
 TIMELINE_NOT_WRITTEN = "the timeline was not written"  # a note's start, which `carma estimate` reads
@@ -52,6 +53,24 @@ class Estimate:
     seconds: float  # how long estimating took
     notes: tuple[str, ...] = ()  # what the user should know about how the job was captured, one line each
 
+    @classmethod
+    def checked(cls, data: object, seconds: float) -> Estimate:
+        """An estimate from its `to_json` form written by a process that may say anything (a capture child runs
+        the job's own code, as its user; a database row of an earlier release), checked field by field:
+        ValueError names the field that is not what an estimate holds."""
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        method, device, parts, notes = (data.get(k) for k in ("method", "device", "breakdown", "notes"))
+        if not isinstance(method, str) or not isinstance(device, str):
+            raise ValueError("method and device must be text")
+        if not isinstance(parts, dict) or not set(parts) <= set(Breakdown.__dataclass_fields__):
+            raise ValueError("breakdown must be an object of the parts of a peak")
+        notes = [] if notes is None else notes
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise ValueError("notes must be a list of text")
+        breakdown = Breakdown(**{name: _bytes(value, name) for name, value in parts.items()})
+        return cls(method, _bytes(data.get("peak_bytes"), "peak_bytes"), breakdown, device, seconds, tuple(notes))
+
     def to_json(self) -> dict[str, Any]:
         """The `--json` output; `notes` only when there are some."""
         result = {
@@ -62,6 +81,12 @@ class Estimate:
             "seconds": round(self.seconds, 3),
         }
         return {**result, "notes": list(self.notes)} if self.notes else result
+
+
+def _bytes(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BYTES:
+        raise ValueError(f"{name} must be a whole number of bytes from 0 to 2^50")
+    return value
 
 
 def optimizer_parameters(optimizer: Any) -> list[Any]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 from carma.estimate import cuda_on_cpu, kernels
-from carma.estimate.base import CAPTURE_TIMEOUT_S, Breakdown, Capture, Estimate, EstimateError, Exited
+from carma.estimate.base import CAPTURE_TIMEOUT_S, Capture, Estimate, EstimateError, Exited
 from carma.estimate.devices import Device, find_device
 from carma.estimate.job import capture_job, job_parts
 from carma.estimate.registry import check_steps
@@ -144,7 +144,12 @@ def _estimate_in_child(
     what = "the script" if "argv" in source else "the job function"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="carma-estimate-") as tmp:
-        result = Path(tmp) / "estimate.json"
+        # the child writes its result in `out`, its user's folder inside this process's own: the user may put
+        # anything at the result's name, never swap the folder (a link to another, where root would read and
+        # delete `estimate.json`)
+        out = Path(tmp) / "out"
+        out.mkdir()
+        result = out / "estimate.json"
         spec = {
             **source,
             "steps": steps,
@@ -159,9 +164,11 @@ def _estimate_in_child(
             "timeline": str(Path(timeline).resolve()) if timeline else None,
             "result": str(result),
             "parent": os.getpid(),
+            "cwd": str(cwd) if cwd is not None else None,  # entered by the child, as `user`: see `_enter`
         }
         if user is not None:
-            os.chown(tmp, user, group if group is not None else -1)  # the child writes its result there
+            Path(tmp).chmod(0o711)
+            os.chown(out, user, group if group is not None else -1)  # the child writes its result there
         package = str(Path(__file__).resolve().parent.parent / "__init__.py")
 
         def run(short_second: bool, exact: bool) -> tuple[dict[str, Any], str]:
@@ -185,7 +192,7 @@ def _estimate_in_child(
                         stdin=subprocess.DEVNULL,  # a prompt, unseen with the output, would wait until the timeout
                         stdout=stdout,  # the script's own output: its reason, when it gives none on stderr
                         stderr=stderr,  # for the last error line when the child dies
-                        cwd=cwd,
+                        cwd="/" if cwd is not None else None,
                         env=capture_environment(env),
                         user=user,
                         group=group,
@@ -205,7 +212,7 @@ def _estimate_in_child(
             payload = _read_result(result)
             if payload is None:
                 raise EstimateError(_death(child.returncode, err))
-            return json.loads(payload), err
+            return _payload(payload), err
 
         short_second = True
         payload, err = run(short_second, exact)
@@ -219,16 +226,30 @@ def _estimate_in_child(
             payload, err = run(short_second, exact=True)
     if "error" in payload:
         if not payload.get("stderr_says_why"):
-            raise EstimateError(payload["error"])
+            raise EstimateError(str(payload["error"]))
         why = _last_line(err)
-        exited = payload["error"] + (f": {why}" if why else "")
-        raise EstimateError(cuda_on_cpu.explained(exited, why or "", payload["asked_if_available"]))
-    e = payload["estimate"]
-    breakdown = Breakdown(**e["breakdown"])
+        exited = str(payload["error"]) + (f": {why}" if why else "")
+        raise EstimateError(cuda_on_cpu.explained(exited, why or "", bool(payload.get("asked_if_available"))))
+    try:
+        estimate = Estimate.checked(payload.get("estimate"), time.perf_counter() - started)
+    except ValueError as e:
+        raise EstimateError(f"the estimating process wrote a malformed estimate ({e})") from None
     computed_note = VALUES_NOTE.format(", ".join(dict.fromkeys(values_read))) if values_read else COMPUTED_NOTE
-    notes = (*e.get("notes", ()), *([computed_note] if computed else []))
-    seconds = time.perf_counter() - started
-    return Estimate(e["method"], e["peak_bytes"], breakdown, e["device"], seconds, notes)
+    return replace(estimate, notes=(*estimate.notes, *([computed_note] if computed else [])))
+
+
+def _payload(text: str) -> dict[str, Any]:
+    """The capture child's result. The child runs the job's code as its user, which may write the file itself:
+    what the parent reads of it besides the estimate (`Estimate.checked`) is checked here."""
+    payload: Any
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        payload = None
+    read = payload.get("values_read", []) if isinstance(payload, dict) else None
+    if not isinstance(read, list) or not all(isinstance(value, str) for value in read):
+        raise EstimateError("the estimating process wrote a malformed result")
+    return payload
 
 
 def host_memory_floor(total: int) -> int:
@@ -348,7 +369,18 @@ def _child_main() -> None:
     _finish(spec, lambda: _capture(spec))
 
 
+def _enter(cwd: str | None) -> None:
+    """Enter the job's working directory as the job's user: `subprocess` changes directory before it drops
+    root's rights, which would put a user's capture inside a folder below one closed to them."""
+    if cwd is not None:
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            raise EstimateError(f"cannot enter the working directory {cwd!r}: {e.strerror}") from None
+
+
 def _capture(spec: dict[str, Any]) -> Capture:
+    _enter(spec["cwd"])
     if importlib.util.find_spec("torch") is None:  # the command's own Python, another environment's
         raise EstimateError(
             f"{sys.executable}, the Python that runs the job, has no PyTorch: install it there, or name the "

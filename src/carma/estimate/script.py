@@ -39,6 +39,7 @@ from carma.estimate.session import (
 )
 from carma.estimate.shapes import InputShapes
 from carma.units import cut, pluralize
+from carma.userfiles import open_for_reading
 
 HELD_DEPTH = 2  # how far into the script's variables held modules and optimizers are looked for
 HELD_ITEMS = 64  # containers larger than this are not looked into
@@ -301,9 +302,11 @@ def interpreter(argv: Sequence[str], cwd: str | Path, path: str) -> str | None:
 
 def shebang_program(path: Path) -> str | None:
     """The program an executable script's first line runs it with: `/usr/bin/python3` for
-    `#!/usr/bin/python3`, `bash` for `#!/usr/bin/env bash` (looked up on the PATH); None without one."""
+    `#!/usr/bin/python3`, `bash` for `#!/usr/bin/env bash` (looked up on the PATH); None without one. Only a
+    regular file is read (the server reads a user's command as root, on its event loop: a FIFO named as the
+    program would block it, a device be opened)."""
     try:
-        with path.open("rb") as f:
+        with open_for_reading(Path(os.path.realpath(path)), single_link=False) as f:
             line = f.readline(256)
     except OSError:
         return None

@@ -31,7 +31,7 @@ from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
-from carma.server.views import gpu_views, status_view, task_summary, task_view
+from carma.server.views import as_seen_by_others, gpu_views, source_only, status_view, task_summary, task_view
 from carma.units import DURATION_PATTERN, MAX_DURATION_S, parse_mib, parse_seconds
 
 LOG_CHUNK = 1 << 20
@@ -247,6 +247,9 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
     def is_theirs(task: Task, who: Caller) -> bool:
         return who.admin or daemon.jobs[task.id].uid == who.uid
 
+    def seen_by(who: Caller, task: Task, view: dict[str, Any]) -> dict[str, Any]:
+        return view if is_theirs(task, who) else as_seen_by_others(view)
+
     def owned(task: Task, who: Caller) -> None:
         if not is_theirs(task, who):
             raise HTTPException(403, f"task {task.id} belongs to {daemon.jobs[task.id].user}, not to {who.user}")
@@ -331,19 +334,16 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         return task_view(daemon, task)
 
     @app.get("/v1/tasks", responses=errors(422))
-    async def tasks(_: Who, state: TaskState | None = None, all: bool = False) -> list[dict[str, Any]]:
+    async def tasks(who: Who, state: TaskState | None = None, all: bool = False) -> list[dict[str, Any]]:
         selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
         if state:
             selected = [t for t in selected if t.state is state]
-        return [task_summary(daemon, t) for t in selected]
+        return [seen_by(who, t, task_summary(daemon, t)) for t in selected]
 
     @app.get("/v1/tasks/{task_id}", responses=errors(404, 422))
     async def show(task_id: TaskId, who: Who) -> dict[str, Any]:
         task = task_or_404(task_id)
-        view = task_view(daemon, task)
-        if not is_theirs(task, who):
-            view["env"] = None  # the queue is everyone's; a task's environment (tokens, keys) its owner's
-        return view
+        return seen_by(who, task, task_view(daemon, task))
 
     def cancel_one(task_id: TaskId, who: Caller) -> Task:
         task = task_or_404(task_id)
@@ -407,11 +407,15 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
 
     @app.get("/v1/history", responses=errors(422))
     async def history(
-        _: Who, hours: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None
+        who: Who, hours: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None
     ) -> list[dict[str, Any]]:
-        """Ended attempts with what telemetry saw of them, the last `hours` (all without it)."""
+        """Ended attempts with what telemetry saw of them, the last `hours` (all without it); why another
+        user's estimate failed (its capture's last error line) is theirs."""
         since = None if hours is None else daemon.clock.now() - hours * 3600
-        return daemon.store.history(since)
+        runs = daemon.store.history(since)
+        if who.admin:
+            return runs
+        return [r if r["user"] == who.user else {**r, "need_source": source_only(r["need_source"])} for r in runs]
 
     metrics = Metrics(daemon)
 

@@ -22,7 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 from carma import __version__
 from carma.core.types import ACTIVE_STATES, TERMINAL_STATES
 from carma.server.daemon import Daemon
-from carma.server.views import gpu_views, status_view, task_summary
+from carma.server.views import as_seen_by_others, gpu_views, status_view, task_summary
 
 SNAPSHOT_TASKS = 500  # tasks in a live event: the queue table's rows; `carma queue` lists every one
 
@@ -84,7 +84,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
         "now_s": daemon.clock.now(),
         "status": status_view(daemon),
         "gpus": gpu_views(daemon),
-        "tasks": [task_summary(daemon, t) for t in shown],
+        "tasks": [as_seen_by_others(task_summary(daemon, t)) for t in shown],  # one snapshot for every viewer
         "tasks_not_shown": len(live) - len(shown),
     }
 

@@ -95,15 +95,18 @@ def device_for(gpus: list[Target]) -> str:
 
 
 def fingerprint(job: JobSpec, method: str, device: str) -> str:
-    """Same command, interpreter, directory, environment, GPU count, script, method and device: the same
-    estimate (a model under DataParallel is estimated for its first GPU's share of the batch).
+    """Same user, command, interpreter, directory, environment, GPU count, script, method and device: the same
+    estimate (a model under DataParallel is estimated for its first GPU's share of the batch). The user is part
+    of it: another user's capture runs their code, which could write the result (a peak set low, an MPS limit
+    that crashes the job), and must never shape this user's job.
 
     The script is its contents and the size and time of each Python file around it (its folder and below,
     or the working directory's for `python -m`): a model edited in `model.py` beside `train.py` is
     estimated again. So is a job whose environment (`HIDDEN=4096`), less a login session's variables, or a
     file its command names (`--config big.yaml`) changed: a stale estimate is an OOM crash, a needless one
     a capture."""
-    identity = [list(job.argv), _interpreter(job), job.workdir, job.shell, method, device, _settings(job.env), job.gpus]
+    identity = [job.uid, list(job.argv), _interpreter(job), job.workdir, job.shell, method, device]
+    identity += [_settings(job.env), job.gpus]
     digest = hashlib.sha256(json.dumps(identity).encode())
     found = None if job.shell else _script(job)
     if found is not None:
@@ -364,6 +367,7 @@ class Estimates:
         who = f"task {', '.join(map(str, sorted(tasks)))} ({job.name})"
         try:
             result = future.result()
+            need = _need(result, multi_gpu=job.gpus > 1)
         except EstimateError as e:
             return self._failed(who, job, str(e))
         except Exception as e:  # an estimator's bug must not stop the daemon: the task runs recovery only
@@ -373,7 +377,7 @@ class Estimates:
         log.info("estimated %s with %s in %.1f s: %d MiB", who, result.method, result.seconds, _mib(result))
         for note in result.notes:
             log.warning("estimate of %s: %s", who, note)
-        return _need(result, multi_gpu=job.gpus > 1)
+        return need
 
     def _device_identity(self) -> str:
         """The device with its constants, for the cache key: after `carma estimate calibrate` a job is

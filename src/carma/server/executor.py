@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import pwd
 import secrets
@@ -33,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, TypeGuard
 
 import carma
 from carma.core.ports import TaskExit
@@ -287,13 +288,24 @@ class ProcessExecutor:
             run_dir.chmod(0o700)
 
     def _spawn(self, run_dir: Path, job: JobSpec, env: dict[str, str], token: str) -> subprocess.Popen[bytes]:
-        """Start the shim in a new session, in the job's workdir and environment (and user, as root).
+        """Start the shim in a new session, in the job's environment (and user, as root); the shim enters the
+        job's workdir itself, as the user (`subprocess` changes directory before it drops root's rights).
 
         `-I` keeps the job's PYTHON* variables and working directory out of the shim's own interpreter.
         The shim's own diagnostics (say, a traceback) land in stderr.log. An environment without LC_CTYPE
         gets none from the shim, whose interpreter sets one when it finds the C locale (PEP 538).
         """
-        argv = [sys.executable, "-I", "-m", "carma.server.shim", str(run_dir), "--launch", token]
+        argv = [
+            sys.executable,
+            "-I",
+            "-m",
+            "carma.server.shim",
+            str(run_dir),
+            "--launch",
+            token,
+            "--workdir",
+            job.workdir,
+        ]
         argv += [] if "LC_CTYPE" in env else ["--unset", "LC_CTYPE"]
         argv += ["--shell", "--", *job.argv] if job.shell else ["--", *job.argv]
         owner: dict[str, object] = {}
@@ -302,7 +314,7 @@ class ProcessExecutor:
         with _open_log(run_dir / STDERR_FILE) as err:
             return subprocess.Popen(
                 argv,
-                cwd=job.workdir,
+                cwd="/",
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -346,7 +358,8 @@ class ProcessExecutor:
             left = _end_leftovers(run)
             if left or not run.sigkilled:  # a cancel's SIGKILL needs no explaining
                 self._note(run.run_dir, _without_record(run, left, code, sig))
-        wall = ended_at if isinstance(ended_at, int | float) else time.time()
+        now = time.time()  # the task may have written exit.json: NaN, inf or a time to come is not an end
+        wall = ended_at if _number(ended_at) and ended_at <= now else now
         tail, of_output = _log_tail(run.run_dir)
         exit = ProcessExit(code, tail, sig, tail_is_output=of_output)
         return TaskExit(run.record.task_id, exit, self.to_clock(wall))
@@ -427,6 +440,11 @@ def _log_tail(run_dir: Path) -> tuple[str, bool]:
     it is stdout's."""
     tail = _read_tail(run_dir / STDERR_FILE, LOG_TAIL_BYTES)
     return (tail, False) if tail.strip() else (_read_tail(run_dir / STDOUT_FILE, LOG_TAIL_BYTES), True)
+
+
+def _number(value: object) -> TypeGuard[float]:
+    """Whether a record file's field is a finite number."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _int(value: object) -> int | None:

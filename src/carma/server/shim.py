@@ -5,9 +5,11 @@ daemon can signal the whole task with one `killpg`. The shim outlives the daemon
 in `shim.json` before starting the task, and the task's exit in `exit.json` when it ends, so a restarted
 daemon can re-adopt a running task or learn how it ended while nobody watched.
 
-Working directory, environment and user are the shim's own (the executor sets them); the task inherits
-them. SIGTERM and SIGINT only mark the shim as cancelled: the same group signal reaches the task, and the
-shim must survive it to record the exit.
+Environment and user are the shim's own (the executor sets them); the task inherits them. The shim enters
+the task's working directory itself (`--workdir`), as the user: a root daemon's `chdir` before the switch to
+the user would put the task inside a folder the user could never reach, below a parent closed to them.
+SIGTERM and SIGINT only mark the shim as cancelled: the same group signal reaches the task, and the shim must
+survive it to record the exit.
 """
 
 from __future__ import annotations
@@ -37,10 +39,15 @@ LAUNCHED_AT = "CARMA_LAUNCHED_AT"  # the task's environment variable: the Unix t
 
 
 def _write_temp(path: Path, data: dict[str, object]) -> Path:
-    """Write `data` to a fresh, uniquely named file beside `path` (never through a planted symlink)."""
+    """Write `data` to a fresh, uniquely named file beside `path` (never through a planted symlink). A root
+    daemon's record in a task's run dir is the run dir owner's, as the shim's own are: the shim, as that user,
+    reads only such records (and could not read root's)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
+            owner = os.lstat(path.parent)
+            if os.geteuid() == 0 and owner.st_uid != 0:
+                os.fchown(f.fileno(), owner.st_uid, owner.st_gid)
             json.dump(data, f)
     except BaseException:  # a full disk: no half-written temporary file left behind
         os.unlink(tmp)
@@ -99,6 +106,7 @@ def parse_args(args: list[str]) -> argparse.Namespace:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--shell", action="store_true", help="run ARGV joined by spaces through /bin/sh -c")
     parser.add_argument("--launch", help="this launch's token, which an abandoned run dir's marker may admit")
+    parser.add_argument("--workdir", help="the directory to run the task in (entered as the user)")
     parser.add_argument("--unset", action="append", default=[], help="a variable to keep out of the task's environment")
     if "--" not in args or args.index("--") == len(args) - 1:
         parser.error("the task's command must follow '--'")
@@ -123,9 +131,11 @@ def record_exit(run_dir: Path, exit_code: int | None, sig: int | None) -> None:
             os.write(2, f"carma: could not record how the task ended: {e.strerror}\n".encode())
 
 
-def run(run_dir: Path, argv: list[str], launch: str | None = None, unset: Sequence[str] = ()) -> int:
-    """Start the task (in the shim's environment less `unset`), wait for it, record how it ended; return the
-    shim's own exit status."""
+def run(
+    run_dir: Path, argv: list[str], launch: str | None = None, unset: Sequence[str] = (), workdir: str | None = None
+) -> int:
+    """Start the task (in `workdir`, in the shim's environment less `unset`), wait for it, record how it ended;
+    return the shim's own exit status."""
     cancelled = []
     for signum in (signal.SIGTERM, signal.SIGINT):  # a handler, not SIG_IGN: exec resets handlers only
         signal.signal(signum, lambda sig, _frame: cancelled.append(sig))
@@ -137,6 +147,13 @@ def run(run_dir: Path, argv: list[str], launch: str | None = None, unset: Sequen
         record_exit(run_dir, None, cancelled[0])
         return 128 + cancelled[0]
     with open(run_dir / STDOUT_FILE, "ab") as out, open(run_dir / STDERR_FILE, "ab") as err:
+        try:
+            if workdir is not None:
+                os.chdir(workdir)
+        except OSError as exc:
+            err.write(f"carma: cannot enter the working directory {workdir!r}: {exc.strerror}\n".encode())
+            record_exit(run_dir, 126, None)
+            return 126
         try:
             env = {name: value for name, value in os.environ.items() if name not in unset}
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
@@ -168,7 +185,7 @@ def end_stragglers() -> None:
 
 def main(args: list[str] | None = None) -> int:
     options = parse_args(sys.argv[1:] if args is None else args)
-    return run(options.run_dir, command(options.argv, options.shell), options.launch, options.unset)
+    return run(options.run_dir, command(options.argv, options.shell), options.launch, options.unset, options.workdir)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, TargetId, Task, TaskId, TaskState
-from carma.estimate.base import Breakdown, Estimate
+from carma.estimate.base import Estimate
 from carma.server.faults import FaultLog, no_space, one_line
 from carma.server.spec import JobSpec
 
@@ -482,7 +482,11 @@ class Store:
         if row is None:
             return None
         method, device, peak, breakdown, seconds, notes = row
-        return Estimate(method, peak, Breakdown(**json.loads(breakdown)), device, seconds, tuple(json.loads(notes)))
+        data = {"method": method, "device": device, "peak_bytes": peak}
+        try:  # an earlier release kept what a capture child wrote unchecked: such a row is made again
+            return Estimate.checked({**data, "breakdown": json.loads(breakdown), "notes": json.loads(notes)}, seconds)
+        except ValueError:
+            return None
 
     def link_estimate(self, task_id: TaskId, fingerprint: str) -> None:
         """Remember which estimate a task's placement uses, for `carma show` after a restart too; written

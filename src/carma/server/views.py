@@ -140,6 +140,31 @@ def _need_view(daemon: Daemon, task: Task) -> dict[str, Any]:
     return {"need_mib": need.mib, "need": need.kind.value, "need_source": need.source}
 
 
+OWNERS_ONLY = "its owner's to see"  # in place of what a task's own output says, shown to other users
+
+
+def as_seen_by_others(view: dict[str, Any]) -> dict[str, Any]:
+    """A task's view for a user other than its owner (and not an admin): the queue is everyone's, but a task's
+    environment (tokens, keys) and what its output says (the reason it failed, an OOM line, why its estimate
+    failed: the last lines of its logs) are its owner's, as its logs are."""
+    seen = {**view, "need_source": source_only(view["need_source"])}
+    if view["reason"]:
+        seen["reason"] = OWNERS_ONLY
+    if "env" in view:
+        seen["env"] = None
+    if "attempt_list" in view:
+        seen["attempt_list"] = [
+            {**a, "message": a["message"] and OWNERS_ONLY, "need_source": source_only(a["need_source"])}
+            for a in view["attempt_list"]
+        ]
+    return seen
+
+
+def source_only(source: str | None) -> str | None:
+    """A need's source without what follows its colon (`xmem failed: <the capture's last error line>`)."""
+    return source.split(":", 1)[0] if source else source
+
+
 def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
     job = daemon.jobs[task.id]
     estimate = daemon.estimates.made(task.id)
