@@ -327,6 +327,9 @@ BAD_INPUTS = {
     "csv-under-a-file": (["--csv", "negative.csv/a/x.csv"], "--csv negative.csv/a/x.csv: negative.csv is not a dir"),
     "save-to-a-full-disk": (["--save", "/dev/full"], "--save /dev/full: No space left on device"),  # named no option
     "csv-over-save": (["--save", "x.csv", "--csv", "./x.csv"], "--csv and --save both name x.csv"),  # CSV replaced it
+    "jitter-past-the-longest-time": (["--jitter", "1e12"], "--jitter 1e+12 s is over 1e+10 s (317 years)"),
+    "scheme-without-dynamic-mig": (["--scheme", "a"], "--scheme applies to --mig dynamic only"),
+    "save-over-trace": (["--trace", "negative.csv", "--save", "./negative.csv"], "--save negative.csv is the trace"),
     "csv-out-and-json": (["--csv", "-", "--json"], "--csv - and --json both print the results: choose one"),
     "save-to-stdout": (["--save", "-"], "--save - : the report file is written to a file"),  # a file named '-' was
     "plot-into-a-file": (["--plot", "negative.csv"], "--plot negative.csv is a file; give a folder"),  # File exists
@@ -697,3 +700,11 @@ def test_every_path_is_refused_when_empty_where_it_was_the_current_directory():
         assert result.stderr.startswith(f"error: Invalid value for '{named}") and result.stderr.endswith(
             f": is empty: give a path (see carma {' '.join(words)} --help)\n"
         ), result.stderr
+
+
+def test_bounds_of_a_trace_no_gpu_can_run_are_none_not_zero(tmp_path):
+    """A critical path `()` of 0 min and a bound 100% below Exclusive's energy were printed."""
+    (tmp_path / "huge.csv").write_text("submit_s,task,solo_s,mem_mib\n0,huge,600,102400\n")
+    result = run_carma("simulate", "--trace", "huge.csv", "--bounds", "--json", cwd=tmp_path)
+    assert result.returncode == 0 and "bounds" not in json.loads(result.stdout)
+    assert "note: no bounds: no task of the trace fits a GPU of this server" in result.stderr

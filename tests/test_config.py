@@ -12,6 +12,7 @@ from carma.config import Config, ConfigError, load_config, parse_config
 from carma.core.risk import RiskWeights
 from carma.sim.gpus import parse_gpus
 from carma.sim.models import calibrated_power
+from support import run_carma
 
 
 @pytest.fixture
@@ -51,12 +52,21 @@ def test_the_documented_example_file_is_valid_and_shows_the_defaults(doc):
 
 
 @pytest.mark.parametrize(
-    ("text", "has_twin"),
-    [('[twin]\ngpus = "3xA100-40GB"\n', True), ("[twin]\n", True), ("[server]\nkeep_ended_days = 1\n", False)],
+    ("text", "tables"),
+    [('[twin]\ngpus = "3xA100-40GB"\n', {"twin"}), ("[twin]\n", {"twin"}), ("[mig]\n[server]\n", {"mig", "server"})],
 )
-def test_a_twin_table_is_known_even_when_it_sets_the_defaults(toml_file, text, has_twin):
-    """The server warns of one: it was silent when the table equalled the defaults (the documented example)."""
-    assert load_config(toml_file(text)).has_twin is has_twin
+def test_a_table_is_known_even_when_it_sets_the_defaults(toml_file, text, tables):
+    """The server warns of a [twin], the twin of the server's tables: the server was silent when the table
+    equalled the defaults (the documented example)."""
+    assert load_config(toml_file(text)).tables == tables
+
+
+def test_simulate_says_it_reads_no_mig_table(tmp_path):
+    """A [mig] scheme was checked, then ignored: `--mig dynamic` ran scheme B under `scheme = "a"`."""
+    (tmp_path / "m.toml").write_text('[mig]\nscheme = "a"\n')
+    result = run_carma("simulate", "--limit", "2", "--config", "m.toml", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "warning: m.toml: [mig] is for carma server; carma simulate reads [scheduler] and [twin]" in result.stderr
 
 
 def test_an_empty_file_gives_the_defaults(toml_file):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,11 +75,9 @@ def test_within_one_decision_each_placement_shows_in_the_next_tasks_answers():
 
 
 def test_open_warm_ups_need_the_needs_held():
-    b = bench(1, ttfk_unknown_only=True, hold_known_needs=False)
-    b.submit("a", mem_mib=8000)
-    b.decide()
-    b.submit("b", mem_mib=8000)
-    assert b.placed() == {}  # nothing holds the first task's memory: CARMA's rule stays
+    """Without them nothing holds a warming task's memory: the switch did nothing, silently."""
+    with pytest.raises(ValueError, match="ttfk_unknown_only needs hold_known_needs"):
+        bench(1, ttfk_unknown_only=True, hold_known_needs=False)
 
 
 def test_open_warm_ups_beside_memory_no_need_holds_count_the_needs_not_shown_yet():

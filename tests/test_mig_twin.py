@@ -198,3 +198,18 @@ def test_simulate_mig_static_runs_a_layout_and_refuses_bad_ones_in_one_line():
         assert bad.returncode != 0 and said in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     missing = run_carma("simulate", "--mig", "static")
     assert missing.returncode != 0 and "--mig static takes a --layout" in missing.stderr
+
+
+def test_a_mig_run_is_saved_for_reports_its_attempts_on_the_gpus_that_hold_their_instances():
+    """`--save` and `--plot` of a MIG run ended in `invalid literal for int()` (an instance's id read as a GPU
+    index), after the simulation: a MIG run never reached `carma report`."""
+    from carma.reports.record import from_run_result
+
+    two = TwinConfig(gpus=parse_gpus("2xA100-40GB"))
+    result = simulate(trace("resnet", "vgg", "BERT_large", "resnet"), RunConfig("magm", "oracle", mig="dynamic"), two)
+    record = from_run_result(result)
+    shown = {t.id: {g for a in t.attempts for g in a.gpus} for t in record.tasks}
+    ran = {
+        t.id: {int(g.split("/")[0].removeprefix("SIM-GPU-")) for a in t.attempts for g in a.gpus} for t in result.tasks
+    }
+    assert shown == ran and set().union(*shown.values()) <= {0, 1}

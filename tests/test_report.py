@@ -488,3 +488,19 @@ def test_a_chart_legend_of_long_labels_stays_clear_of_the_title():
     legend = fig.legends[0].get_window_extent(renderer)
     assert not legend.overlaps(title.get_window_extent(renderer))
     plt.close(fig)
+
+
+def test_the_timeline_chart_shows_the_gpus_that_ran_tasks_not_every_idle_one(tmp_path):
+    """A 300-GPU server drew a row per GPU (76,076 px, five minutes) for a trace that used a few."""
+    pytest.importorskip("matplotlib")
+    from carma.reports.plots import plot_timelines
+    from carma.sim.experiment import TwinConfig
+    from carma.sim.gpus import parse_gpus
+
+    four = Trace("four", load_trace("carma-t1", load_catalog()).entries[:4])
+    heights = []
+    for gpus in ("4xA100-40GB", "40xA100-40GB"):
+        record = from_run_result(simulate(four, RunConfig("magm"), TwinConfig(gpus=parse_gpus(gpus))))
+        png = plot_timelines([record], tmp_path / f"{gpus}.png").read_bytes()
+        heights.append(int.from_bytes(png[20:24], "big"))  # the PNG header's height
+    assert heights[0] == heights[1]

@@ -118,9 +118,9 @@ class Config:
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     mig: MigConfig = field(default_factory=MigConfig)
-    # whether the file has a [twin] table, which the server reads none of and warns of (one equal to the
-    # defaults too: it was silent on the documented example)
-    has_twin: bool = field(default=False, compare=False)
+    # the tables the file has: the server reads no [twin] and the twin no [server], [estimate] or [mig], and
+    # each says so (of one equal to the defaults too: it was silent on the documented example)
+    tables: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 _TWIN_KEYS = {"gpus": "", "sharing": "", "fragmentation": 0.0, "power_exponent": 0.0}
@@ -196,7 +196,7 @@ def parse_config(doc: dict[str, Any], source: str = "config") -> Config:
         _built(f"{source} [estimate]", lambda: EstimateConfig(**estimate)),
         _built(f"{source} [server]", lambda: ServerConfig(**server)),
         _built(f"{source} [mig]", lambda: MigConfig(**mig)),
-        has_twin="twin" in top,
+        tables=frozenset(top),
     )
 
 

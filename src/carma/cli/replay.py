@@ -150,8 +150,7 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _
             "(--duration oracle declares them)"
         )
     result = simulate(trace, run, config)
-    own = "".join(f", {words}" for name, words in OWN_DECISIONS.items() if switches.get(name))
-    return _Twin(result, f"{run.label}{own} on {server_name(result, config)}")
+    return _Twin(result, f"{result.label} on {server_name(result, config)}")
 
 
 def _twin_figures(twin: _Twin) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def server_cmd(
     ) as e:
         close_listeners(sockets, paths.socket)
         raise fail(e) from None
-    if settings.has_twin:
+    if "twin" in settings.tables:
         err.print(
             f"warning: {config}: [twin] is for carma simulate; the server's fake GPUs are --fake-gpus and --sharing"
         )

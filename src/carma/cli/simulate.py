@@ -14,7 +14,7 @@ import typer
 
 from carma.cli.common import PATH_VALUE, UsageError, app, check_writable, choice, err, fail, naming, out
 from carma.sim.models import SHARING_MODES
-from carma.traces.catalog import ESTIMATOR_COLUMNS, HISTORY, MEMORY_SOURCES
+from carma.traces.catalog import ESTIMATOR_COLUMNS, HISTORY, LONGEST_S, MEMORY_SOURCES, OVER_LONGEST
 from carma.traces.loaders import BUILTIN_TRACES
 from carma.units import pluralize
 
@@ -30,7 +30,13 @@ def _twin_config(config_path: Path | None, gpus: str | None, sharing: str | None
     from carma.config import load_config
     from carma.sim.gpus import parse_gpus
 
-    twin = load_config(config_path).twin
+    settings = load_config(config_path)
+    if ignored := [f"[{name}]" for name in ("server", "estimate", "mig") if name in settings.tables]:
+        err.print(
+            f"warning: {config_path}: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} for carma server; "
+            "carma simulate reads [scheduler] and [twin] (MIG runs: --mig, --scheme, --layout, --no-predict)"
+        )
+    twin = settings.twin
     if gpus is not None:
         twin = replace(twin, gpus=parse_gpus(gpus))
     if sharing is not None:
@@ -106,8 +112,8 @@ def simulate_cmd(
         ),
     ] = None,
     scheme: Annotated[
-        str, typer.Option(help="With --mig dynamic: a groups the queue by size (bounded), b is FIFO.")
-    ] = "b",
+        str | None, typer.Option(help="With --mig dynamic: a groups the queue by size (bounded), b is FIFO (default).")
+    ] = None,
     no_predict: Annotated[
         bool,
         typer.Option(
@@ -152,6 +158,9 @@ def simulate_cmd(
         files = {option: path for option, path in (("--csv", None if csv_out else csv_path), ("--save", save)) if path}
         if len(files) == 2 and files["--csv"].resolve() == files["--save"].resolve():
             raise UsageError(f"--csv and --save both name {save}: the CSV would replace the report file")
+        for option, path in files.items():
+            if Path(trace).exists() and path.resolve() == Path(trace).resolve():
+                raise UsageError(f"{option} {path} is the trace: the results would replace it")
         for option, path in files.items():  # said before the simulation too, not after its minutes
             check_writable(option, path)
         twin = _twin_config(config, gpus, sharing)
@@ -170,13 +179,15 @@ def simulate_cmd(
             mode = choice(mig, MIG_MODES, "--mig")
             if (mode == "static") != (layout is not None):
                 raise UsageError("--mig static takes a --layout (e.g. 4g.20gb@0,3g.20gb@4), and only it does")
+            if scheme is not None and mode != "dynamic":
+                raise UsageError("--scheme applies to --mig dynamic only")
             risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
             run = RunConfig(
                 chosen or twin.scheduler.policy,
                 choice(memory, MEMORY_SOURCES, "--memory"),
                 risk_filter,
                 mig=mode,
-                scheme=choice(scheme, SCHEMES, "--scheme"),
+                scheme=choice(scheme or "b", SCHEMES, "--scheme"),
                 predict=not no_predict,
                 layout=tuple(parse_layout(gpu) for gpu in layout.split(";")) if layout else (),
             )
@@ -187,6 +198,8 @@ def simulate_cmd(
         rows_of = sweep_rows if sweep_all else lambda copy: [r.row() for r in copy]
         rows = rows_of(results) if seed_list is None else seed_rows(per_seed)
         bounds, bounds_shown = _bounds(loaded, twin, results, rows) if show_bounds else (None, None)
+        if bounds_shown is None and show_bounds:
+            err.print("note: no bounds: no task of the trace fits a GPU of this server (each fails under every policy)")
         if csv_out:
             write_csv(rows, sys.stdout)
         elif csv_path:
@@ -218,7 +231,7 @@ def simulate_cmd(
     elif sweep_all:
         out.print(sweep_table(results, f"{title}; each figure with its change against Exclusive"))
     else:
-        out.print(run_table(results[0], f"{title}, {results[0].config.label}"))
+        out.print(run_table(results[0], f"{title}, {results[0].label}"))
     if bounds_shown:
         out.print(bounds_shown)
     for path in [csv_path, *charts, save]:
@@ -229,16 +242,19 @@ def simulate_cmd(
 
 def _bounds(
     trace: Trace, twin: TwinConfig, results: Sequence[RunResult], rows: list[dict[str, object]]
-) -> tuple[dict[str, object], Table]:
+) -> tuple[dict[str, object] | None, Table | None]:
     """The makespan bounds and the energy bound as JSON's `bounds` and as a table, each row given its share of
-    the gain (against the run's Exclusive, simulated for it when not among the runs). The energy bound is for
-    whole GPUs: None when a run is on MIG instances, whose speeds follow another model."""
+    the gain (against the run's Exclusive, simulated for it when not among the runs); none when no task fits
+    (there is nothing to bound). The energy bound is for whole GPUs: None when a run is on MIG instances,
+    whose speeds follow another model."""
     from carma.reports.tables import add_gain_shares, baseline_of, bounds_table
     from carma.sim.bounds import makespan_bounds
     from carma.sim.energybound import energy_bound
     from carma.sim.experiment import RunConfig, simulate
 
     limits = makespan_bounds(trace, twin.gpus, twin.interference, twin.sharing)
+    if limits.unplaceable == len(trace.entries):
+        return None, None
     exclusive = baseline_of(results) or simulate(trace, RunConfig("exclusive"), twin)
     whole_gpus = all(r.config.mig == "off" for r in results)
     energy = (
@@ -289,7 +305,7 @@ def _note_failures(results: Sequence[RunResult], limit: int = 5) -> None:
             err.print(f"note: {pluralize(len(failed) - limit, 'more task')} failed")
             break
         result, task = runs[0]
-        where = "" if len(results) == 1 else f" in {len(runs)} of {len(results)} runs, e.g. {result.config.label}"
+        where = "" if len(results) == 1 else f" in {len(runs)} of {len(results)} runs, e.g. {result.label}"
         err.print(f"note: task {task.id} ({task.spec.name}) failed{where}: {task.reason}")
 
 
@@ -311,6 +327,8 @@ def _seeds(jitter: float | None, seeds: int | None, **one_run: object) -> list[i
         return None
     if not math.isfinite(jitter):
         raise UsageError(f"--jitter must be a finite number of seconds; got {jitter:g}")
+    if jitter > LONGEST_S:  # a trace's times stop there too
+        raise UsageError(f"--jitter {jitter:g} s {OVER_LONGEST}")
     taken = next((f"--{option}" for option, value in one_run.items() if value), None)
     if taken:
         raise UsageError(

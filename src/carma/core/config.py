@@ -69,6 +69,8 @@ class SchedulerConfig:
         for name in ("margin_mib", "min_free_mib", "reserve_mib", "max_relaunches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        if self.ttfk_unknown_only and not self.hold_known_needs:  # a warm-up is open beside the needs held only
+            raise ValueError("ttfk_unknown_only needs hold_known_needs: a warm-up is open only beside the needs held")
 
     @property
     def window_s(self) -> float:

@@ -692,11 +692,10 @@ class Scheduler:
 
     def _closes(self, need: MemoryNeed | None) -> bool:
         """Whether a task placed with `need` closes its GPUs for its TTFK window: always, but with
-        `ttfk_unknown_only` a need known in MiB and held (`hold_known_needs`) leaves them open to further tasks,
-        which fit beside what it holds."""
-        cfg = self.config
+        `ttfk_unknown_only` a need known in MiB, held (`hold_known_needs`, which it requires), leaves them open to
+        further tasks, which fit beside what it holds."""
         known = need is not None and need.kind is NeedKind.KNOWN and need.mib is not None
-        return not (cfg.ttfk_unknown_only and cfg.hold_known_needs and known)
+        return not (self.config.ttfk_unknown_only and known)
 
     def _finish(self, task: Task, state: TaskState, now: float, reason: str) -> None:
         task.state = state

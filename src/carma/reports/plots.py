@@ -101,6 +101,9 @@ def _same_cdfs(records: Sequence[RunRecord]) -> list[list[RunRecord]]:
     return list(groups.values())
 
 
+TIMELINE_GPUS = 32  # rows of the timeline chart at most
+
+
 def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
     """Distributions of job completion time and waiting time over completed tasks, one line per group of runs
     with the same times (the legend names them all); a run without a completed task has no line, and its
@@ -136,9 +139,13 @@ def plot_cdfs(records: Sequence[RunRecord], path: Path) -> Path:
 
 def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
     """GPU memory used and SMACT over time, one row of panels per GPU, one line per run (CARMA figure 5);
-    out-of-memory crashes as triangles on the memory panel and dotted lines on both."""
+    out-of-memory crashes as triangles on the memory panel and dotted lines on both. Only GPUs that ran a task
+    in some run, at most `TIMELINE_GPUS` of them (the title says what is left out): a server of hundreds of
+    GPUs drew a row for each, most of them idle, in minutes."""
     plt = pyplot()
-    indices = sorted({g.index for r in records for g in r.gpus} | {g for r in records for g in r.series})
+    every = sorted({g.index for r in records for g in r.gpus} | {g for r in records for g in r.series})
+    used = sorted({g for r in records for t in r.tasks for a in t.attempts for g in a.gpus})
+    indices = (used or every[:1])[:TIMELINE_GPUS]
     capacity = [{g.index: g.total_mib for g in r.gpus if g.total_mib} for r in records]  # runs may differ
     scale, unit = time_unit(max(r.end_s - r.start_s for r in records))
     styles = _styles(len(records))
@@ -172,7 +179,13 @@ def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
     handles = [plt.Line2D([], [], **s) for s in styles]
     handles += [plt.Line2D([], [], color="grey", linestyle="--"), plt.Line2D([], [], color="grey", **OOM_MARK)]
     _legend(fig, handles, [*(r.label for r in records), "memory capacity", "out-of-memory crash"])
-    fig.suptitle("GPU memory used and SMACT over time")
+    left_out = len(every) - len(indices)
+    shown = f" ({len(indices)} GPUs shown; {left_out} left out: " if left_out else ""
+    if left_out:
+        shown += (
+            "idle in every run)" if len(used) <= TIMELINE_GPUS else f"only the first {TIMELINE_GPUS} that ran tasks)"
+        )
+    fig.suptitle(f"GPU memory used and SMACT over time{shown}")
     return _save(fig, path)
 
 

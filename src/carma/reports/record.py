@@ -180,7 +180,7 @@ def from_run_result(result: RunResult, source: str = "digital twin") -> RunRecor
     )
     kinds = [GPU_TYPES.get(name.lower()) for name in result.gpus]
     return RunRecord(
-        label=result.config.label,
+        label=result.label,
         source=source,
         start_s=start,
         end_s=end,

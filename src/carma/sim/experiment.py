@@ -158,12 +158,19 @@ class RunResult:
     timelines: tuple[tuple[Segment, ...], ...]
     gpus: tuple[str, ...]
     reconfigurations: int | None = None  # MIG layout changes (MIG runs only)
+    switches: tuple[str, ...] = ()  # carma's own decisions the twin's configuration turned on, in words
+
+    @property
+    def label(self) -> str:
+        """The configuration's name, with the decisions a configuration file turned on beside it: a run with
+        `backfill = true` is not the paper's MAGM."""
+        return self.config.label + "".join(f", {words}" for words in self.switches)
 
     def row(self) -> dict[str, object]:
         """The run as one flat record (the `--json` and CSV row)."""
         m = self.metrics
         return {
-            "config": self.config.label,
+            "config": self.label,
             "policy": self.config.policy,
             "memory": self.config.memory,
             "risk_filter": self.config.risk_filter,
@@ -310,7 +317,8 @@ def simulate(
     timelines = tuple(tuple(t) for t in server.timelines)
     reconfigurations = server.reconfigurations if isinstance(server, MigTwinServer) else None
     metrics = compute_metrics(tasks, timelines)
-    return RunResult(run, metrics, tasks, timelines, tuple(g.name for g in twin.gpus), reconfigurations)
+    switches = () if run.own else tuple(words for name, words in OWN_DECISIONS.items() if getattr(config, name))
+    return RunResult(run, metrics, tasks, timelines, tuple(g.name for g in twin.gpus), reconfigurations, switches)
 
 
 Work = tuple[Trace, RunConfig, TwinConfig, Mapping[str, int] | None]

@@ -373,8 +373,9 @@ def target_id(index: int) -> TargetId:
 
 
 def target_index(target: TargetId) -> int:
-    """The index of the twin's GPU `target` names."""
-    return int(target.removeprefix("SIM-GPU-"))
+    """The index of the twin's GPU `target` names, or of the GPU that holds the MIG instance it names
+    (`SIM-GPU-0/3g.20gb@4`: 0)."""
+    return int(target.removeprefix("SIM-GPU-").partition("/")[0])
 
 
 def _oom_exit(gpu: int, need_mib: int, total_mib: int, free_mib: int) -> ProcessExit:
