@@ -94,7 +94,7 @@ def test_a_task_out_of_memory_alone_on_the_largest_instance_fails():
     settle(loop, world)
     world.end(task.id, OOM)
     settle(loop, world)
-    assert task.state is TaskState.FAILED and "more memory than the GPU has" in task.reason
+    assert task.state is TaskState.FAILED and "more memory than any instance here holds" in task.reason
 
 
 def test_a_need_the_largest_instance_holds_only_without_its_whole_margin_runs_there():

@@ -213,3 +213,11 @@ def test_a_mig_run_is_saved_for_reports_its_attempts_on_the_gpus_that_hold_their
         t.id: {int(g.split("/")[0].removeprefix("SIM-GPU-")) for a in t.attempts for g in a.gpus} for t in result.tasks
     }
     assert shown == ran and set().union(*shown.values()) <= {0, 1}
+
+
+def test_a_task_no_instance_of_a_static_layout_holds_fails_saying_so_not_that_the_gpu_is_too_small():
+    """`it needs more memory than the GPU has` on a 40 GB A100 whose layout was the limit."""
+    run = RunConfig("magm", mig="static", layout=(parse_layout("1g.5gb@0"),))
+    (task,) = simulate(trace("resnet2"), run, A100).tasks
+    assert task.state is TaskState.FAILED
+    assert task.reason.startswith("out of memory alone on MIG instance 0: it needs more memory than any instance")

@@ -505,7 +505,12 @@ class Scheduler:
             n = task.spec.gpus
             room = self.placer.room_mib
             if sum(room(self.gpus[g]) > outgrown for g in for_tasks_of(n, list(self.gpus), self.gpus)) < n:
-                reason = f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
+                on_mig = any(self.gpus[g].kind is TargetKind.MIG for g in attempt.gpus)
+                reason = (
+                    f"out of memory alone on MIG instance {gpus}: it needs more memory than any instance here holds"
+                    if on_mig
+                    else f"out of memory alone on GPU {gpus}: it needs more memory than the GPU has"
+                )
                 self._finish(task, TaskState.FAILED, now, f"{reason} ({attempt.message})")
             elif relaunches >= self.config.max_relaunches:
                 reason = (
