@@ -328,6 +328,7 @@ BAD_INPUTS = {
     "save-to-a-full-disk": (["--save", "/dev/full"], "--save /dev/full: No space left on device"),  # named no option
     "csv-over-save": (["--save", "x.csv", "--csv", "./x.csv"], "--csv and --save both name x.csv"),  # CSV replaced it
     "jitter-past-the-longest-time": (["--jitter", "1e12"], "--jitter 1e+12 s is over 1e+10 s (317 years)"),
+    "policy-with-mig": (["--mig", "dynamic", "--policy", "rr"], "--mig dynamic places each task by its need's MIG"),
     "scheme-without-dynamic-mig": (["--scheme", "a"], "--scheme applies to --mig dynamic only"),
     "save-over-trace": (["--trace", "negative.csv", "--save", "./negative.csv"], "--save negative.csv is the trace"),
     "csv-out-and-json": (["--csv", "-", "--json"], "--csv - and --json both print the results: choose one"),

@@ -390,6 +390,9 @@ BAD_TRACES = [
     pytest.param(
         "t.yaml", "workloads: [vgg]\ntasks:\n  - {at: 0, task: vgg}\n", "'workloads' must map", id="list-defs"
     ),
+    pytest.param(  # an empty list was taken for no definitions
+        "t.yaml", "workloads: []\ntasks:\n  - {at: 0, task: vgg}\n", "'workloads' must map", id="empty-list-defs"
+    ),
     pytest.param(
         "t.yaml",
         "workloads:\n  vgg: {memory: 8GiB}\ntasks:\n  - {at: 0, task: vgg}\n",
@@ -416,8 +419,9 @@ BAD_TRACES = [
             ("repeat: 0", "'repeat' must be a positive integer"),
             ("repeat: 2.5", "'repeat' must be a positive integer"),
             ("repeat: many", "'repeat' must be a positive integer"),
-            ("every: -1", "'every' must be a finite number of seconds >= 0"),
-            ("every: often", "'every' must be a number of seconds"),
+            ("repeat: 2, every: -1", "'every' must be a finite number of seconds >= 0"),
+            ("repeat: 2, every: often", "'every' must be a number of seconds"),
+            ("every: 60", "'every' spaces a task's repeats: give 'repeat' too"),  # it was ignored
             # YAML 1.1 reads 1e300 as text, which 'every' refused as not finite, where 'at' reads it as a number
             ("repeat: 2, every: 1e300", "submit time 1e+300 s is over 1e+10 s"),
         ]

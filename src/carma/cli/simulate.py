@@ -164,6 +164,8 @@ def simulate_cmd(
         for option, path in files.items():  # said before the simulation too, not after its minutes
             check_writable(option, path)
         twin = _twin_config(config, gpus, sharing)
+        if trace in BUILTIN_TRACES and Path(trace).exists():
+            err.print(f"note: {trace} is the built-in trace; the file of that name here is --trace ./{trace}")
         loaded = load_trace(trace, load_catalog(), skip_unknown=skip_unknown)
         loaded = replace(loaded, entries=loaded.entries[:limit])
         if loaded.skipped:
@@ -181,6 +183,10 @@ def simulate_cmd(
                 raise UsageError("--mig static takes a --layout (e.g. 4g.20gb@0,3g.20gb@4), and only it does")
             if scheme is not None and mode != "dynamic":
                 raise UsageError("--scheme applies to --mig dynamic only")
+            if chosen is not None and mode != "off":  # the JSON said "policy": "rr" of a run that used none
+                raise UsageError(
+                    f"--mig {mode} places each task by its need's MIG profile, not by a policy: drop --policy"
+                )
             risk_filter = twin.scheduler.risk.enabled and not no_risk_filter
             run = RunConfig(
                 chosen or twin.scheduler.policy,

@@ -116,8 +116,9 @@ class _Builder:
         entries = sorted(self.entries, key=lambda e: e.submit_s)  # stable: ties keep file order
         trace = Trace(name, tuple(entries), tuple(self.skipped))
         if not entries:
+            n = len(self.skipped)
             left_out = (
-                f" once its {pluralize(len(self.skipped), 'entry', 'entries')} of unknown tasks are left out: "
+                f" once its {pluralize(n, 'entry', 'entries')} of unknown tasks {'is' if n == 1 else 'are'} left out: "
                 f"{trace.skipped_summary()}"
                 if self.skipped
                 else ""
@@ -303,7 +304,7 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
         )
     if not isinstance(doc.get("name", ""), str):
         raise TraceError(f"{b.source}: 'name' must be a string, not {doc['name']!r}")
-    definitions = doc.get("workloads") or {}
+    definitions = {} if doc.get("workloads") is None else doc["workloads"]
     if not isinstance(definitions, dict):
         raise TraceError(f"{b.source}: 'workloads' must map task names to their fields")
     defined: dict[str, Workload] = {}  # each against the catalog alone, as CSV rows: new tasks default to its median
@@ -327,6 +328,8 @@ def _read_yaml(text: str, b: _Builder) -> str | None:
         repeat = item.get("repeat", 1)
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise TraceError(f"{b.source}, {where}: 'repeat' must be a positive integer")
+        if "every" in item and "repeat" not in item:  # one task: the interval would say nothing
+            raise TraceError(f"{b.source}, {where}: 'every' spaces a task's repeats: give 'repeat' too")
         # read as 'at' is: YAML 1.1 takes `1e3` (no dot) for text, which 'every' refused as "not finite"
         every, start = (_seconds(item, key, b.source, where) for key in ("every", "at"))
         if not 0 <= every < math.inf:
