@@ -390,6 +390,8 @@ BAD_TRACES = [
     pytest.param(
         "t.yaml", "workloads: [vgg]\ntasks:\n  - {at: 0, task: vgg}\n", "'workloads' must map", id="list-defs"
     ),
+    pytest.param("t.csv", "submit_s;task\n0;vgg\n", "(its header is separated by ';':", id="semicolons"),
+    pytest.param("t.tsv", "submit_s\ttask\n0\tvgg\n", "line 1: this looks like a CSV trace", id="tsv"),
     pytest.param(  # an empty list was taken for no definitions
         "t.yaml", "workloads: []\ntasks:\n  - {at: 0, task: vgg}\n", "'workloads' must map", id="empty-list-defs"
     ),

@@ -135,7 +135,11 @@ def _read_csv(text: str, b: _Builder) -> None:
         if twice := sorted({name for name in reader.fieldnames if reader.fieldnames.count(name) > 1}):
             raise TraceError(f"{b.source}: the header names column(s) {', '.join(map(repr, twice))} twice")
     if not reader.fieldnames or not {"submit_s", "task"} <= set(reader.fieldnames):
-        raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task")
+        other = next((sep for sep in ";\t|" if sep in "".join(reader.fieldnames or ())), None)
+        hint = (
+            f" (its header is separated by {other!r}: a CSV trace's columns are separated by commas)" if other else ""
+        )
+        raise TraceError(f"{b.source}: a CSV trace needs the columns submit_s and task{hint}")
     for row in _rows(reader, b.source):
         lineno = reader.line_num  # the file's line, blank lines and quoted line breaks counted
         values = [v for v in row.values() if isinstance(v, str)]  # not a short row's None, an extra's list
@@ -179,6 +183,11 @@ def _read_script(text: str, b: _Builder) -> None:
                     clock += sum(_sleep_s(word, where) for word in words[1:])
                 elif any("submit" in w for w in words) and (task := _task_argument(words)):
                     b.add(f"line {lineno}", clock, Path(task).name.removesuffix(".rad"))
+                elif lineno == 1 and "submit_s" in words and "task" in words:  # a CSV by another name
+                    raise TraceError(
+                        f"{where}: this looks like a CSV trace; carma reads one from a file named .csv, its columns "
+                        "separated by commas (other names are CARMA trace scripts)"
+                    )
                 else:
                     raise TraceError(
                         f"{where}: expected 'sleep N' or a submit.py --task command, not {shlex.join(words)!r}"
