@@ -422,7 +422,7 @@ def test_a_fifo_or_device_named_as_the_program_is_not_opened(tmp_path):
     the whole server (at every start too, the task being kept), and a device would be opened."""
     os.mkfifo(tmp_path / "fifo")
     done = []
-    for program in ("./fifo", "/dev/zero"):
+    for program in ("./fifo", "/dev/zero", "/proc/kmsg"):  # a regular file whose read waits for the kernel
         spec = JobSpec("j", (program, "train.py"), str(tmp_path))
         reader = threading.Thread(
             target=lambda spec=spec: done.append(fingerprint(spec, "xmem", "a100-40gb")), daemon=True
@@ -430,7 +430,7 @@ def test_a_fifo_or_device_named_as_the_program_is_not_opened(tmp_path):
         reader.start()
         reader.join(timeout=10)
         assert not reader.is_alive(), f"the fingerprint of {program} blocked"
-    assert len(done) == 2
+    assert len(done) == 3
 
 
 def test_a_job_on_two_gpus_is_estimated_for_two(tmp_path, workdir):

@@ -29,6 +29,7 @@ from carma.server.executor import (
     closed_to_others,
     first_closed,
 )
+from carma.server.shim import read_json
 from carma.server.spec import JobSpec
 from support import wait_until
 
@@ -428,9 +429,11 @@ def test_a_task_cannot_enter_a_workdir_below_a_folder_closed_to_its_owner(make_w
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")
-def test_an_abandoned_attempt_placed_again_runs_as_its_owner_under_a_root_daemon(make_world):
+@pytest.mark.parametrize("release", ["this", "earlier"])
+def test_an_abandoned_attempt_placed_again_runs_as_its_owner_under_a_root_daemon(make_world, release):
     """The abandoned marker a restarted root daemon leaves is the run dir owner's: the shim, as that user, read
-    it as root's file (refused) and took the new launch for the abandoned one, so the task failed."""
+    it as root's file (refused) and took the new launch for the abandoned one, so the task failed. An earlier
+    release's marker, root's, is replaced by one of the user's."""
     if not nobody_can_run_the_shim():
         pytest.skip(f"user nobody cannot run {PY} with carma (interpreter or sources not readable by others)")
     home = Path(tempfile.mkdtemp())
@@ -444,6 +447,9 @@ def test_an_abandoned_attempt_placed_again_runs_as_its_owner_under_a_root_daemon
         os.chown(run_dir, NOBODY, NOBODY)
         assert w.executor.recover_unrecorded(1, 1) is None
         assert (run_dir / "shim.json").stat().st_uid == NOBODY
+        if release == "earlier":
+            os.chown(run_dir / "shim.json", 0, 0)
+            (run_dir / "shim.json").chmod(0o600)
         task = w.start(("/bin/echo", "ran"), workdir="/", uid=NOBODY, gid=NOBODY)
         assert one_exit(w).exit.exit_code == 0 and w.log(task) == "ran\n"
     finally:
@@ -620,7 +626,7 @@ def test_an_abandoned_attempt_placed_again_runs_and_a_late_shim_of_it_still_does
     assert late.returncode == 1 and not (tmp_path / "late").exists()
 
 
-@pytest.mark.parametrize("ended_at", ["NaN", "Infinity", "1e300", "true"])
+@pytest.mark.parametrize("ended_at", ["NaN", "Infinity", "1e300", "true", "1" + "0" * 400])
 def test_an_end_time_a_task_wrote_that_is_no_time_is_taken_as_now(world, ended_at):
     """exit.json is in the task's own run dir: a NaN there stopped the daemon (its event row needs a time), at
     every restart, as the task was taken up again."""
@@ -633,6 +639,30 @@ def test_an_end_time_a_task_wrote_that_is_no_time_is_taken_as_now(world, ended_a
     world.executor.adopt(SpawnRecord(1, 1, gone.pid, None, str(run_dir)))
     (ended,) = wait_for_exits(world.executor, 1)
     assert ended.exit.exit_code == 0 and before <= ended.ended_s <= time.time()
+
+
+def test_a_record_file_the_size_of_no_record_is_none_not_read_whole(tmp_path):
+    """A task can make its exit.json a sparse file of a terabyte for nothing: read whole, it stopped the daemon
+    (MemoryError) at every start; nested past the parser's depth, it raised RecursionError."""
+    sparse = tmp_path / "exit.json"
+    with open(sparse, "wb") as f:
+        f.truncate(1 << 40)
+    assert read_json(sparse) is None
+    (tmp_path / "shim.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert read_json(tmp_path / "shim.json") is None
+
+
+def test_a_run_dir_too_deep_to_delete_is_left_with_a_warning_not_raised(world, caplog, monkeypatch):
+    """A task can leave a tree deeper than the interpreter's stack in its run dir (1,200 folders): Python 3.11's
+    rmtree raised RecursionError deleting it when the task was forgotten, which stopped the daemon."""
+    world.executor.run_dir(1, 1).mkdir(parents=True)
+
+    def too_deep(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(shutil, "rmtree", too_deep)
+    world.executor.remove_runs(1)
+    assert "could not delete the logs of forgotten task 1: maximum recursion depth exceeded" in caplog.text
 
 
 def test_kill_reaches_an_adopted_task(world):

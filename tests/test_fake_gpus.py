@@ -412,3 +412,20 @@ def test_job_on_real_gpu_uuids_exits_2(fast: FakeDevice, start_job: JobStarter) 
     job = start_job([], "--mem", "1GiB", "--seconds", "3", env=env)
     _, err = job.communicate(timeout=30)
     assert job.returncode == 2 and "names no fake GPUs" in err
+
+
+def test_a_registration_of_no_size_or_memory_a_gpu_could_hold_is_none(tmp_path):
+    """The registry is open to every user under a root daemon: a sparse file of a terabyte stopped the daemon
+    (MemoryError reading it whole), and 10^30 MiB showed as used."""
+    import os
+
+    from carma.telemetry.fake import _read_registration
+
+    sparse = tmp_path / f"{os.getpid()}.json"
+    with open(sparse, "wb") as f:
+        f.truncate(1 << 40)
+    assert _read_registration(sparse) is None
+    sparse.write_text(f'{{"pid": {os.getpid()}, "mib": {{"GPU-x": {10**30}}}, "load": null}}')
+    assert _read_registration(sparse) is None
+    sparse.write_text(f'{{"pid": {os.getpid()}, "mib": {{"GPU-x": 1024}}, "load": null}}')
+    assert _read_registration(sparse).mib == {"GPU-x": 1024}

@@ -73,6 +73,17 @@ def test_a_file_of_another_user_is_refused(run_dir: Path) -> None:
         open_for_reading(run_dir / "moved", owners_of(run_dir))
 
 
+def test_a_file_of_the_kernels_is_never_read(run_dir: Path) -> None:
+    """/proc/kmsg is a regular file whose read waits for the kernel's next message (and takes it from the
+    system log): named as a job's program, it hung the server's event loop."""
+    for path in ("/proc/self/status", "/sys/kernel/notes", "/dev/null"):
+        with pytest.raises(UnsafeFile, match="is a file of the kernel's"):
+            open_for_reading(Path(path))
+    (run_dir / "stdout.log").symlink_to("/proc/self/status")
+    with pytest.raises(UnsafeFile):
+        open_for_reading(run_dir / "stdout.log", owners_of(run_dir))
+
+
 def test_a_record_linked_twice_is_read_as_claim_links_it_in_place(run_dir: Path) -> None:
     (run_dir / ".shim.json.tmp").write_text('{"pid": 7}')
     os.link(run_dir / ".shim.json.tmp", run_dir / "shim.json")

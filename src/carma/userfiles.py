@@ -31,6 +31,8 @@ _KINDS = {
 }
 
 
+KERNEL_FILES = ("/proc/", "/sys/", "/dev/")  # where a regular file may block, or change the system when read
+
 MACHINE_FAULTS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT})
 """Errors of the machine (descriptors, memory, space), not of a file or a task: a caller tries again later."""
 
@@ -42,13 +44,17 @@ class UnsafeFile(OSError):
 def open_for_reading(path: Path, owners: Collection[int] | None = None, single_link: bool = True) -> BinaryIO:
     """`path` opened for reading, refused (UnsafeFile) unless it is a regular file reached without following a
     symbolic link at its last component, owned by one of `owners` (any owner when None) and, when
-    `single_link`, with no other hard link. Missing: FileNotFoundError, as `open` says."""
+    `single_link`, with no other hard link, and not in the kernel's own file systems (`/proc/kmsg` is a
+    regular file whose read waits for the kernel's next message, and takes it from the system log). Read
+    without blocking all the same. Missing: FileNotFoundError, as `open` says."""
+    if os.path.realpath(path).startswith(KERNEL_FILES):
+        raise UnsafeFile(f"{path} is a file of the kernel's: carma reads no file there")
     if not hasattr(os, "O_PATH"):  # not Linux (`carma estimate` on a laptop): checked once opened, unblocked
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         return os.fdopen(_checked(fd, path, owners, single_link), "rb")
     fd = _checked(os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC), path, owners, single_link)
     try:
-        return os.fdopen(_reopen(fd, os.O_RDONLY), "rb")
+        return os.fdopen(_reopen(fd, os.O_RDONLY | os.O_NONBLOCK), "rb")
     finally:
         os.close(fd)
 

@@ -112,7 +112,7 @@ def fingerprint(job: JobSpec, method: str, device: str) -> str:
     if found is not None:
         script, root = found
         with suppress(OSError), open_for_reading(Path(os.path.realpath(script)), single_link=False) as f:
-            digest.update(f.read(SCRIPT_BYTES))  # read as root: a FIFO or device named as the script is refused
+            digest.update(f.read(SCRIPT_BYTES))  # read as root: see `userfiles.open_for_reading`
         for path in _sources(root):
             _stamp(digest, path, path.relative_to(root))
     for path in _named_files(job):
@@ -182,11 +182,11 @@ def _sources(root: Path) -> list[Path]:
                     entries = sorted(itertools.islice(scan, FOLDER_ENTRIES + 1), key=lambda e: e.name)
             except OSError:
                 continue
-            if len(entries) > FOLDER_ENTRIES or any(e.name == "pyvenv.cfg" for e in entries):
-                continue
-            budget -= len(entries)
+            budget -= len(entries)  # read, if left out too: a tree of large folders cost the walk its bound
             if budget < 0:
                 return found
+            if len(entries) > FOLDER_ENTRIES or any(e.name == "pyvenv.cfg" for e in entries):
+                continue
             found += (Path(e.path) for e in entries if e.name.endswith(".py") and e.is_file())
             if depth < SOURCE_DEPTH:
                 below += (Path(e.path) for e in entries if _code_folder(e))

@@ -235,7 +235,7 @@ class ProcessExecutor:
             shutil.rmtree(self.home / "tasks" / str(task_id))
         except FileNotFoundError:
             pass  # it never started
-        except OSError as e:
+        except (OSError, RecursionError) as e:  # a tree deeper than the interpreter's stack, left by the task
             log.warning("could not delete the logs of forgotten task %d: %s", task_id, e)
 
     def log_path(self, task_id: TaskId, attempt: int, stream: Stream) -> Path:
@@ -271,7 +271,10 @@ class ProcessExecutor:
         """Create the run dir and empty logs; hand them to the job's owner when the task runs as them. A run
         dir a restart abandoned (`recover_unrecorded`) is placed again: its marker admits this launch."""
         run_dir.mkdir(parents=True, exist_ok=True)
-        marker = read_json(run_dir / SHIM_FILE)
+        # a root daemon of an earlier release left its marker as root's, which the shim (the user) cannot read
+        marker = read_json(run_dir / SHIM_FILE) or (
+            read_json(run_dir / SHIM_FILE, owners={0}) if self.run_as_owner else None
+        )
         if marker is not None and marker.get(ABANDONED):
             write_json_atomically(run_dir / SHIM_FILE, {**marker, ADMITS: token})
         elif marker is not None or (run_dir / EXIT_FILE).exists():
@@ -414,8 +417,17 @@ def _shim_lives(record: SpawnRecord) -> bool:
 
 
 def _open_log(path: Path) -> BinaryIO:
-    """Open a log of a user-owned run dir for appending the daemon's own lines (see `carma.userfiles`)."""
-    return open_for_append(path, owners_of(path.parent))
+    """Open a log of a user-owned run dir for appending the daemon's own lines (see `carma.userfiles`); one the
+    task deleted is made again as the run dir owner's (as root's, the log would read as no log of theirs)."""
+    log_file = open_for_append(path, owners_of(path.parent))
+    owner = os.lstat(path.parent)
+    if os.geteuid() == 0 and owner.st_uid != 0:
+        try:
+            os.fchown(log_file.fileno(), owner.st_uid, owner.st_gid)
+        except BaseException:
+            log_file.close()
+            raise
+    return log_file
 
 
 def _read_tail(path: Path, size: int) -> str:
@@ -443,13 +455,16 @@ def _log_tail(run_dir: Path) -> tuple[str, bool]:
 
 
 def _number(value: object) -> TypeGuard[float]:
-    """Whether a record file's field is a finite number."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """Whether a record file's field is a finite number (an integer beyond a float's range is none: a
+    task-written 10**400 raised OverflowError in `math.isfinite`)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**53
 
 
 def _int(value: object) -> int | None:
-    """An integer field of a record file, None when absent or not an integer."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """An integer field of a record file, None when absent, not an integer or beyond any pid, tick or status."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**53 else None
 
 
 def groups_of(job: JobSpec) -> list[int]:

@@ -35,6 +35,7 @@ STDOUT_FILE = "stdout.log"
 STDERR_FILE = "stderr.log"
 ABANDONED = "abandoned"  # key of the marker the daemon leaves in place of shim.json (see `claim`)
 ADMITS = "admits"  # the marker's key naming the one launch that may take the run dir over (see `claim`)
+RECORD_BYTES = 64 << 10  # a record is a few hundred bytes: a larger file is none
 LAUNCHED_AT = "CARMA_LAUNCHED_AT"  # the task's environment variable: the Unix time the daemon launched it
 
 
@@ -82,19 +83,23 @@ def claim(path: Path, data: dict[str, object], launch: str | None = None) -> boo
         tmp.unlink(missing_ok=True)
 
 
-def read_json(path: Path, raising: Collection[int] = ()) -> dict[str, object] | None:
-    """A record file, or None when it is missing, unreadable or not a plain file of the run dir's owner (the
-    daemon may read it as root: see `carma.userfiles`; never half-written: written atomically), except for
-    an OSError whose errno is in `raising`. Linked twice is allowed: `claim` links its record in place
-    before removing the temporary name."""
+def read_json(
+    path: Path, raising: Collection[int] = (), owners: Collection[int] | None = None
+) -> dict[str, object] | None:
+    """A record file, or None when it is missing, unreadable, not a plain file of the run dir's owner (or of
+    `owners`; the daemon may read it as root: see `carma.userfiles`; never half-written: written atomically)
+    or not a record (over `RECORD_BYTES`, as a sparse file of a terabyte a task can make for nothing; nested
+    past the parser's depth), except for an OSError whose errno is in `raising`. Linked twice is allowed:
+    `claim` links its record in place before removing the temporary name."""
     try:
-        with open_for_reading(path, owners_of(path.parent), single_link=False) as f:
-            data = json.load(f)
+        with open_for_reading(path, owners_of(path.parent) if owners is None else owners, single_link=False) as f:
+            text = f.read(RECORD_BYTES + 1)
+        data = json.loads(text) if len(text) <= RECORD_BYTES else None
     except OSError as e:
         if e.errno in raising:
             raise
         return None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

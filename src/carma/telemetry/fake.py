@@ -429,6 +429,10 @@ def oom_message(ordinal: int, request_mib: int, total_mib: int, free_mib: int) -
     )
 
 
+REGISTRATION_BYTES = 64 << 10  # a registration is a few hundred bytes
+MAX_MIB = 1 << 30  # a PiB in MiB: beyond any GPU's memory
+
+
 def _read_registration(path: Path) -> _Registration | None:
     """The registration in `path`, or None when it is gone or is not one that the process it names, or root,
     wrote (the folder is open to every user under a root daemon: a FIFO, a link or a file forged for another
@@ -436,12 +440,18 @@ def _read_registration(path: Path) -> _Registration | None:
     try:
         with open_for_reading(path, single_link=False) as f:
             writer = os.fstat(f.fileno()).st_uid
-            data = json.loads(f.read())
+            text = f.read(REGISTRATION_BYTES + 1)  # a sparse file of a terabyte costs its maker nothing
+        if len(text) > REGISTRATION_BYTES:
+            return None
+        data = json.loads(text)
         pid, mib, load = data["pid"], data["mib"], data["load"]
         if path.name != f"{pid}.json" or writer not in (0, _owner(pid), os.geteuid()):
             return None
-        return _Registration(pid, {str(u): int(m) for u, m in mib.items()}, None if load is None else Load(**load))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        held = {str(u): int(m) for u, m in mib.items()}
+        if not all(0 <= m <= MAX_MIB for m in held.values()):  # no GPU holds more
+            return None
+        return _Registration(pid, held, None if load is None else Load(**load))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
 
 
