@@ -69,3 +69,21 @@ def test_cancelling_a_live_task_saves_the_request_then_kills():
     loop.cancel(task.id)
     assert world.log[-2:] == [("save", ((1, "dispatched"),)), ("kill", 1)]
     assert task.cancel_requested
+
+
+def test_a_cancel_the_journal_cannot_take_is_refused_changing_nothing():
+    """A full disk took a queued task's cancel in memory, said `cancelled`, and a restart queued it again."""
+    import pytest
+
+    from carma.core.loop import JournalError
+
+    class Full(World):
+        def save(self, tasks) -> None:  # type: ignore[no-untyped-def]
+            raise JournalError("no space left") from OSError(28, "No space left on device")
+
+    world = Full()
+    loop = SchedulingLoop(Scheduler(world.gpus()), world, world, world, journal=world)
+    task = loop.scheduler.submit(TaskSpec("job"), 0.0)
+    with pytest.raises(JournalError):
+        loop.cancel(task.id)
+    assert task.state is TaskState.QUEUED and loop.scheduler.queue == [task.id]

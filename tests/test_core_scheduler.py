@@ -395,6 +395,21 @@ def test_oom_while_alone_fails_at_once():
     assert b.sched.recovery_queue == []
 
 
+def test_a_task_joined_by_another_is_saved_as_shared():
+    """The flag was set on the co-runner but the co-runner was not among the changes: after a restart its run
+    read as alone, and its history (warmup_risk's activity, pair's load) took its neighbour's activity for its
+    own."""
+    b = Bench(gpus=1, prefer_idle=False)
+    first = b.submit(mem_mib=1000)
+    b.placed()
+    b.first_kernel(first.id)
+    b.advance(31)
+    b.sched.take_changes()
+    second = b.submit(mem_mib=1000)
+    assert b.placed() == {second.id: (0,)}
+    assert first.current.shared and first in b.sched.take_changes()
+
+
 def test_a_process_of_someone_else_arriving_later_makes_the_task_no_longer_alone():
     """Sharing was judged at launch only: an OOM caused by a process started beside it afterwards failed
     the task for good, "out of memory alone", with another GPU idle."""

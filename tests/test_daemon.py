@@ -376,6 +376,46 @@ def test_a_tokens_file_that_is_not_a_file_of_text_is_refused_naming_it(tmp_path)
         Tokens(path)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_tokens_file_or_state_directory_of_another_user_is_refused(tmp_path):
+    """A root daemon on a state directory a user owned read the tokens that user wrote: `<token> root 0 admin`,
+    and their tasks ran as root."""
+    path = tmp_path / "tokens"
+    path.write_text(f"{TOKEN} root 0 admin\n")
+    path.chmod(0o600)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(ValueError, match=f"^{path}: it belongs to uid 65534, not to the server's user"):
+        Tokens(path)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(PermissionError, match="belongs to uid 65534, not to the server's user"):
+        Paths(theirs).create()
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # writable by all, not sticky: the state directory in it could be swapped
+    with pytest.raises(PermissionError, match="the folder of the state directory, may be changed by another user"):
+        Paths(shared / "home").create()
+
+
+def test_a_token_naming_a_user_other_than_its_uids_account_is_said_in_the_log(tmp_path, caplog):
+    path = tmp_path / "tokens"
+    path.write_text(f"{TOKEN} nobody-at-all 0\n")
+    path.chmod(0o600)
+    Tokens(path)
+    assert "uid 0 is root on this machine: tasks submitted with this token run as root" in caplog.text
+
+
+def test_a_token_made_at_the_first_start_is_a_line_of_its_own(tmp_path):
+    """Appended to a last line without its end (`# tokens for carma`), it was in that comment, and each start
+    made another."""
+    path = tmp_path / "tokens"
+    path.write_text("# tokens for carma")
+    path.chmod(0o600)
+    token = Tokens(path).create("ops", 0, admin=True)
+    assert Tokens(path).caller(token) is not None
+
+
 def test_comments_in_the_tokens_file_may_be_indented_or_follow_a_line(tmp_path):
     """An indented or trailing comment stopped the server ("write <token> <user> <uid> [admin]")."""
     path = tmp_path / "tokens"
@@ -491,3 +531,25 @@ def test_what_a_tasks_output_says_is_its_owners_not_every_users(home):
     failed = {**mine, "need_source": "xmem failed: KeyError: 'hunter2'"}
     assert as_seen_by_others(failed)["need_source"] == "xmem failed"
     d.close()
+
+
+def test_a_user_without_a_daemon_of_their_own_reaches_the_systems(tmp_path, monkeypatch):
+    """With the systemd service (root's daemon in /var/lib/carma), `carma submit` as a user looked in their own
+    state dir and said to start a server there: a second one, on the same GPUs."""
+    from carma.server import paths as paths_module
+
+    system = tmp_path / "system"
+    system.mkdir()
+    monkeypatch.setattr(paths_module, "SYSTEM_HOME", system)
+    monkeypatch.delenv("CARMA_HOME", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    own = tmp_path / "xdg" / "carma" / "carma.sock"
+    assert paths_module.server_socket() == own  # no daemon anywhere: the user's own, as `carma server` makes it
+    (system / "carma.sock").touch()
+    assert paths_module.server_socket() == system / "carma.sock"
+    own.parent.mkdir(parents=True)
+    own.touch()
+    assert paths_module.server_socket() == own  # a daemon of their own comes first
+    monkeypatch.setenv("CARMA_HOME", str(tmp_path / "elsewhere"))
+    assert paths_module.server_socket() == tmp_path / "elsewhere" / "carma.sock"

@@ -24,3 +24,17 @@ def test_the_unit_starts_this_carma_with_the_options_given_and_keeps_tasks_acros
         ["systemd-analyze", "verify", str(tmp_path / "carma.service")], capture_output=True, text=True, check=False
     )
     assert verified.returncode == 0 and "carma.service" not in verified.stderr, verified.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--bogus"], "No such option: --bogus"),
+        (["--tcp"], "Option '--tcp' requires an argument"),
+        (["--home", "/srv/carma"], "the unit keeps the server's state in /var/lib/carma (its StateDirectory)"),
+    ],
+)
+def test_options_the_server_would_refuse_make_no_unit(options, said) -> None:  # type: ignore[no-untyped-def]
+    """They were written into ExecStart, and the unit restarted the refusing server every 5 s for good."""
+    shown = run_carma("systemd-unit", *options)
+    assert shown.returncode == 2 and shown.stdout == "" and said in shown.stderr

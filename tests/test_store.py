@@ -75,6 +75,12 @@ def test_what_telemetry_saw_round_trips_and_older_databases_gain_gract(path):
     assert store.load()[0].observed == {1: seen}
     (run,) = store.history()
     assert (run["smact_mean"], run["gract_mean"], run["peak_mib"]) == (0.6, 0.75, 4096)
+    store.close()
+    old = sqlite3.connect(path)
+    old.execute("ALTER TABLE attempts DROP COLUMN gract_mean")
+    old.close()
+    (unmigrated,) = Store(path, readonly=True).load()  # `carma server --check` of the earlier release's state
+    assert unmigrated.observed == {1: Observation(4096, 0.6, 0.2, 0.3, samples=30)}
 
 
 def _placed(path) -> tuple[Store, Task]:

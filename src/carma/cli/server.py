@@ -206,6 +206,9 @@ def check_state(paths) -> int:  # type: ignore[no-untyped-def]
 
     if not paths.home.is_dir():
         raise fail(f"{paths.home}: no such state directory (--home or CARMA_HOME names it)")
+    if not os.access(paths.home, os.W_OK):  # a read-only file system, say: the start writes there first
+        error_line(f"{paths.home}: the server cannot write there (a read-only file system, or not its user's)")
+        return 1
     database, backup = paths.database, backup_path(paths.database)
     try:
         if (state := fresh(database)) and not earlier_state(paths):

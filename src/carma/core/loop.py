@@ -52,9 +52,13 @@ class SchedulingLoop:
         return bool(self._unsaved)
 
     def cancel(self, task_id: TaskId) -> None:
-        """Cancel a task; raises JournalError, changing nothing, while earlier changes cannot be written."""
+        """Cancel a task; raises JournalError, changing nothing, while the journal cannot be written (earlier
+        changes wait, or the task's own record cannot be written again now: a cancel taken but never written
+        was a queued task back after a restart)."""
         if self._unsaved:
             self._write()  # raises JournalError
+        if self.journal is not None:
+            self.journal.save([self.scheduler.task(task_id)])  # raises JournalError, before anything changes
         actions = self.scheduler.cancel(task_id, self.clock.now())
         self._persist()  # a failure now leaves the cancel to be written later: the kill asked for goes ahead
         self._carry_out(actions)

@@ -676,7 +676,10 @@ class Scheduler:
         shared = any(self._on_gpu[g] or self._foreign[g] for g in gpus)
         for g in gpus:
             for other in self._on_gpu[g]:
-                _current(self._tasks[other]).shared = True
+                joined = _current(self._tasks[other])
+                if not joined.shared:  # saved: a restart took a co-runner's run for one alone, in its history
+                    joined.shared = True
+                    self._changed.add(other)
             self._on_gpu[g].add(task.id)
             self._ttfk.dispatched(g, task.id, now, self._closes(need))
         attempt = Attempt(

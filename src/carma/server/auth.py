@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import pwd
 import secrets
@@ -29,6 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from carma.textfiles import read_text
 
+log = logging.getLogger("carma.auth")
 MIN_TOKEN_CHARS = 16  # the tokens carma makes have 43 (32 random bytes)
 MAX_UID = 2**32 - 2  # uid_t is 32 bits, and (uid_t)-1 means "no change" to chown and setreuid
 UNAUTHORIZED = "missing or unknown bearer token"
@@ -189,7 +191,13 @@ class Tokens:
         if path.exists():
             if not path.is_file():  # else "other users may read it" of a directory's mode
                 raise ValueError(f"{path}: not a file; the tokens file holds one <token> <user> <uid> [admin] per line")
-            mode = path.stat().st_mode & 0o777
+            info = path.stat()
+            if info.st_uid != os.geteuid():  # as sshd's StrictModes: its owner may make tokens for root
+                raise ValueError(
+                    f"{path}: it belongs to uid {info.st_uid}, not to the server's user (uid {os.geteuid()}), and "
+                    f"whoever owns it may act as any user; chown {os.geteuid()} {path}"
+                )
+            mode = info.st_mode & 0o777
             if mode & 0o077:  # as ~/.pgpass: whoever reads it may act as each of its users, admins included
                 raise ValueError(
                     f"{path}: other users may read or change it (mode {mode:04o}), and act as any user it names; "
@@ -216,6 +224,11 @@ class Tokens:
                 if uid > MAX_UID:  # else taken, and refused only when its holder submitted
                     raise ValueError(f"{path}, line {lineno}: a uid is at most {MAX_UID}, not {uid}")
                 self._by_token[fields[0]] = Caller(uid, fields[1], admin="admin" in fields[3:], gid=primary_gid(uid))
+                if (account := user_name(uid)) not in (str(uid), fields[1]):  # the uid has an account, named else
+                    log.warning(
+                        "%s, line %d: uid %d is %s on this machine: tasks submitted with this token run as %s, "
+                        "shown as %s", path, lineno, uid, account, account, fields[1],
+                    )  # fmt: skip
 
     def caller(self, token: str) -> Caller | None:
         given = token.encode("utf-8", "surrogateescape")  # compare_digest refuses non-ASCII str: any header byte
@@ -231,9 +244,12 @@ class Tokens:
     def create(self, user: str, uid: int, admin: bool = False) -> str:
         """Add a token for `user` and return it (the file stays readable by the daemon's user only)."""
         token = secrets.token_urlsafe(32)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(f"{token} {user} {uid}{' admin' if admin else ''}\n")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            unended = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"  # its comment would take the token
+            line = f"{token} {user} {uid}{' admin' if admin else ''}\n"
+            f.write((("\n" if unended else "") + line).encode())
         os.chmod(self.path, 0o600)
         self._by_token[token] = Caller(uid, user, admin, gid=primary_gid(uid))
         return token

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
-from carma.server.paths import Paths, carma_home
+from carma.server.paths import server_socket
 from carma.units import inflect
 
 TIMEOUT_S = 30.0
@@ -84,7 +84,7 @@ class Client:
             self._connect = self._tcp(url)
             self.where = url
         else:
-            path = str(socket_path or Paths(carma_home()).socket)
+            path = str(socket_path or server_socket())
             self.where = path
             self._connect = lambda: _UnixConnection(path)
 

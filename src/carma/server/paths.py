@@ -1,18 +1,32 @@
 """Where the daemon keeps its state: `$CARMA_HOME`, else /var/lib/carma for root and the XDG state dir
-for a user. The client finds the daemon's socket the same way."""
+for a user. The client finds the daemon's socket the same way, and, for a user without a daemon of their own,
+the system's (root's, the systemd service's) in /var/lib/carma."""
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+SYSTEM_HOME = Path("/var/lib/carma")
+
+
+def server_socket() -> Path:
+    """The socket a client talks to: its state dir's, else, without `$CARMA_HOME` and with no daemon of the
+    user's own, the system daemon's (users of a shared server need not set anything)."""
+    own = Paths(carma_home()).socket
+    system = Paths(SYSTEM_HOME).socket
+    if os.environ.get("CARMA_HOME") or own.exists() or not system.exists():
+        return own
+    return system
 
 
 def carma_home() -> Path:
     if os.environ.get("CARMA_HOME"):
         return Path(os.environ["CARMA_HOME"]).expanduser()
     if os.geteuid() == 0:
-        return Path("/var/lib/carma")
+        return SYSTEM_HOME
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "carma"
 
@@ -56,8 +70,25 @@ class Paths:
         return self.home / "server.log"
 
     def create(self) -> None:
-        """The state dir, readable by its owner only (task logs and tokens live below it)."""
+        """The state dir, readable by its owner only (task logs and tokens live below it), and the daemon's: a
+        state dir another user owns, or could replace (a folder above it they may write, not sticky), lets
+        them write its tokens and database, and have tasks run as any user, root included."""
         if self.home.exists() and not self.home.is_dir():  # else "File exists", of the state dir it is to be
             raise NotADirectoryError(f"{self.home}: not a directory, so it cannot be the state directory")
         self.home.mkdir(parents=True, exist_ok=True)
+        me = os.geteuid()
+        for path, info in ((self.home, os.lstat(self.home)), (self.home, os.stat(self.home))):
+            if info.st_uid != me:
+                raise PermissionError(
+                    f"{path} belongs to uid {info.st_uid}, not to the server's user (uid {me}): its owner could "
+                    "write its tokens and database and have tasks run as any user; give the server a state "
+                    "directory of its own user (CARMA_HOME)"
+                )
+        parent = os.stat(self.home.resolve().parent)
+        if parent.st_uid not in (0, me) or (parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX):
+            raise PermissionError(
+                f"{self.home.resolve().parent}, the folder of the state directory, may be changed by another user "
+                "(who could put a state directory of theirs in its place); choose one in a folder of the server's "
+                "user or root"
+            )
         os.chmod(self.home, 0o711)  # others may reach the socket and their own task dirs, not list them

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, TargetId, Task, TaskId, TaskState
 from carma.estimate.base import Estimate
@@ -630,8 +631,11 @@ class Store:
 
     def _load(self) -> list[StoredTask]:
         attempts: dict[TaskId, list[tuple[Attempt, Spawn | None, Observation | None]]] = {}
-        for row in self._db.execute("SELECT * FROM attempts ORDER BY task_id, number"):
-            attempts.setdefault(row[0], []).append(_attempt(row))
+        rows = self._db.execute("SELECT * FROM attempts ORDER BY task_id, number")
+        columns = [d[0] for d in rows.description]  # by name: a database not migrated yet (`--check`) lacks some
+        for row in rows:
+            attempt = dict(zip(columns, row, strict=True))
+            attempts.setdefault(attempt["task_id"], []).append(_attempt(attempt))
         out = []
         for task_id, job, _, _, submit_s, state, reason, cancel, ended_s in self._db.execute(
             "SELECT * FROM tasks ORDER BY id"
@@ -665,25 +669,26 @@ def _need(text: str | None) -> MemoryNeed | None:
     return MemoryNeed(NeedKind(data["kind"]), data["mib"], data["source"], data.get("partial", False))
 
 
-def _attempt(row: tuple) -> tuple[Attempt, Spawn | None, Observation | None]:
-    (_, number, gpus, dispatched_s, exclusive, recovery, first_kernel_s, ended_s, outcome, message, need, shared,
-     pid, start_ticks, run_dir, peak, smact, smocc, drama, samples, restart_mib, gract) = row  # fmt: skip
+def _attempt(row: Mapping[str, Any]) -> tuple[Attempt, Spawn | None, Observation | None]:
+    """An attempt's row, by column name; a column added since (`ADDED_COLUMNS`) may be missing."""
     attempt = Attempt(
-        number=number,
-        gpus=tuple(json.loads(gpus)),
-        dispatched_s=dispatched_s,
-        exclusive=bool(exclusive),
-        recovery=bool(recovery),
-        first_kernel_s=first_kernel_s,
-        ended_s=ended_s,
-        outcome=ExitKind(outcome) if outcome else None,
-        message=message,
-        need=_need(need),
-        shared=bool(shared),
-        restart_mib=restart_mib,
+        number=row["number"],
+        gpus=tuple(json.loads(row["gpus"])),
+        dispatched_s=row["dispatched_s"],
+        exclusive=bool(row["exclusive"]),
+        recovery=bool(row["recovery"]),
+        first_kernel_s=row["first_kernel_s"],
+        ended_s=row["ended_s"],
+        outcome=ExitKind(row["outcome"]) if row["outcome"] else None,
+        message=row["message"],
+        need=_need(row["need"]),
+        shared=bool(row["shared"]),
+        restart_mib=row.get("restart_mib"),
     )
-    spawn = Spawn(pid, start_ticks, run_dir) if pid is not None else None
-    observed = Observation(peak, smact, smocc, drama, samples or 0, gract) if peak is not None else None
+    spawn = Spawn(row["pid"], row["start_ticks"], row["run_dir"]) if row["pid"] is not None else None
+    seen = row.get("peak_mib")
+    means = {f"{m}_mean": row.get(f"{m}_mean") for m in ("smact", "smocc", "drama", "gract")}
+    observed = Observation(seen, **means, samples=row.get("observed_samples") or 0) if seen is not None else None
     return attempt, spawn, observed
 
 
