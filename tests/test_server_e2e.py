@@ -1150,6 +1150,7 @@ def test_history_records_what_the_gpus_saw_of_a_run(start_server):  # type: igno
     assert (waited.returncode, waited.stdout) == (0, f"task {task_id} completed\n")  # a repeated id said once
     (run,) = server.json("history")
     assert (run["task_id"], run["attempt"], run["outcome"], run["peak_mib"]) == (task_id, 1, "success", 3072)
+    assert run["gpus"] == [0]  # as `carma gpus` names it (it was the GPU's UUID)
     assert (run["need_mib"], run["need_source"]) == (4096, "user")  # what it was placed with, beside its peak
     assert run["smact_mean"] == pytest.approx(0.4, abs=0.05)  # alone on its GPU, its own SMACT
     assert run["exec_s"] > 150

@@ -48,7 +48,11 @@ def server_cmd(
     ] = None,
     tcp: Annotated[str | None, typer.Option(help="Also listen on HOST:PORT (bearer tokens required).")] = None,
     home: Annotated[
-        Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).", **PATH_VALUE)
+        Path | None,
+        typer.Option(
+            help="State directory (default: $CARMA_HOME, else /var/lib/carma as root, ~/.local/state/carma).",
+            **PATH_VALUE,
+        ),
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL when cancelling.", min=0)] = 10.0,
     mps: Annotated[bool, typer.Option(help="Run tasks as clients of carma's MPS control daemon (started).")] = False,
@@ -337,7 +341,11 @@ def _fake_device(paths, gpus, sharing: str, time_scale: float, mig: bool):  # ty
 mps_app = typer.Typer(help="carma's own MPS control daemon (pipe and logs under the state dir).", no_args_is_help=True)
 app.add_typer(mps_app, name="mps")
 HomeOption = Annotated[
-    Path | None, typer.Option(help="State directory (default: $CARMA_HOME or the XDG state dir).", **PATH_VALUE)
+    Path | None,
+    typer.Option(
+        help="State directory (default: $CARMA_HOME, else /var/lib/carma as root, ~/.local/state/carma).",
+        **PATH_VALUE,
+    ),
 ]
 
 

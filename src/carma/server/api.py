@@ -412,7 +412,8 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
         """Ended attempts with what telemetry saw of them, the last `hours` (all without it); why another
         user's estimate failed (its capture's last error line) is theirs."""
         since = None if hours is None else daemon.clock.now() - hours * 3600
-        runs = daemon.store.history(since)
+        shown = daemon.scheduler.shown  # as `carma gpus` and `show` name them: a GPU gone, by its id
+        runs = [{**r, "gpus": [shown(g) for g in r["gpus"]]} for r in daemon.store.history(since)]  # type: ignore[attr-defined]
         if who.admin:
             return runs
         return [r if r["user"] == who.user else {**r, "need_source": source_only(r["need_source"])} for r in runs]
