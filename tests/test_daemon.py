@@ -549,7 +549,6 @@ def test_a_user_without_a_daemon_of_their_own_reaches_the_systems(tmp_path, monk
     (system / "carma.sock").touch()
     assert paths_module.server_socket() == system / "carma.sock"
     own.parent.mkdir(parents=True)
-    own.touch()
-    assert paths_module.server_socket() == own  # a daemon of their own comes first
+    assert paths_module.server_socket() == own  # a server of their own ran here (stopped now): not the system's
     monkeypatch.setenv("CARMA_HOME", str(tmp_path / "elsewhere"))
     assert paths_module.server_socket() == tmp_path / "elsewhere" / "carma.sock"

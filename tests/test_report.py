@@ -504,3 +504,6 @@ def test_the_timeline_chart_shows_the_gpus_that_ran_tasks_not_every_idle_one(tmp
         png = plot_timelines([record], tmp_path / f"{gpus}.png").read_bytes()
         heights.append(int.from_bytes(png[20:24], "big"))  # the PNG header's height
     assert heights[0] == heights[1]
+    task = record.tasks[0]  # a server's GPU gone since is named by its id: drawn without a row, no TypeError
+    gone = replace(task, attempts=(replace(task.attempts[0], gpus=("GPU-gone",)),))  # type: ignore[arg-type]
+    plot_timelines([replace(record, tasks=(gone, *record.tasks[1:]))], tmp_path / "gone.png")

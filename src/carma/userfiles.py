@@ -18,6 +18,7 @@ import errno
 import os
 import stat
 from collections.abc import Collection
+from functools import cache
 from pathlib import Path
 from typing import BinaryIO
 
@@ -31,7 +32,7 @@ _KINDS = {
 }
 
 
-KERNEL_FILES = ("/proc/", "/sys/", "/dev/")  # where a regular file may block, or change the system when read
+KERNEL_FILES = ("/proc/", "/sys/")  # where a regular file may block, or change the system when read
 
 MACHINE_FAULTS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT})
 """Errors of the machine (descriptors, memory, space), not of a file or a task: a caller tries again later."""
@@ -45,18 +46,34 @@ def open_for_reading(path: Path, owners: Collection[int] | None = None, single_l
     """`path` opened for reading, refused (UnsafeFile) unless it is a regular file reached without following a
     symbolic link at its last component, owned by one of `owners` (any owner when None) and, when
     `single_link`, with no other hard link, and not in the kernel's own file systems (`/proc/kmsg` is a
-    regular file whose read waits for the kernel's next message, and takes it from the system log). Read
-    without blocking all the same. Missing: FileNotFoundError, as `open` says."""
+    regular file whose read waits for the kernel's next message, and takes it from the system log; tracefs's
+    `trace_pipe` too): by its path, and by the file system of what was opened. Read without blocking all the
+    same. Missing: FileNotFoundError, as `open` says."""
     if os.path.realpath(path).startswith(KERNEL_FILES):
         raise UnsafeFile(f"{path} is a file of the kernel's: carma reads no file there")
     if not hasattr(os, "O_PATH"):  # not Linux (`carma estimate` on a laptop): checked once opened, unblocked
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         return os.fdopen(_checked(fd, path, owners, single_link), "rb")
     fd = _checked(os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC), path, owners, single_link)
+    if os.fstat(fd).st_dev in _kernel_devices():  # reached through a folder swapped since the path was read
+        os.close(fd)
+        raise UnsafeFile(f"{path} is a file of the kernel's: carma reads no file there")
     try:
         return os.fdopen(_reopen(fd, os.O_RDONLY | os.O_NONBLOCK), "rb")
     finally:
         os.close(fd)
+
+
+@cache
+def _kernel_devices() -> frozenset[int]:
+    """The devices of the kernel's file systems mounted where Linux mounts them."""
+    found = set()
+    for place in ("/proc", "/sys", "/sys/kernel/tracing", "/sys/kernel/debug", "/sys/kernel/debug/tracing"):
+        try:
+            found.add(os.stat(place).st_dev)
+        except OSError:
+            continue
+    return frozenset(found)
 
 
 def open_for_append(path: Path, owners: Collection[int] | None = None, mode: int = 0o644) -> BinaryIO:

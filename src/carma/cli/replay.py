@@ -143,7 +143,11 @@ def _twin_run(trace: Trace, status: dict[str, Any], gpus: list[str], declared: _
         predict=decisions.get("predict_growth", False),
         activity=learnt,
     )
-    config = TwinConfig(gpus=tuple(k for k in kinds if k), scheduler=replace(SchedulerConfig(), **switches))
+    try:
+        config = TwinConfig(gpus=tuple(k for k in kinds if k), scheduler=replace(SchedulerConfig(), **switches))
+    except ValueError as e:  # a server of an earlier release ran switches this one refuses together
+        err.print(f"note: no twin figure to compare with: the server's decisions are not the twin's ({e})")
+        return None
     if switches.get("backfill") and not declared.duration:
         err.print(
             "note: the twin backfills knowing every task's run time, the server only its command's earlier runs "

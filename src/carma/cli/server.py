@@ -213,6 +213,11 @@ def check_state(paths) -> int:  # type: ignore[no-untyped-def]
     if not os.access(paths.home, os.W_OK):  # a read-only file system, say: the start writes there first
         error_line(f"{paths.home}: the server cannot write there (a read-only file system, or not its user's)")
         return 1
+    try:
+        paths.check_owner()
+    except PermissionError as e:
+        error_line(str(e))
+        return 1
     database, backup = paths.database, backup_path(paths.database)
     try:
         if (state := fresh(database)) and not earlier_state(paths):
@@ -392,9 +397,9 @@ def dashboard_cmd(home: HomeOption = None) -> None:
     """Print the dashboard's address, with your token when the server's tokens file is yours to read."""
     from carma.server.auth import Tokens
     from carma.server.client import Client, ClientError
-    from carma.server.paths import Paths, carma_home
+    from carma.server.paths import Paths, server_socket
 
-    paths = Paths(home or carma_home())
+    paths = Paths(home or server_socket().parent)  # the server the client commands reach: its tokens
     remote = None if home else os.environ.get("CARMA_URL")  # --home names a server of this machine
     try:
         client = Client(paths.socket if home else None)  # CARMA_URL's form is checked here

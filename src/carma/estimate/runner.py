@@ -141,6 +141,10 @@ def _estimate_in_child(
     capture has `timeout_s`.
     """
     check_steps(method, steps)
+    if cwd is not None:  # the child starts in `/` and enters `cwd` itself: both as the job would find them
+        cwd = os.path.abspath(cwd)
+        if python and os.sep in python and not os.path.isabs(python):  # a PATH entry relative to the workdir
+            python = os.path.join(cwd, python)
     what = "the script" if "argv" in source else "the job function"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="carma-estimate-") as tmp:

@@ -144,7 +144,8 @@ def plot_timelines(records: Sequence[RunRecord], path: Path) -> Path:
     GPUs drew a row for each, most of them idle, in minutes."""
     plt = pyplot()
     every = sorted({g.index for r in records for g in r.gpus} | {g for r in records for g in r.series})
-    used = sorted({g for r in records for t in r.tasks for a in t.attempts for g in a.gpus})
+    ran = {g for r in records for t in r.tasks for a in t.attempts for g in a.gpus}  # a GPU gone: by its id
+    used = [g for g in every if g in ran]
     indices = (used or every[:1])[:TIMELINE_GPUS]
     capacity = [{g.index: g.total_mib for g in r.gpus if g.total_mib} for r in records]  # runs may differ
     scale, unit = time_unit(max(r.end_s - r.start_s for r in records))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
-from carma.server.paths import server_socket
+from carma.server.paths import SYSTEM_HOME, Paths, server_socket
 from carma.units import inflect
 
 TIMEOUT_S = 30.0
@@ -116,6 +116,11 @@ class Client:
             response = conn.getresponse()
             payload = response.read()
         except (FileNotFoundError, ConnectionRefusedError):
+            if self.where == str(Paths(SYSTEM_HOME).socket) and os.geteuid() != 0:
+                raise NotAnswering(
+                    f"the system's carma server is not running (nothing answers at {self.where}): ask its admin, "
+                    "or set CARMA_HOME for a server of your own"
+                ) from None
             raise NotAnswering(
                 f"the carma server is not running (nothing answers at {self.where}); start it with `carma server`"
             ) from None

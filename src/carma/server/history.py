@@ -93,6 +93,7 @@ class HistoryHints:
         self._history = history
         self._jobs = jobs
         self._activity: dict[Command, tuple[int, Activity]] = {}  # per command: over how many runs, the medians
+        self._gract: dict[Command, tuple[int, float]] = {}  # the same, of GRACT
 
     def duration(self, task: Task) -> float | None:
         """The run time its submitter declared, else the median run time of its command's successful runs; None
@@ -129,6 +130,11 @@ class HistoryHints:
         activity = self.activity(task)
         job = self._jobs.get(task.id)
         gract = self._history.runs(job).gract if job is not None else []
-        if activity is None or not gract:
+        if activity is None or not gract or job is None:
             return None
-        return Load(statistics.median(gract), activity.smact, activity.smocc, activity.drama)
+        command = command_of(job)
+        counted, median = self._gract.get(command, (0, 0.0))
+        if counted != len(gract):  # asked for each task on each candidate GPU at every placement
+            median = statistics.median(gract)
+            self._gract[command] = len(gract), median
+        return Load(median, activity.smact, activity.smocc, activity.drama)

@@ -13,12 +13,13 @@ SYSTEM_HOME = Path("/var/lib/carma")
 
 
 def server_socket() -> Path:
-    """The socket a client talks to: its state dir's, else, without `$CARMA_HOME` and with no daemon of the
-    user's own, the system daemon's (users of a shared server need not set anything)."""
-    own = Paths(carma_home()).socket
+    """The socket a client talks to: its state dir's, else, without `$CARMA_HOME` and for a user who never ran
+    a server (no state dir of their own), the system daemon's (users of a shared server need not set
+    anything). A user's own server that stopped is not traded for the system's."""
+    own = Paths(carma_home())
     system = Paths(SYSTEM_HOME).socket
-    if os.environ.get("CARMA_HOME") or own.exists() or not system.exists():
-        return own
+    if os.environ.get("CARMA_HOME") or own.home.exists() or not system.exists():
+        return own.socket
     return system
 
 
@@ -70,25 +71,30 @@ class Paths:
         return self.home / "server.log"
 
     def create(self) -> None:
-        """The state dir, readable by its owner only (task logs and tokens live below it), and the daemon's: a
-        state dir another user owns, or could replace (a folder above it they may write, not sticky), lets
-        them write its tokens and database, and have tasks run as any user, root included."""
+        """The state dir, readable by its owner only (task logs and tokens live below it), and the server's
+        (`check_owner`)."""
         if self.home.exists() and not self.home.is_dir():  # else "File exists", of the state dir it is to be
             raise NotADirectoryError(f"{self.home}: not a directory, so it cannot be the state directory")
         self.home.mkdir(parents=True, exist_ok=True)
-        me = os.geteuid()
-        for path, info in ((self.home, os.lstat(self.home)), (self.home, os.stat(self.home))):
-            if info.st_uid != me:
-                raise PermissionError(
-                    f"{path} belongs to uid {info.st_uid}, not to the server's user (uid {me}): its owner could "
-                    "write its tokens and database and have tasks run as any user; give the server a state "
-                    "directory of its own user (CARMA_HOME)"
-                )
-        parent = os.stat(self.home.resolve().parent)
-        if parent.st_uid not in (0, me) or (parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX):
-            raise PermissionError(
-                f"{self.home.resolve().parent}, the folder of the state directory, may be changed by another user "
-                "(who could put a state directory of theirs in its place); choose one in a folder of the server's "
-                "user or root"
-            )
+        self.check_owner()
         os.chmod(self.home, 0o711)  # others may reach the socket and their own task dirs, not list them
+
+    def check_owner(self) -> None:
+        """Refuse a state dir another user owns, or could replace (a folder above it that anyone may write,
+        not sticky, or of another user): they could write its tokens and database, and have tasks run as any
+        user, root included."""
+        me = os.geteuid()
+        owner = os.stat(self.home).st_uid
+        if owner != me:
+            raise PermissionError(
+                f"{self.home} belongs to uid {owner}, not to the server's user (uid {me}): its owner could write "
+                "its tokens and database and have tasks run as any user; give the server a state directory of "
+                "its own user (CARMA_HOME)"
+            )
+        for folder in dict.fromkeys((self.home.absolute().parent, self.home.resolve().parent)):
+            info = os.stat(folder)
+            if info.st_uid not in (0, me) or (info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX):
+                raise PermissionError(
+                    f"{folder}, the folder of the state directory, may be changed by another user (who could put "
+                    "a state directory of theirs in its place); choose one in a folder of the server's user or root"
+                )

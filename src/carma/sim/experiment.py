@@ -40,8 +40,8 @@ _MEMORY_LABELS = {
 }
 # carma's own decisions (`carma.core.config.OWN_DECISIONS`): tasks of known need leave their GPUs open during
 # their warm-up, the risk filter counts the activity they will have, and later tasks backfill past a waiting
-# head (docs/policy.md)
-OWN = dict.fromkeys(OWN_DECISIONS, True)
+# head (docs/policy.md); open warm-ups need the needs held, which a configuration may have turned off
+OWN = dict.fromkeys((*OWN_DECISIONS, "hold_known_needs"), True)
 
 
 @dataclass(frozen=True)
