@@ -17,9 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from carma.core.blocked import Blocked
 from carma.core.placer import for_tasks_of
-from carma.core.queue import Attempt, Queues, StrictFifo
+from carma.core.queue import Attempt, Queues, StrictFifo, first_waiting
 from carma.core.types import TargetId, Task, TaskId
 from carma.core.view import View
 
@@ -56,11 +55,8 @@ class EasyBackfill(StrictFifo):
 
     def offer(self, queues: Queues, attempt: Attempt) -> None:
         self.reservation = None
-        while queue := queues.recovery or queues.main:
-            head = queue[0]
-            if isinstance(attempt(head), Blocked):
-                break
-        else:
+        head = first_waiting(queues, attempt)
+        if head is None:
             return
         reservation = self._reserve(self._task_of(head))
         if reservation is None:

@@ -20,7 +20,7 @@ class Blocked:
 
 @dataclass(frozen=True)
 class Estimating(Blocked):
-    """Its memory estimate is still being made; it waits at the head of the queue."""
+    """Its memory estimate is still being made: not ready yet, it lets the tasks behind it go on."""
 
 
 @dataclass(frozen=True)

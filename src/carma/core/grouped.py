@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable
 
-from carma.core.blocked import Blocked, HeadOfLine, PassedOver, RecoveryPriority, Undecided
+from carma.core.blocked import Blocked, Estimating, HeadOfLine, PassedOver, RecoveryPriority, Undecided
 from carma.core.queue import Attempt, Queues
 from carma.core.types import Task, TaskId, TaskState
 
@@ -38,12 +38,16 @@ class SizeGrouped:
                 return
         waiting = set(queues.main)
         self._passes = {t: n for t, n in self._passes.items() if t in waiting}
-        while queues.main:
-            chosen = self.first(queues.main)
+        estimating: set[TaskId] = set()  # not ready yet: passed, as under FIFO (`carma.core.queue.first_waiting`)
+        while main := [t for t in queues.main if t not in estimating]:
+            chosen = self.first(deque(main))
             self._first = chosen
-            main = list(queues.main)
             ahead = main[: main.index(chosen)]  # submitted earlier, still waiting: passed over if it goes now
-            if isinstance(attempt(chosen), Blocked):
+            outcome = attempt(chosen)
+            if isinstance(outcome, Estimating):
+                estimating.add(chosen)
+                continue
+            if isinstance(outcome, Blocked):
                 return
             self._passes.pop(chosen, None)
             self._current = self.group(chosen)

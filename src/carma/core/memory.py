@@ -4,7 +4,7 @@ In order: the user's declared value (or an oracle's, in experiments), else the e
 nothing (recovery only: place by the minimum-free precondition and recover from OOMs). An estimator has
 four answers: a value; no usable estimate, or a need no GPU could satisfy with the margin (the task needs a
 whole GPU); a failure (recovery only, as if there were no estimator); or "not yet" while it computes (the
-task waits at the head of the queue, which keeps the queue FIFO).
+task waits, not ready yet, and the tasks behind it go on: `carma.core.queue.first_waiting`).
 """
 
 from __future__ import annotations

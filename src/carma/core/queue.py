@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
-from carma.core.blocked import Blocked, HeadOfLine, RecoveryPriority, Undecided
+from carma.core.blocked import Blocked, Estimating, HeadOfLine, RecoveryPriority, Undecided
 from carma.core.placer import Placement
 from carma.core.types import TargetId, Task, TaskId, TaskState
 
@@ -53,14 +53,25 @@ class QueueDiscipline(Protocol):
         ...
 
 
+def first_waiting(queues: Queues, attempt: Attempt) -> TaskId | None:
+    """Offer the waiting tasks in FIFO order, the recovery queue first, until one must wait, and return it (None
+    when none must). A task whose memory estimate is still being made is not ready yet: the tasks behind it go
+    on (a capture takes minutes, and a user's captures one after another held every user's tasks)."""
+    for queue in (queues.recovery, queues.main):
+        for task_id in list(queue):
+            outcome = attempt(task_id)
+            if isinstance(outcome, Blocked) and not isinstance(outcome, Estimating):
+                return task_id
+    return None
+
+
 class StrictFifo:
     """The recovery queue's head first: while it waits, everything waits (CARMA section 2.5); then the main
-    queue's head. A head that must wait stops the decision: no task passes it (no backfilling)."""
+    queue's head. A head that must wait stops the decision: no task passes it (no backfilling), but one still
+    waiting for its memory estimate (`first_waiting`)."""
 
     def offer(self, queues: Queues, attempt: Attempt) -> None:
-        while queue := queues.recovery or queues.main:
-            if isinstance(attempt(queue[0]), Blocked):
-                return
+        first_waiting(queues, attempt)
 
     def waiting(self, task: Task, queues: Queues) -> Blocked | None:
         if task.state is TaskState.RECOVERING:  # a recovering task is in the recovery queue

@@ -400,7 +400,7 @@ class Scheduler:
             recovery = task.state is TaskState.RECOVERING
             need = self.relaunch_need(task) if recovery else self._need(task)
             if need is None:
-                self._blocked[task_id] = Estimating()  # it waits at the head: the queue stays FIFO
+                self._blocked[task_id] = Estimating()  # not ready: the disciplines pass it (`first_waiting`)
                 return self._blocked[task_id]
             view.placing, view.avoid = task, avoid
             outcome = self.placer.place(task, need, view)

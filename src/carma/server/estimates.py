@@ -3,8 +3,9 @@
 A task may ask for an estimator (`carma submit --estimate xmem`). A CPU method captures the task's own
 script (its interpreter, directory, environment and user) in a child process, on worker threads (one
 capture at a time unless `[estimate] captures` says more), never in the scheduling loop; until it is done
-the task waits at the head of the queue. The result is cached by the job's fingerprint (command,
-interpreter, directory, the script and the Python files around it, method, device) in the store, so the
+the task waits, and the tasks behind it are placed meanwhile (`carma.core.queue.first_waiting`). The result
+is cached by the job's fingerprint (user, command, interpreter, directory, the script and the Python files
+around it, method, device) in the store, so the
 same job is not estimated twice, across restarts too. `history` needs no capture: it is the largest peak
 an earlier successful run of the same command was observed at. An estimator that fails (the script never
 reaches an optimizer step, times out, is a shell line) leaves the task recovery only, and the reason is
