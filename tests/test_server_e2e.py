@@ -860,8 +860,11 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
     )
     (home / "tokens").write_text(tokens)
     (home / "tokens").chmod(0o600)
+    (home / "carma.toml").write_text("[server]\nmax_user_tasks = 2\n")
     port = free_port()
-    server = start_server("--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", home=home)
+    server = start_server(
+        "--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", "--config", str(home / "carma.toml"), home=home
+    )
     url = f"http://127.0.0.1:{port}"
     alice, bob, admin, nobody = (
         Client(url=url, token=t) for t in ("alice-token-0123456", "bob-token-0123456", "admin-token-0123456", "x")
@@ -869,6 +872,10 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
     admin.drain(True)  # keep the tasks waiting
     task = alice.submit({"command": ["true"], "workdir": "/tmp"})
     assert task["user"] == "alice"
+    alice.submit({"command": ["true"], "workdir": "/tmp"})
+    with pytest.raises(ClientError, match=r"alice has 2 tasks not ended, the most this server takes from one user"):
+        alice.submit({"command": ["true"], "workdir": "/tmp"})  # each held its spec in memory: a loop filled it
+    admin.submit({"command": ["true"], "workdir": "/tmp"})  # admins: no cap
     with pytest.raises(ClientError, match="belongs to alice, not to bob"):
         bob.cancel(task["id"])
     with pytest.raises(ClientError, match="belongs to alice"):

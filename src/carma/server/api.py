@@ -23,6 +23,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from carma import __version__
+from carma.config import ServerConfig
 from carma.core.scheduler import SpecError
 from carma.core.types import TERMINAL_STATES, Task, TaskId, TaskState
 from carma.estimate.registry import METHODS
@@ -60,6 +61,7 @@ ERRORS = {
     409: "the task already ended, or its log cannot be read",
     413: f"a request over {MAX_BODY_BYTES >> 20} MiB",
     422: "an invalid request",
+    429: "the caller has as many tasks not ended as the server takes from one user ([server] max_user_tasks)",
     503: "too many connections open to the server, or its state cannot be written now",
     507: "no space left under the server's state directory: nothing was changed",
 }
@@ -192,7 +194,8 @@ def too_large_as_json(app: ASGIApp) -> ASGIApp:
     return capped
 
 
-def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
+def create_app(daemon: Daemon, tokens: Tokens, max_user_tasks: int = ServerConfig.max_user_tasks) -> FastAPI:
+    """The API over `daemon`; `max_user_tasks`: the tasks not ended one user (not an admin) may have."""
     app = FastAPI(
         title="carma",
         version=__version__,
@@ -265,7 +268,7 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
     @app.post(
         "/v1/tasks",
         status_code=201,
-        responses={200: {"description": "dry_run: the server would take the task"}, **errors(400, 413, 422, 507)},
+        responses={200: {"description": "dry_run: the server would take the task"}, **errors(400, 413, 422, 429, 507)},
     )
     async def submit(request: SubmitRequest, who: Who, response: Response, dry_run: bool = False) -> dict[str, Any]:
         bad_env = [k for k in request.env if not ENV_NAME.match(k)]
@@ -323,6 +326,14 @@ def create_app(daemon: Daemon, tokens: Tokens) -> FastAPI:
             estimator=None if request.estimate == NO_ESTIMATE else request.estimate,
             duration_s=duration_s,
         )
+        if not who.admin:  # each holds its spec, environment included, in memory and in the database
+            mine = sum(not t.terminal and daemon.jobs[t.id].uid == who.uid for t in daemon.scheduler.tasks)
+            if mine >= max_user_tasks:
+                raise HTTPException(
+                    429,
+                    f"{who.user} has {mine} tasks not ended, the most this server takes from one user ([server] "
+                    "max_user_tasks): submit more as they end",
+                )
         try:
             if dry_run:
                 daemon.check(job)
