@@ -90,6 +90,14 @@ def open_for_append(path: Path, owners: Collection[int] | None = None, mode: int
     return os.fdopen(fd, "ab")
 
 
+def hand_to_owner(fd: int, directory: Path) -> None:
+    """As root, give a file just made in a user's `directory` to that directory's owner, on its descriptor (never
+    by name): the user's own reader of it (the shim, `owners_of`) trusts their files only."""
+    owner = os.lstat(directory)
+    if os.geteuid() == 0 and owner.st_uid != 0:
+        os.fchown(fd, owner.st_uid, owner.st_gid)
+
+
 def owners_of(directory: Path) -> set[int]:
     """Who may own the files of `directory`: its owner only (a task's run dir belongs to the task's user, and a
     root daemon gives the user each file it makes there). Not root besides: a user may move into their run dir

@@ -9,14 +9,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 from carma.core.loop import JournalError
 from carma.core.ports import GpuProcesses, TelemetryReading
-from carma.core.risk import METRICS
 from carma.core.types import Target, TargetId, Task, TaskId
 from carma.server import proctree
 from carma.server.faults import WORLD_FAULTS
-from carma.server.store import Observation, Store
+from carma.server.store import OBSERVED, Observation, Store
 from carma.telemetry import DeviceReading, GpuBackend
-
-OBSERVED = (*METRICS, "gract")  # the risk rule's metrics, and the interference model's
 
 
 class RunRecorder:

@@ -246,10 +246,11 @@ class Tokens:
         token = secrets.token_urlsafe(32)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            unended = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"  # its comment would take the token
-            line = f"{token} {user} {uid}{' admin' if admin else ''}\n"
-            f.write((("\n" if unended else "") + line).encode())
+            if f.seek(0, os.SEEK_END):  # a last line without its end (a comment) would take the token
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            f.write(f"{token} {user} {uid}{' admin' if admin else ''}\n".encode())
         os.chmod(self.path, 0o600)
         self._by_token[token] = Caller(uid, user, admin, gid=primary_gid(uid))
         return token

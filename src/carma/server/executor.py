@@ -54,7 +54,7 @@ from carma.server.shim import (
 )
 from carma.server.spec import JobSpec
 from carma.units import inflect, pluralize
-from carma.userfiles import MACHINE_FAULTS, UnsafeFile, open_for_append, open_for_reading, owners_of
+from carma.userfiles import MACHINE_FAULTS, UnsafeFile, hand_to_owner, open_for_append, open_for_reading, owners_of
 
 log = logging.getLogger("carma.server")
 
@@ -420,13 +420,11 @@ def _open_log(path: Path) -> BinaryIO:
     """Open a log of a user-owned run dir for appending the daemon's own lines (see `carma.userfiles`); one the
     task deleted is made again as the run dir owner's (as root's, the log would read as no log of theirs)."""
     log_file = open_for_append(path, owners_of(path.parent))
-    owner = os.lstat(path.parent)
-    if os.geteuid() == 0 and owner.st_uid != 0:
-        try:
-            os.fchown(log_file.fileno(), owner.st_uid, owner.st_gid)
-        except BaseException:
-            log_file.close()
-            raise
+    try:
+        hand_to_owner(log_file.fileno(), path.parent)
+    except BaseException:
+        log_file.close()
+        raise
     return log_file
 
 
@@ -457,9 +455,7 @@ def _log_tail(run_dir: Path) -> tuple[str, bool]:
 def _number(value: object) -> TypeGuard[float]:
     """Whether a record file's field is a finite number (an integer beyond a float's range is none: a
     task-written 10**400 raised OverflowError in `math.isfinite`)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**53
+    return math.isfinite(value) if isinstance(value, float) else _int(value) is not None
 
 
 def _int(value: object) -> int | None:

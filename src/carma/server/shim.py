@@ -27,7 +27,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from carma.server import proctree
-from carma.userfiles import open_for_reading, owners_of
+from carma.userfiles import hand_to_owner, open_for_reading, owners_of
 
 SHIM_FILE = "shim.json"
 EXIT_FILE = "exit.json"
@@ -46,9 +46,7 @@ def _write_temp(path: Path, data: dict[str, object]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            owner = os.lstat(path.parent)
-            if os.geteuid() == 0 and owner.st_uid != 0:
-                os.fchown(f.fileno(), owner.st_uid, owner.st_gid)
+            hand_to_owner(f.fileno(), path.parent)
             json.dump(data, f)
     except BaseException:  # a full disk: no half-written temporary file left behind
         os.unlink(tmp)

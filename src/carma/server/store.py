@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from carma.core.risk import METRICS
 from carma.core.types import Attempt, ExitKind, MemoryNeed, NeedKind, TargetId, Task, TaskId, TaskState
 from carma.estimate.base import Estimate
 from carma.server.faults import FaultLog, no_space, one_line
@@ -142,6 +143,9 @@ class Spawn:
     pid: int
     start_ticks: int
     run_dir: str
+
+
+OBSERVED = (*METRICS, "gract")  # the means an `Observation` keeps: the risk rule's metrics, the interference model's
 
 
 @dataclass(frozen=True)
@@ -687,7 +691,7 @@ def _attempt(row: Mapping[str, Any]) -> tuple[Attempt, Spawn | None, Observation
     )
     spawn = Spawn(row["pid"], row["start_ticks"], row["run_dir"]) if row["pid"] is not None else None
     seen = row.get("peak_mib")
-    means = {f"{m}_mean": row.get(f"{m}_mean") for m in ("smact", "smocc", "drama", "gract")}
+    means = {f"{m}_mean": row.get(f"{m}_mean") for m in OBSERVED}
     observed = Observation(seen, **means, samples=row.get("observed_samples") or 0) if seen is not None else None
     return attempt, spawn, observed
 
