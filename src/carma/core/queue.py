@@ -58,9 +58,13 @@ def first_waiting(queues: Queues, attempt: Attempt) -> TaskId | None:
     when none must). A task whose memory estimate is still being made is not ready yet: the tasks behind it go
     on (a capture takes minutes, and a user's captures one after another held every user's tasks)."""
     for queue in (queues.recovery, queues.main):
-        for task_id in list(queue):
+        passed = 0  # the tasks at the front still estimating: a placed one leaves the queue, its next moves up
+        while passed < len(queue):
+            task_id = queue[passed]
             outcome = attempt(task_id)
-            if isinstance(outcome, Blocked) and not isinstance(outcome, Estimating):
+            if isinstance(outcome, Estimating):
+                passed += 1
+            elif isinstance(outcome, Blocked):
                 return task_id
     return None
 
