@@ -24,6 +24,19 @@ _TERMINAL_VARIABLES = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY
 T = TypeVar("T")
 
 
+NOBODY = 65534  # the uid root-only tests run tasks, captures and reads as
+
+
+def nobody_can_run_carma() -> bool:
+    """Whether user nobody can run this interpreter with carma, as a root daemon's shim and readers do (its
+    interpreter and sources must be readable by others: not so for a virtual environment under /root)."""
+    probe = [sys.executable, "-I", "-c", "import carma.server.shim"]
+    try:
+        return subprocess.run(probe, user=NOBODY, group=NOBODY, cwd="/", capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:
     """The predicate's first truthy value, polled for at most `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -6,9 +6,11 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -17,10 +19,11 @@ import pytest
 from carma.config import EstimateConfig
 from carma.core.types import NeedKind, Target, Task, TaskSpec
 from carma.estimate.base import Breakdown, Estimate, EstimateError
+from carma.server import jobfiles
 from carma.server.estimates import Estimates, device_for, fingerprint
 from carma.server.spec import JobSpec
 from carma.server.store import Observation, Store
-from support import wait_until
+from support import NOBODY, nobody_can_run_carma, wait_until
 
 MIB = 1 << 20
 
@@ -64,6 +67,20 @@ def service(store: Store, jobs: dict, runner: Runner, **options: object) -> Esti
     return Estimates(store, jobs, "a100-40gb", run_as_owner=False, runner=runner, **options)  # type: ignore[arg-type]
 
 
+def requested(estimates: Estimates, *tasks: tuple[int, JobSpec]) -> None:
+    """Ask for the tasks' estimates, in order, as the daemon does at their submission, and go on as its next
+    scheduling step does once their jobs' files are read (a capture started, or an estimate reused)."""
+    for task_id, spec in tasks:
+        estimates.request(task_id, spec)
+    wait_until(lambda: all(future.done() for future in estimates._reading.values()))
+    estimates.collect()
+
+
+def key(spec: JobSpec, method: str, device: str) -> str:
+    """The job's estimate cache key, its files read by this process."""
+    return fingerprint(spec, method, device, jobfiles.read(spec))
+
+
 def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, workdir, caplog):
     store, runner = Store(tmp_path / "carma.db"), Runner(peak_mib=3000, notes=("CUDA autocast ran in float32",))
     bin_dir = str(Path(sys.executable).parent)
@@ -71,8 +88,8 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
     jobs = queued(store, spec, spec)
     assert list(jobs) == [1, 2]
     estimates = service(store, jobs, runner)
-    estimates.request(1, spec)
-    estimates.request(2, spec)  # the same job: no second capture
+    requested(estimates, (1, spec))
+    requested(estimates, (2, spec))  # the same job: no second capture
     first = Task(1, TaskSpec("train"), 0.0)
     assert estimates.need(first) is None  # still computing: the task waits
     assert estimates.made(1) is None and estimates.settled(1) is None
@@ -92,7 +109,7 @@ def test_an_estimate_is_made_once_per_job_in_the_background_and_kept(tmp_path, w
 
     again = service(store, queued(store, spec), Runner())  # a restarted daemon finds it in the store
     caplog.set_level(logging.INFO, "carma.estimate")
-    again.request(3, spec)
+    requested(again, (3, spec))
     assert "task 3 (train.py) takes the xmem estimate made for the same job before: 3000 MiB" in caplog.text
     assert again.settled(3) == need  # known from the store before the scheduler asks
     assert again.need(Task(3, TaskSpec("train"), 0.0)).mib == 3000
@@ -109,14 +126,14 @@ def test_a_capture_of_a_job_on_several_gpus_gives_a_partial_need(tmp_path, workd
     runner.release.set()
     one, two = job(workdir), job(workdir, gpus=2)
     estimates = service(store, queued(store, one, two), runner)
-    estimates.request(1, one)
-    estimates.request(2, two)
+    requested(estimates, (1, one))
+    requested(estimates, (2, two))
     tasks = [Task(1, TaskSpec("train"), 0.0), Task(2, TaskSpec("train", 2), 0.0)]
     needs = [wait_until(lambda task=task: estimates.need(task)) for task in tasks]
     assert [(need.mib, need.partial) for need in needs] == [(17_000, False), (17_000, True)]
     estimates.close()
     again = service(store, queued(store, two), Runner())
-    again.request(3, two)
+    requested(again, (3, two))
     assert again.need(Task(3, TaskSpec("train", 2), 0.0)) == needs[1]
     again.close()
 
@@ -126,7 +143,7 @@ def test_a_failed_estimate_leaves_the_task_recovery_only_and_says_why(tmp_path, 
     runner.release.set()
     spec, store = job(workdir), Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec), runner)
-    estimates.request(1, spec)
+    requested(estimates, (1, spec))
     need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.kind is NeedKind.UNKNOWN
     assert need.source == "xmem failed: the script never reached an optimizer step"
@@ -146,7 +163,7 @@ def test_an_ended_estimate_is_settled_before_its_task_reaches_the_head_of_the_qu
     store = Store(tmp_path / "carma.db")
     jobs = queued(store, failing, fine)
     estimates = service(store, jobs, Runner(error="KeyError: 'label' at train.py:5"))
-    estimates.request(1, failing)
+    requested(estimates, (1, failing))
     estimates._runner.release.set()  # type: ignore[union-attr]
     wait_until(lambda: estimates._running[estimates._fingerprints[1]].future.done())
     estimates.collect()  # each scheduling step; the task is not asked for its need
@@ -154,7 +171,7 @@ def test_an_ended_estimate_is_settled_before_its_task_reaches_the_head_of_the_qu
     assert estimates.settled(1).source == "xmem failed: KeyError: 'label' at train.py:5"
     estimates._runner = runner = Runner(peak_mib=2000)
     runner.release.set()
-    estimates.request(2, fine)
+    requested(estimates, (2, fine))
     wait_until(lambda: estimates._running[estimates._fingerprints[2]].future.done())
     estimates.collect()
     assert estimates.settled(2).mib == 2000 and estimates.made(2).peak_bytes == 2000 * MIB  # shown, and cached
@@ -186,7 +203,7 @@ def slow_other_slow(tmp_path: Path, workdir: Path) -> tuple[Estimates, SleepingR
     store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
     estimates = service(store, queued(store, slow, other, slow), runner)
     for task_id, spec in ((1, slow), (2, other), (3, slow)):
-        estimates.request(task_id, spec)
+        requested(estimates, (task_id, spec))
     return estimates, runner
 
 
@@ -223,8 +240,8 @@ def test_the_configuration_sets_how_many_captures_run_at_once_and_for_how_long(t
     spec, other = job(workdir), job(workdir, script="other.py")
     store, runner = Store(tmp_path / "carma.db"), SleepingRunner()
     estimates = service(store, queued(store, spec, other), runner, config=EstimateConfig(timeout_s=1800, captures=2))
-    estimates.request(1, spec)
-    estimates.request(2, other)
+    requested(estimates, (1, spec))
+    requested(estimates, (2, other))
     wait_until(lambda: len(runner.children) == 2)  # both at once, not one behind the other
     assert [options["timeout_s"] for options in runner.options] == [1800, 1800]
     estimates.close()
@@ -234,16 +251,16 @@ def test_a_resubmitted_jobs_capture_is_killed_when_it_is_cancelled_too(tmp_path,
     runner = SleepingRunner()
     spec, store = job(workdir), Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec, spec), runner)
-    estimates.request(1, spec)
+    requested(estimates, (1, spec))
     wait_until(lambda: runner.children)
     runner.children[0].kill()  # the first capture fails: task 1 gets recovery only (and may have run since)
     assert wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
-    estimates.request(2, spec)  # submitted again: captured again
+    requested(estimates, (2, spec))  # submitted again: captured again
     wait_until(lambda: len(runner.children) == 2)
     estimates.drop(2)
     assert runner.children[1].wait(5) == -signal.SIGKILL  # task 1's earlier interest does not keep it running
     assert estimates.need(Task(1, TaskSpec("train"), 0.0)) is None  # had task 1 still waited, it gets a capture
-    wait_until(lambda: len(runner.children) == 3)
+    wait_until(lambda: estimates.collect() or len(runner.children) == 3)  # at the next scheduling steps
     estimates.close()
     assert runner.children[2].wait(5) == -signal.SIGKILL
 
@@ -254,7 +271,7 @@ def test_an_estimate_is_not_made_for_a_cancelled_task_unless_another_task_waits_
     store, runner = Store(tmp_path / "carma.db"), Runner()
     estimates = service(store, queued(store, spec, other, spec, spec), runner)
     for task_id, job_spec in ((1, spec), (2, other), (3, spec), (4, spec)):
-        estimates.request(task_id, job_spec)
+        requested(estimates, (task_id, job_spec))
     wait_until(lambda: runner.calls)  # capturing train.py for tasks 1, 3 and 4
     estimates.drop(2)  # other.py's estimate, still to start, is not made
     estimates.drop(1)  # tasks 3 and 4 still wait for train.py's
@@ -271,14 +288,14 @@ def test_a_job_whose_estimate_failed_is_estimated_again_when_submitted_again(tmp
     spec, store = job(workdir), Store(tmp_path / "carma.db")
     jobs = queued(store, spec)
     estimates = service(store, jobs, runner)
-    estimates.request(1, spec)
+    requested(estimates, (1, spec))
     assert wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
     runner.error = None  # its owner installed PyTorch, and submits it again
     jobs.update(queued(store, spec, spec))
-    estimates.request(2, spec)
+    requested(estimates, (2, spec))
     need = wait_until(lambda: estimates.need(Task(2, TaskSpec("train"), 0.0)))
     assert (need.kind, need.mib, len(runner.calls)) == (NeedKind.KNOWN, 3000, 2)
-    estimates.request(3, spec)  # a success is kept
+    requested(estimates, (3, spec))  # a success is kept
     assert estimates.settled(3) == need and len(runner.calls) == 2
     estimates.close()
 
@@ -287,7 +304,7 @@ def test_a_python_missing_from_the_tasks_path_is_a_clear_failure_not_carmas_own(
     runner = Runner()
     spec, store = job(workdir, env={"PATH": str(tmp_path / "nothing-here")}), Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec), runner)
-    estimates.request(1, spec)
+    requested(estimates, (1, spec))
     need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.source == "xmem failed: python is not on the task's PATH: the task could not start either"
     assert runner.calls == []
@@ -299,7 +316,7 @@ def test_a_shell_line_cannot_be_captured(tmp_path, workdir):
     spec = JobSpec("train", ("python train.py | tee log",), str(workdir), shell=True, estimator="horus")
     store = Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, spec), runner)
-    estimates.request(1, spec)
+    requested(estimates, (1, spec))
     need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.kind is NeedKind.UNKNOWN and "shell command line" in need.source and runner.calls == []
     estimates.close()
@@ -311,7 +328,7 @@ def test_history_is_the_largest_peak_of_earlier_successful_runs_of_the_command(t
     spec = job(workdir, estimator="history")
     estimates = service(store, {}, Runner())
     assert estimates._history(spec).source == "history: no earlier successful run of this command"
-    estimates.request(7, spec)
+    requested(estimates, (7, spec))
     assert "task 7 (train.py) asks for history, which gives it no memory need yet (no earlier successful" in caplog.text
     for peak, outcome in ((None, "success"), (5000, "success"), (7000, "success"), (9000, "oom")):
         task_id = store.add(spec, 0.0)
@@ -347,7 +364,7 @@ def test_an_estimate_the_store_forgot_is_made_again_not_served_from_memory(tmp_p
     store, spec, runner = Store(tmp_path / "carma.db"), job(workdir), Runner(peak_mib=5120)
     estimates = service(store, queued(store, spec, spec), runner)
     runner.release.set()
-    estimates.request(1, spec)
+    requested(estimates, (1, spec))
     assert wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).mib == 5120
     estimates.forget(store.forget([1], {}))  # task 1 ended long ago: no task left uses the estimate
     runner.peak_mib = 3000
@@ -361,12 +378,12 @@ def test_a_calibration_makes_the_jobs_estimated_before_it_estimated_again(tmp_pa
     store, spec, runner = Store(tmp_path / "carma.db"), job(workdir), Runner()
     estimates = service(store, queued(store, spec, spec), runner)
     runner.release.set()
-    estimates.request(1, spec)
+    requested(estimates, (1, spec))
     wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     (tmp_path / "devices.toml").write_text(
         '["a100-40gb"]\ncontext_bytes = 524288000\ntotal_bytes = 42949672960\nsource = "measured"\n'
     )
-    estimates.request(2, spec)
+    requested(estimates, (2, spec))
     wait_until(lambda: estimates.need(Task(2, TaskSpec("train"), 0.0)))
     assert len(runner.calls) == 2  # not the estimate made with the built-in context
     estimates.close()
@@ -382,7 +399,7 @@ def test_history_with_device_constants_it_cannot_read_runs_recovery_only(tmp_pat
     _end(store, store.load()[0].task, "success")
     store.record_observation(task_id, 1, Observation(5000, None, None, None))
     estimates = service(store, {}, Runner())
-    estimates.request(2, spec)
+    requested(estimates, (2, spec))
     need = estimates._history(spec)
     assert need.kind is NeedKind.UNKNOWN and need.source.startswith(f"history: cannot read {tmp_path}/devices.toml")
     estimates.close()
@@ -407,14 +424,14 @@ def _end(store: Store, task: Task, outcome: str, seen: Observation | None = None
 
 def test_the_fingerprint_follows_the_script_and_the_method(workdir):
     spec = job(workdir)
-    before = fingerprint(spec, "xmem", "a100-40gb")
-    assert before == fingerprint(spec, "xmem", "a100-40gb")
-    assert before != fingerprint(spec, "horus", "a100-40gb") != fingerprint(spec, "xmem", "h100-80gb")
+    before = key(spec, "xmem", "a100-40gb")
+    assert before == key(spec, "xmem", "a100-40gb")
+    assert before != key(spec, "horus", "a100-40gb") != key(spec, "xmem", "h100-80gb")
     (workdir / "train.py").write_text("print('training harder')\n")
-    after = fingerprint(spec, "xmem", "a100-40gb")
+    after = key(spec, "xmem", "a100-40gb")
     assert after != before
     other = dataclasses.replace(spec, uid=4242, user="bob")  # the same job, another user's
-    assert fingerprint(other, "xmem", "a100-40gb") != after
+    assert key(other, "xmem", "a100-40gb") != after
 
 
 def test_a_fifo_or_device_named_as_the_program_is_not_opened(tmp_path):
@@ -424,9 +441,7 @@ def test_a_fifo_or_device_named_as_the_program_is_not_opened(tmp_path):
     done = []
     for program in ("./fifo", "/dev/zero", "/proc/kmsg"):  # a regular file whose read waits for the kernel
         spec = JobSpec("j", (program, "train.py"), str(tmp_path))
-        reader = threading.Thread(
-            target=lambda spec=spec: done.append(fingerprint(spec, "xmem", "a100-40gb")), daemon=True
-        )
+        reader = threading.Thread(target=lambda spec=spec: done.append(key(spec, "xmem", "a100-40gb")), daemon=True)
         reader.start()
         reader.join(timeout=10)
         assert not reader.is_alive(), f"the fingerprint of {program} blocked"
@@ -437,11 +452,11 @@ def test_a_job_on_two_gpus_is_estimated_for_two(tmp_path, workdir):
     """Under DataParallel its first GPU takes half the batch: the capture is told the GPU count, and the
     same command on one GPU is another estimate."""
     one, two = job(workdir), job(workdir, gpus=2)
-    assert fingerprint(one, "xmem", "a100-40gb") != fingerprint(two, "xmem", "a100-40gb")
+    assert key(one, "xmem", "a100-40gb") != key(two, "xmem", "a100-40gb")
     runner, store = Runner(), Store(tmp_path / "carma.db")
     estimates = service(store, queued(store, one, two), runner)
-    estimates.request(1, one)
-    estimates.request(2, two)
+    requested(estimates, (1, one))
+    requested(estimates, (2, two))
     runner.release.set()
     wait_until(lambda: len(runner.calls) == 2)
     assert sorted(options["gpus"] for _, _, options in runner.calls) == [1, 2]
@@ -459,8 +474,8 @@ def test_an_executable_script_is_captured_with_the_python_its_first_line_names(t
     (workdir / "train.py").write_text("#!/usr/bin/env python3\nprint('training')\n")
     (workdir / "tool.py").write_text(f"#!{venv}/python3 -u\nprint('training')\n")
     estimates = service(store, queued(store, direct, named), runner)
-    estimates.request(1, direct)
-    estimates.request(2, named)
+    requested(estimates, (1, direct))
+    requested(estimates, (2, named))
     runner.release.set()
     wait_until(lambda: len(runner.calls) == 2)
     assert [options["python"] for _, _, options in runner.calls] == [f"{venv}/python3"] * 2
@@ -473,7 +488,7 @@ def test_the_fingerprint_follows_the_modules_beside_the_script_but_not_its_data(
     (workdir / "pkg" / "train.py").write_text("import models.mlp\n")
     (workdir / "models").mkdir()
     (workdir / "models" / "mlp.py").write_text("WIDTH = 256\n")
-    before = [fingerprint(s, "xmem", "a100-40gb") for s in (spec, module)]
+    before = [key(s, "xmem", "a100-40gb") for s in (spec, module)]
     for name in (".venv/lib/site.py", "data/points.csv", "checkpoints/__pycache__/mlp.py"):
         (workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / name).write_text("changed\n")
@@ -481,9 +496,9 @@ def test_the_fingerprint_follows_the_modules_beside_the_script_but_not_its_data(
     images.mkdir()
     for i in range(1001):
         (images / f"{i}.py").touch()
-    assert [fingerprint(s, "xmem", "a100-40gb") for s in (spec, module)] == before
+    assert [key(s, "xmem", "a100-40gb") for s in (spec, module)] == before
     (workdir / "models" / "mlp.py").write_text("WIDTH = 4096\n")  # the model made wider
-    after = [fingerprint(s, "xmem", "a100-40gb") for s in (spec, module)]
+    after = [key(s, "xmem", "a100-40gb") for s in (spec, module)]
     assert after[0] != before[0] and after[1] != before[1]
 
 
@@ -509,20 +524,20 @@ def test_the_fingerprint_follows_the_environment_and_the_files_the_command_names
         ),
         "hidden": job(workdir, env={**base, "HIDDEN": "16384"}),
     }
-    prints = {name: fingerprint(spec, "xmem", "a100-40gb") for name, spec in specs.items()}
+    prints = {name: key(spec, "xmem", "a100-40gb") for name, spec in specs.items()}
     assert prints["base"] == prints["session"] != prints["hidden"]
     for own in ("HISTORY_LEN", "WINDOW", "LINES"):  # a job's settings that share a start or a name with a shell's
-        assert fingerprint(job(workdir, env={**base, own: "64"}), "xmem", "a100-40gb") != prints["base"]
+        assert key(job(workdir, env={**base, own: "64"}), "xmem", "a100-40gb") != prints["base"]
     for argv in (("python", "train.py", "cfg.yaml"), ("python", "train.py", f"--config={workdir}/cfg.yaml")):
         spec = JobSpec("train", argv, str(workdir), estimator="xmem", env=base)
-        before = fingerprint(spec, "xmem", "a100-40gb")
+        before = key(spec, "xmem", "a100-40gb")
         (workdir / "cfg.yaml").write_text((workdir / "cfg.yaml").read_text() + "depth: 8\n")
-        assert fingerprint(spec, "xmem", "a100-40gb") != before
+        assert key(spec, "xmem", "a100-40gb") != before
     logs = JobSpec("train", ("python", "train.py", "--log", "out.log"), str(workdir), estimator="xmem", env=base)
     (workdir / "out.log").write_text("step 1\n")
-    before = fingerprint(logs, "xmem", "a100-40gb")
+    before = key(logs, "xmem", "a100-40gb")
     (workdir / "out.log").write_text("step 1\nstep 2\n")  # the job's own output: not one of its settings
-    assert fingerprint(logs, "xmem", "a100-40gb") == before
+    assert key(logs, "xmem", "a100-40gb") == before
 
 
 def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir):
@@ -533,6 +548,68 @@ def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir
         (tmp_path / name / "python").write_text("#!/bin/sh\n")
         (tmp_path / name / "python").chmod(0o755)
         envs.append(job(workdir, env={"PATH": str(tmp_path / name)}))
-    old, new = (fingerprint(spec, "xmem", "a100-40gb") for spec in envs)
+    old, new = (key(spec, "xmem", "a100-40gb") for spec in envs)
     assert old != new
-    assert old == fingerprint(job(workdir, env={"PATH": f"{tmp_path / 'old'}:{tmp_path / 'new'}"}), "xmem", "a100-40gb")
+    assert old == key(job(workdir, env={"PATH": f"{tmp_path / 'old'}:{tmp_path / 'new'}"}), "xmem", "a100-40gb")
+
+
+def test_a_task_waits_while_its_jobs_files_are_read_and_a_read_that_fails_fails_the_estimate(
+    tmp_path, workdir, monkeypatch
+):
+    """The files are read off the scheduling loop (as the task's owner under a root daemon): the task says so
+    while it waits, and a read that cannot end (a hung network home) leaves it recovery only, saying why."""
+    reading, failing = threading.Event(), threading.Event()
+
+    def read(spec: JobSpec) -> jobfiles.JobFiles:
+        reading.wait(10)
+        if failing.is_set():
+            raise EstimateError("reading the job's files as bob took over 30 s")
+        return jobfiles.JobFiles(None, "digest")
+
+    monkeypatch.setattr(jobfiles, "read", read)
+    spec, store, runner = job(workdir), Store(tmp_path / "carma.db"), Runner()
+    estimates = service(store, queued(store, spec), runner)
+    estimates.request(1, spec)
+    task = Task(1, TaskSpec("train"), 0.0)
+    assert estimates.need(task) is None and estimates.progress(1) == "reading its files"
+    failing.set()
+    reading.set()
+    need = wait_until(lambda: estimates.need(task))
+    assert need.source == "xmem failed: reading the job's files as bob took over 30 s" and runner.calls == []
+    assert estimates.progress(1) is None
+    estimates.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root")
+def test_a_root_daemon_reads_a_jobs_files_as_its_owner():
+    """A closed script's `#!` line and contents, read by root, told its interpreter to any user and whether it
+    changed; read as the owner they tell nothing, and the task could not run it either."""
+    if not nobody_can_run_carma():
+        pytest.skip(f"user nobody cannot run {sys.executable} with carma (not readable by others)")
+    closed, shared = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())  # mode 0700, root's
+    shared.chmod(0o755)
+    try:
+        (closed / "secret.py").write_text("#!/usr/bin/python3\nKEY = 1\n")
+        (closed / "secret.py").chmod(0o755)
+        spec = JobSpec("secret", ("./secret.py",), str(closed), uid=NOBODY, gid=NOBODY, user="nobody")
+        (shared / "train.py").write_text("#!/usr/bin/python3\nprint('training')\n")
+        (shared / "train.py").chmod(0o755)
+        own = dataclasses.replace(spec, argv=("./train.py",), workdir=str(shared))
+        as_root, (as_nobody, own_files) = jobfiles.read(spec), jobfiles.read_as([spec, own], [])  # in one child
+        assert as_root.python == "/usr/bin/python3" and as_nobody.python is None
+        assert own_files == jobfiles.read(own)  # what nobody may read is read alike
+        (closed / "secret.py").write_text("#!/usr/bin/python3\nKEY = 2\n")
+        assert jobfiles.read(spec) != as_root and jobfiles.read_as([spec], []) == [as_nobody]
+        with pytest.raises(ValueError):  # one child reads one user's jobs
+            jobfiles.read_as([own, dataclasses.replace(own, uid=0, gid=0)], [])
+    finally:
+        shutil.rmtree(closed)
+        shutil.rmtree(shared)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root")
+def test_a_read_as_the_owner_that_takes_too_long_is_stopped_and_said(workdir):
+    spec = JobSpec("train", ("python", "train.py"), str(workdir), uid=0, gid=0, user="root")
+    with pytest.raises(EstimateError, match=r"^reading the job's files as root took over 0.001 s$"):
+        jobfiles.read_as([spec], [], timeout_s=0.001)  # less than Python takes to start
+    assert jobfiles.read_as([spec], []) == [jobfiles.read(spec)]  # with time enough: what the task would find

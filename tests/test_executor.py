@@ -31,11 +31,10 @@ from carma.server.executor import (
 )
 from carma.server.shim import read_json
 from carma.server.spec import JobSpec
-from support import wait_until
+from support import NOBODY, nobody_can_run_carma, wait_until
 
 PY = sys.executable
 OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
-NOBODY = 65534
 
 WAIT_FOR_TERM = """
 import os, signal, sys, time
@@ -379,18 +378,9 @@ def test_stat_parsing_survives_names_with_spaces_and_parentheses():
     assert proctree.parse_stat("7 (x) y) (z) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 123 0").start_ticks == 123
 
 
-def nobody_can_run_the_shim() -> bool:
-    """The shim runs as the task's owner: this interpreter and carma must be readable by other users."""
-    probe = [PY, "-I", "-c", "import carma.server.shim"]
-    try:
-        return subprocess.run(probe, user=NOBODY, group=NOBODY, cwd="/", capture_output=True).returncode == 0
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a task as another user needs root")
 def test_tasks_run_as_their_owner_when_the_daemon_is_root(make_world):
-    if not nobody_can_run_the_shim():
+    if not nobody_can_run_carma():
         pytest.skip(f"user nobody cannot run {PY} with carma (interpreter or sources not readable by others)")
     home = Path(tempfile.mkdtemp())  # not under tmp_path, which only root may enter
     try:
@@ -410,7 +400,7 @@ def test_tasks_run_as_their_owner_when_the_daemon_is_root(make_world):
 def test_a_task_cannot_enter_a_workdir_below_a_folder_closed_to_its_owner(make_world):
     """The shim enters the workdir as the user: a root `chdir` before the switch to the user put a task inside
     a folder below another user's closed home, where it read what its owner cannot."""
-    if not nobody_can_run_the_shim():
+    if not nobody_can_run_carma():
         pytest.skip(f"user nobody cannot run {PY} with carma (interpreter or sources not readable by others)")
     home, closed = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())  # not under tmp_path: only root enters it
     try:
@@ -434,7 +424,7 @@ def test_an_abandoned_attempt_placed_again_runs_as_its_owner_under_a_root_daemon
     """The abandoned marker a restarted root daemon leaves is the run dir owner's: the shim, as that user, read
     it as root's file (refused) and took the new launch for the abandoned one, so the task failed. An earlier
     release's marker, root's, is replaced by one of the user's."""
-    if not nobody_can_run_the_shim():
+    if not nobody_can_run_carma():
         pytest.skip(f"user nobody cannot run {PY} with carma (interpreter or sources not readable by others)")
     home = Path(tempfile.mkdtemp())
     try:
@@ -461,7 +451,7 @@ def test_the_start_check_of_the_interpreter_agrees_with_running_it_as_another_us
     """A root daemon whose Python lives under /root ran no other user's task, each failing with a
     'Permission denied' naming carma's interpreter; `carma server` now warns at its start."""
     closed = closed_to_others()
-    assert (closed is None) == nobody_can_run_the_shim()
+    assert (closed is None) == nobody_can_run_carma()
     if closed is not None:
         home = Path(tempfile.mkdtemp())
         try:

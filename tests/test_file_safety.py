@@ -14,7 +14,7 @@ import pytest
 
 from carma.server.client import ClientError
 from carma.userfiles import UnsafeFile, open_for_append, open_for_reading, owners_of
-from support import wait_until
+from support import NOBODY, wait_until
 
 SECRET = "s3cret-only-for-root"
 
@@ -169,8 +169,6 @@ def test_a_restarted_daemon_is_not_frozen_by_fifos_left_by_a_task_that_ended_whi
 
 
 # ----------------------------------------------------------------------------- fake GPUs under a root daemon
-
-NOBODY = 65534
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root daemon's fake device, used by another user's job")

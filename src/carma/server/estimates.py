@@ -5,7 +5,7 @@ script (its interpreter, directory, environment and user) in a child process, on
 capture at a time unless `[estimate] captures` says more), never in the scheduling loop; until it is done
 the task waits, and the tasks behind it are placed meanwhile (`carma.core.queue.first_waiting`). The result
 is cached by the job's fingerprint (user, command, interpreter, directory, the script and the Python files
-around it, method, device) in the store, so the
+around it, method, device; its files read as its user, off the loop: `carma.server.jobfiles`) in the store, so the
 same job is not estimated twice, across restarts too. `history` needs no capture: it is the largest peak
 an earlier successful run of the same command was observed at. An estimator that fails (the script never
 reaches an optimizer step, times out, is a shell line) leaves the task recovery only, and the reason is
@@ -18,38 +18,31 @@ see what the placement was based on; cancelling the tasks waiting for a capture 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import math
-import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import suppress
-from pathlib import Path
 
 from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
 from carma.core.types import MemoryNeed, NeedKind, Target, Task, TaskId
 from carma.estimate.base import Estimate, EstimateError
 from carma.estimate.runner import estimate_script, kill_group
-from carma.estimate.script import interpreter, is_python, parse_argv
+from carma.estimate.script import is_python
+from carma.server import jobfiles
 from carma.server.executor import groups_of
 from carma.server.history import CommandHistory
+from carma.server.jobfiles import JobFiles
 from carma.server.spec import JobSpec
 from carma.server.store import Store
 from carma.units import pluralize
-from carma.userfiles import open_for_reading
 
 MIB = 1 << 20
-SCRIPT_BYTES = 16 << 20  # how much of the script file goes into the fingerprint
-SOURCE_DEPTH = 3  # how many folders below the script's its modules are looked for in
-FOLDER_ENTRIES = 1000  # a folder with more entries holds data, not code
-SCANNED = 20_000  # the most folder entries looked at for one fingerprint
-SKIPPED = {"__pycache__", "node_modules", "site-packages", "build", "dist"}  # folders of no training code
-NAMED_FILES = 64  # how many of a command's arguments are looked at as files it may read its settings from
-SETTINGS_SUFFIXES = {".yaml", ".yml", ".json", ".toml", ".cfg", ".ini", ".conf", ".py"}  # not logs or checkpoints
+READERS = 2  # threads reading jobs' files (`carma.server.jobfiles`), apart from the captures' workers
+READ_AT_ONCE = 100  # the most jobs of one user a reader reads in one child
 # The variables of a login session, a terminal or a batch job, which differ from shell to shell (some from
 # command to command) and which no training job reads for its settings: left out of the fingerprint. Names
 # are matched whole, or by prefixes that only these tools use (a job's own HISTORY_LEN or WINDOW counts).
@@ -95,37 +88,19 @@ def device_for(gpus: list[Target]) -> str:
     return nearest
 
 
-def fingerprint(job: JobSpec, method: str, device: str) -> str:
+def fingerprint(job: JobSpec, method: str, device: str, files: JobFiles | None) -> str:
     """Same user, command, interpreter, directory, environment, GPU count, script, method and device: the same
     estimate (a model under DataParallel is estimated for its first GPU's share of the batch). The user is part
     of it: another user's capture runs their code, which could write the result (a peak set low, an MPS limit
     that crashes the job), and must never shape this user's job.
 
-    The script is its contents and the size and time of each Python file around it (its folder and below,
-    or the working directory's for `python -m`): a model edited in `model.py` beside `train.py` is
-    estimated again. So is a job whose environment (`HIDDEN=4096`), less a login session's variables, or a
-    file its command names (`--config big.yaml`) changed: a stale estimate is an OOM crash, a needless one
-    a capture."""
-    identity = [job.uid, list(job.argv), _interpreter(job), job.workdir, job.shell, method, device]
-    identity += [_settings(job.env), job.gpus]
-    digest = hashlib.sha256(json.dumps(identity).encode())
-    found = None if job.shell else _script(job)
-    if found is not None:
-        script, root = found
-        with suppress(OSError), open_for_reading(Path(os.path.realpath(script)), single_link=False) as f:
-            digest.update(f.read(SCRIPT_BYTES))  # read as root: see `userfiles.open_for_reading`
-        for path in _sources(root):
-            _stamp(digest, path, path.relative_to(root))
-    for path in _named_files(job):
-        _stamp(digest, path, path)
-    return digest.hexdigest()[:32]
-
-
-def _stamp(digest: hashlib._Hash, path: Path, name: Path) -> None:
-    """Add a file's name, size and time to the key (a file gone since it was listed adds nothing)."""
-    with suppress(OSError):
-        stat = path.stat()
-        digest.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode())
+    `files` (`carma.server.jobfiles`, None where they could not be read) is the script and the size and time
+    of each Python file around it: a model edited in `model.py` beside `train.py` is estimated again. So is a
+    job whose environment (`HIDDEN=4096`), less a login session's variables, or a file its command names
+    (`--config big.yaml`) changed: a stale estimate is an OOM crash, a needless one a capture."""
+    read = (files.python, files.digest) if files is not None else None
+    identity = [job.uid, list(job.argv), job.workdir, job.shell, method, device, _settings(job.env), job.gpus, read]
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
 
 
 def _settings(env: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -136,67 +111,6 @@ def _settings(env: Mapping[str, str]) -> list[tuple[str, str]]:
         for name, value in env.items()
         if name not in SESSION_VARIABLES and not name.startswith(SESSION_PREFIXES)
     )
-
-
-def _named_files(job: JobSpec) -> list[Path]:
-    """The settings files the command's arguments name (`config.yaml`, `--config=big.yaml`), relative to its
-    folder: by their suffix, not a log or checkpoint the job itself rewrites (each run would change the key)."""
-    found = []
-    for word in job.argv[1:NAMED_FILES]:
-        name = word.partition("=")[2] if word.startswith("-") else word
-        path = Path(job.workdir, name) if name else None
-        with suppress(OSError, ValueError):
-            if path is not None and path.suffix.lower() in SETTINGS_SUFFIXES and path.is_file():
-                found.append(path)
-    return found
-
-
-def _script(job: JobSpec) -> tuple[Path, Path] | None:
-    """The file the command runs and the folder its own modules are in: (`train.py`, its folder) for
-    `python train.py`, (`pkg/train.py`, the working directory) for `python -m pkg.train` when the package
-    is there; None for code given inline or a module installed elsewhere."""
-    try:
-        kind, what, _ = parse_argv(list(job.argv), job.workdir)
-    except EstimateError:
-        return None
-    if kind == "path":
-        script = Path(job.workdir, what)
-        return script, script.parent
-    if kind == "module":
-        module = Path(job.workdir, *what.split("."))
-        found = next((p for p in (module.with_suffix(".py"), module / "__main__.py") if p.is_file()), None)
-        return None if found is None else (found, Path(job.workdir))
-    return None
-
-
-def _sources(root: Path) -> list[Path]:
-    """The Python files in `root` and the folders below it (`SOURCE_DEPTH` deep), in a fixed order. Hidden
-    folders, caches, virtual environments and folders of more than `FOLDER_ENTRIES` entries (data, not
-    code) are left out, and the walk stops after `SCANNED` entries: it runs when a task is submitted."""
-    found: list[Path] = []
-    level, budget = [root], SCANNED
-    for depth in range(SOURCE_DEPTH + 1):
-        below: list[Path] = []
-        for folder in level:
-            try:
-                with os.scandir(folder) as scan:
-                    entries = sorted(itertools.islice(scan, FOLDER_ENTRIES + 1), key=lambda e: e.name)
-            except OSError:
-                continue
-            budget -= len(entries)  # read, if left out too: a tree of large folders cost the walk its bound
-            if budget < 0:
-                return found
-            if len(entries) > FOLDER_ENTRIES or any(e.name == "pyvenv.cfg" for e in entries):
-                continue
-            found += (Path(e.path) for e in entries if e.name.endswith(".py") and e.is_file())
-            if depth < SOURCE_DEPTH:
-                below += (Path(e.path) for e in entries if _code_folder(e))
-        level = below
-    return found
-
-
-def _code_folder(entry: os.DirEntry[str]) -> bool:
-    return entry.is_dir(follow_symlinks=False) and entry.name[0] != "." and entry.name not in SKIPPED
 
 
 class Estimates:
@@ -222,6 +136,10 @@ class Estimates:
         config = self.config = config or EstimateConfig()
         self._timeout_s = config.timeout_s
         self._pool = ThreadPoolExecutor(max_workers=config.captures, thread_name_prefix="carma-estimate")
+        self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="carma-jobfiles")
+        self._reading: dict[TaskId, Future[JobFiles]] = {}
+        self._unread: list[tuple[JobSpec, Future[JobFiles]]] = []  # what the readers have still to take up
+        self._unread_lock = threading.Lock()
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, _Capture] = {}
         self._done: dict[str, MemoryNeed] = {}
@@ -241,22 +159,47 @@ class Estimates:
             return
         if method is None:
             return
-        key = self._fingerprints[task_id] = fingerprint(job, method, self._device_identity())
+        self._fingerprints.pop(task_id, None)
+        future = self._reading[task_id] = Future()
+        with self._unread_lock:
+            self._unread.append((job, future))
+        self._readers.submit(self._read_unread)
+
+    def _keyed(self, task_id: TaskId) -> bool:
+        """Go on with a task whose job's files have been read (`request`): reuse the estimate made for the same
+        job, join the capture under way for it, or start one; whether they have been read."""
+        future = self._reading[task_id]
+        if not future.done():
+            return False
+        del self._reading[task_id]
+        job, method = self._jobs[task_id], str(self._jobs[task_id].estimator)
+        try:
+            files: JobFiles | None = future.result()
+        except EstimateError as e:  # the estimate fails, and says why; a failure is not kept
+            files, why = None, str(e)
+        except Exception as e:
+            log.error("reading the files of task %d crashed", task_id, exc_info=e)
+            files, why = None, f"{type(e).__name__}: {e}"
+        key = self._fingerprints[task_id] = fingerprint(job, method, self._device_identity(), files)
+        if files is None:
+            self._done[key] = self._failed(f"task {task_id} ({job.name})", job, why)
+            return True
         self._store.link_estimate(task_id, key)
         if key in self._running:
             self._running[key].waiters.add(task_id)
-            return
+            return True
         if key in self._done and self._done[key].kind is not NeedKind.UNKNOWN:
             self._reused(task_id, job, self._done[key])
-            return
+            return True
         self._done.pop(key, None)
         cached = self._store.estimate(key)
         if cached is not None:
             self._done[key] = _need(cached, multi_gpu=job.gpus > 1)
             self._reused(task_id, job, self._done[key])
-            return
+            return True
         capture = self._running[key] = _Capture(task_id)
-        capture.future = self._pool.submit(self._estimate, capture, job, method)
+        capture.future = self._pool.submit(self._estimate, capture, job, method, files.python)
+        return True
 
     def need(self, task: Task) -> MemoryNeed | None:
         job = self._jobs[task.id]
@@ -264,12 +207,14 @@ class Estimates:
             return RECOVERY_ONLY
         if job.estimator == "history":
             return self._history(job)
+        if task.id in self._reading and not self._keyed(task.id):
+            return None
         key = self._fingerprints.get(task.id)
         # Asked again when a placement dropped at a restart put the task back in the queue, or the estimate
         # it waited for was dropped with the cancelled tasks that asked for it first
         if key is None or (key not in self._done and key not in self._running):
             self.request(task.id, job)
-            key = self._fingerprints[task.id]
+            return None
         if key not in self._done and not self._collected(key):
             return None
         return self._done[key]
@@ -278,6 +223,8 @@ class Estimates:
         """Settle every estimate that has ended, its tasks at the head of the queue or not (each scheduling
         step): logged, cached and shown at once, where a failure found behind a long queue said nothing, and
         a finished estimate read `pending`, until its task's turn (and a restart before then lost it)."""
+        for task_id in [task_id for task_id, future in self._reading.items() if future.done()]:
+            self._keyed(task_id)
         for key in [key for key, capture in self._running.items() if capture.future.done()]:
             self._collected(key)
 
@@ -299,6 +246,8 @@ class Estimates:
     def progress(self, task_id: TaskId) -> str | None:
         """Where the estimate a task waits for stands, for its waiting reason: how long its capture has run,
         or how many captures are ahead of it on the workers; None when none is under way for it."""
+        if task_id in self._reading:
+            return "reading its files"
         key = self._fingerprints.get(task_id)
         capture = self._running.get(key) if key is not None else None
         if capture is None or capture.future.done():
@@ -320,9 +269,11 @@ class Estimates:
     def drop(self, task_id: TaskId) -> None:
         """Forget a task that left the queue unplaced (cancelled): unless another queued task waits for the
         same job's estimate, it is not made, or its capture is killed, so the next estimate need not wait."""
+        reading = self._reading.pop(task_id, None)
+        if reading is not None:
+            reading.cancel()  # or, when already under way, read for nothing
         key = self._fingerprints.pop(task_id, None)
-        capture = self._running.get(key) if key is not None else None
-        if capture is None:
+        if key is None or (capture := self._running.get(key)) is None:
             return
         capture.waiters.discard(task_id)
         if capture.waiters:
@@ -339,17 +290,39 @@ class Estimates:
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
+        self._readers.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for capture in list(self._running.values()):
             capture.stop()
 
-    # ----------------------------------------------------------------- in the worker thread
+    # ----------------------------------------------------------------- in the worker threads
 
-    def _estimate(self, capture: _Capture, job: JobSpec, method: str) -> Estimate:
+    def _read_unread(self) -> None:
+        """Read the files of the jobs asked for and not yet taken up, as their owners find them: a root daemon
+        reads one user's at a time, in a child running as that user (`carma.server.jobfiles`)."""
+        with self._unread_lock:
+            taken, self._unread = self._unread[:READ_AT_ONCE], self._unread[READ_AT_ONCE:]
+        owners: dict[tuple[int, int], list[tuple[JobSpec, Future[JobFiles]]]] = {}
+        for job, future in taken:
+            if future.set_running_or_notify_cancel():  # not dropped meanwhile
+                owners.setdefault((job.uid, job.gid), []).append((job, future))
+        for jobs in owners.values():
+            try:
+                if self._run_as_owner:
+                    found = jobfiles.read_as([job for job, _ in jobs], groups_of(jobs[0][0]))
+                else:
+                    found = [jobfiles.read(job) for job, _ in jobs]
+            except Exception as e:  # EstimateError, or a reader's bug: those estimates fail, the daemon goes on
+                for _, future in jobs:
+                    future.set_exception(e)
+                continue
+            for (_, future), files in zip(jobs, found, strict=True):
+                future.set_result(files)
+
+    def _estimate(self, capture: _Capture, job: JobSpec, method: str, python: str | None) -> Estimate:
         if job.shell:
             raise EstimateError("a shell command line cannot be captured; submit `python script.py ...` instead")
-        runner = self._runner or estimate_script
-        python = _interpreter(job)
+        runner: Runner = self._runner or estimate_script
         if python is None and is_python(job.argv[0]):
             raise EstimateError(f"{job.argv[0]} is not on the task's PATH: the task could not start either")
         owner = {"user": job.uid, "group": job.gid, "extra_groups": groups_of(job)} if self._run_as_owner else {}
@@ -452,8 +425,3 @@ def _need(estimate: Estimate, multi_gpu: bool = False) -> MemoryNeed:
 
 def _mib(estimate: Estimate) -> int:
     return math.ceil(estimate.peak_bytes / MIB)
-
-
-def _interpreter(job: JobSpec) -> str | None:
-    """The Python the task would run (`script.interpreter`), looked up as the task's exec would."""
-    return interpreter(job.argv, job.workdir, job.env.get("PATH", os.defpath))
