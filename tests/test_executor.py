@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from carma.server.executor import (
 )
 from carma.server.shim import read_json
 from carma.server.spec import JobSpec
+from carma.server.trash import Trash
 from support import NOBODY, nobody_can_run_carma, wait_until
 
 PY = sys.executable
@@ -652,7 +654,34 @@ def test_a_run_dir_too_deep_to_delete_is_left_with_a_warning_not_raised(world, c
 
     monkeypatch.setattr(shutil, "rmtree", too_deep)
     world.executor.remove_runs(1)
-    assert "could not delete the logs of forgotten task 1: maximum recursion depth exceeded" in caplog.text
+    wait_until(lambda: "could not delete the logs of forgotten task 1: maximum recursion depth exceeded" in caplog.text)
+
+
+def test_a_forgotten_tasks_run_dirs_go_at_once_and_are_deleted_in_the_background(world, monkeypatch):
+    """A task may leave millions of files: their deletion stopped the scheduling loop (1.2 s for 200,000).
+    What a stopped daemon had not deleted yet is deleted after its next start."""
+    release = threading.Event()
+    rmtree = shutil.rmtree
+
+    def slow(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        release.wait(10)
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", slow)
+    for task_id in (1, 2):
+        (world.executor.run_dir(task_id, 1) / "data").mkdir(parents=True)
+    world.executor.remove_runs(1)
+    tasks = world.executor.home / "tasks"
+    assert sorted(p.name for p in tasks.iterdir()) == [".thrown-1", "2"]  # out of every lookup's way already
+    assert world.executor.trash.pending == 1
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    restarted = Trash(tasks)  # the next start's, while the one before still waits
+    wait_until(lambda: restarted.pending == 0)
+    assert sorted(p.name for p in tasks.iterdir()) == ["2"]
+    release.set()
+    wait_until(lambda: world.executor.trash.pending == 0)
+    world.executor.remove_runs(3)  # a task that never started: nothing to delete
+    assert world.executor.trash.pending == 0
 
 
 def test_kill_reaches_an_adopted_task(world):

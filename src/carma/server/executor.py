@@ -24,7 +24,6 @@ import math
 import os
 import pwd
 import secrets
-import shutil
 import signal
 import stat
 import subprocess
@@ -53,6 +52,7 @@ from carma.server.shim import (
     write_json_atomically,
 )
 from carma.server.spec import JobSpec
+from carma.server.trash import Trash
 from carma.units import inflect, pluralize
 from carma.userfiles import MACHINE_FAULTS, UnsafeFile, hand_to_owner, open_for_append, open_for_reading, owners_of
 
@@ -122,6 +122,7 @@ class ProcessExecutor:
         self._runs: dict[TaskId, _Run] = {}
         self._failed: list[TaskExit] = []  # launches that never got a process, reported at the next poll
         self._pending: dict[TaskId, tuple[Task, Launch, float]] = {}  # launches the machine refused, till when
+        self.trash = Trash(self.home / "tasks")
 
     # --- the Executor protocol -------------------------------------------------------------------------
 
@@ -230,13 +231,8 @@ class ProcessExecutor:
         return self.home / "tasks" / str(task_id) / str(attempt)
 
     def remove_runs(self, task_id: TaskId) -> None:
-        """Delete an ended task's run dirs (its logs), when the daemon forgets the task."""
-        try:
-            shutil.rmtree(self.home / "tasks" / str(task_id))
-        except FileNotFoundError:
-            pass  # it never started
-        except (OSError, RecursionError) as e:  # a tree deeper than the interpreter's stack, left by the task
-            log.warning("could not delete the logs of forgotten task %d: %s", task_id, e)
+        """Delete an ended task's run dirs (its logs), when the daemon forgets the task: in the background."""
+        self.trash.throw(str(task_id), f"the logs of forgotten task {task_id}")
 
     def log_path(self, task_id: TaskId, attempt: int, stream: Stream) -> Path:
         return self.run_dir(task_id, attempt) / {"stdout": STDOUT_FILE, "stderr": STDERR_FILE}[stream]
