@@ -30,6 +30,7 @@ ADMIN_TOKEN = "admin-token-0123456789"
 SOFT, HARD = 64, 256  # the daemon's descriptor limits: it raises the soft one to the hard one
 IDLE_S = 1.0
 PER_USER = 4
+PER_ADDRESS = 8
 # a daemon started under the low limits above (as systemd starts one, with 1,024 and 524,288)
 LAUNCHER = (
     sys.executable,
@@ -49,7 +50,10 @@ def served() -> Iterator[tuple[Server, int]]:
     home.chmod(0o711)  # its socket is reached by another user's connections (as root)
     (home / "tokens").write_text(f"{ADMIN_TOKEN} ops 0 admin\n")
     (home / "tokens").chmod(0o600)
-    (home / "carma.toml").write_text(f"[server]\nmax_user_connections = {PER_USER}\nidle_timeout_s = {IDLE_S}\n")
+    (home / "carma.toml").write_text(
+        f"[server]\nmax_user_connections = {PER_USER}\nmax_address_connections = {PER_ADDRESS}\n"
+        f"idle_timeout_s = {IDLE_S}\n"
+    )
     port = free_port()
     starter = server_starter()
     start = next(starter)
@@ -203,19 +207,20 @@ def test_the_daemon_raises_its_descriptor_limit_and_caps_connections_to_half_of_
     log = (server.home / "test-server.log").read_text()
     assert (
         f"open descriptors: at most {HARD} (raised from {SOFT}); connections: at most {HARD // 4} per listener "
-        f"(half the descriptors; [server] max_connections is more), {PER_USER} per user on the unix socket, each "
-        f"closed after {IDLE_S:g}s without a request"
+        f"(half the descriptors; [server] max_connections is more), {PER_USER} per user on the unix socket, "
+        f"{PER_ADDRESS} per address on TCP, each closed after {IDLE_S:g}s without a request"
     ) in log
 
 
 def test_an_idle_connection_flood_leaves_the_daemon_answering(served):  # type: ignore[no-untyped-def]
     """1,500 idle connections without a token exhausted the daemon's 1,024 descriptors, and the scheduling
-    loop stopped the server (`Too many open files: '/proc'`). Here 400 against a limit of 256."""
+    loop stopped the server (`Too many open files: '/proc'`). Here 400 against a limit of 256, from 50
+    addresses (loopback's), each within its own cap."""
     server, port = served
     flood = []
-    for _ in range(400):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        flood.append(sock)
+    for address in range(50):
+        for _ in range(PER_ADDRESS):
+            flood.append(_connect(port, f"127.0.1.{address + 1}"))
     try:
         assert _descriptors(server.proc.pid) < HARD
         assert server.client.status()["draining"] is False  # the unix socket answers an admin at once
@@ -236,6 +241,30 @@ def test_an_idle_connection_flood_leaves_the_daemon_answering(served):  # type: 
     wait_until(lambda: _request(port, "GET", "/v1/status").status == 200, 10, "TCP to answer again")
     task = server.submit("true")
     assert server.wait_state(task, "completed", timeout=60)["state"] == "completed"  # the loop runs on
+
+
+def _connect(port: int, source: str) -> socket.socket:
+    """A connection to the server's TCP port from `source` (any 127.x.y.z address is this machine's)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+
+
+def test_one_address_cannot_take_the_tcp_listener_from_the_others(served):  # type: ignore[no-untyped-def]
+    """256 connections from one address held the TCP listener, each for its idle timeout, from everyone else."""
+    _, port = served
+    held = [_connect(port, "127.0.2.1") for _ in range(PER_ADDRESS + 3)]
+    try:
+        for sock in held:
+            sock.settimeout(IDLE_S + 5)
+        answers = [_answer(sock) for sock in held]  # the refused at once, the others cut idle without one
+        refused = [answer for answer in answers if answer.startswith(b"HTTP/1.1 503 ")]
+        assert len(refused) == 3
+        assert json.loads(refused[0].partition(b"\r\n\r\n")[2]) == {
+            "detail": f"your address (127.0.2.1) has {PER_ADDRESS} connections open to the carma server: close some, "
+            "then retry"
+        }
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def test_a_connection_sending_its_request_a_byte_at_a_time_is_cut(served):  # type: ignore[no-untyped-def]
@@ -300,6 +329,7 @@ def test_one_user_cannot_take_the_unix_socket_from_the_others(served):  # type: 
     [
         ({"max_connections": 0}, "max_connections must be at least 1, not 0"),
         ({"max_user_connections": -1}, "max_user_connections must be at least 1, not -1"),
+        ({"max_address_connections": 0}, "max_address_connections must be at least 1, not 0"),
         ({"idle_timeout_s": 0}, "idle_timeout_s must be positive, not 0"),
         ({"idle_timeout_s": "10"}, "idle_timeout_s must be a number, not '10'"),
     ],

@@ -27,6 +27,7 @@ captures = 1
 keep_ended_days = 0
 max_connections = 256
 max_user_connections = 32
+max_address_connections = 32
 idle_timeout_s = 10
 
 [mig]
@@ -95,6 +96,8 @@ class ServerConfig:
     keep_ended_days: float = 0.0
     max_connections: int = 256
     max_user_connections: int = 32
+    # behind a reverse proxy every client has the proxy's address: raise it to the proxy's connections
+    max_address_connections: int = 32
     idle_timeout_s: float = 10.0
     # tasks not ended (waiting or running) one user may have: each holds its spec (up to ~2 MB of environment)
     # in the daemon's memory and its database
@@ -103,7 +106,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.keep_ended_days < 0:
             raise ValueError(f"keep_ended_days must be 0 (keep every task) or more, not {self.keep_ended_days}")
-        for key in ("max_connections", "max_user_connections", "max_user_tasks"):
+        for key in ("max_connections", "max_user_connections", "max_address_connections", "max_user_tasks"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
         if self.idle_timeout_s <= 0:

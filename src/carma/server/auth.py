@@ -71,6 +71,7 @@ class ConnectionLimits:
 
     per_listener: int = 256
     per_user: int = 32  # on the unix socket, per peer uid: one user cannot take all of it from the others
+    per_address: int = 32  # on TCP, per client address: the same, for whoever reaches the port
     idle_s: float = 10.0  # to send a whole request head, from connecting or from the last answer
 
 
@@ -83,16 +84,17 @@ def _refusal(detail: str) -> bytes:
 
 class PeerCredProtocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol, adding the unix-socket peer's (pid, uid, gid) to each request scope,
-    refusing a connection over its listener's cap (or its user's, on the unix socket; root and the daemon's
-    user, who may need to get in during a flood, have none) and closing one that sends no whole request
-    head within `idle_s` (uvicorn closes a keep-alive connection after a silence only, which a byte now
-    and then defeats, and one that never sent a request never)."""
+    refusing a connection over its listener's cap (or its user's, on the unix socket: root and the daemon's
+    user, who may need to get in during a flood, have none; or its address's, on TCP) and closing one that
+    sends no whole request head within `idle_s` (uvicorn closes a keep-alive connection after a silence only,
+    which a byte now and then defeats, and one that never sent a request never)."""
 
     def __init__(self, *args, limits: ConnectionLimits, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.limits = limits
         self.listener = ""
         self.peer_uid: int | None = None
+        self.peer_address: str | None = None
         self._idle: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
@@ -104,6 +106,8 @@ class PeerCredProtocol(H11Protocol):
             size = struct.calcsize("3i")
             peer = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, size))
             self.listener, self.peer_uid = "unix", peer[1]
+        elif isinstance(address := transport.get_extra_info("peername"), tuple) and address:
+            self.peer_address = str(address[0])  # (host, port) for IPv4, with flow and scope for IPv6
         if over := self._over_cap():
             transport.write(_refusal(over))
             transport.close()  # after the answer is written; nothing more is read
@@ -126,6 +130,12 @@ class PeerCredProtocol(H11Protocol):
             return f"the carma server has {self.limits.per_listener} connections open on this listener: retry later"
         if self.peer_uid is not None and sum(c.peer_uid == self.peer_uid for c in mine) > self.limits.per_user:
             return f"you have {self.limits.per_user} connections open to the carma server: close some, then retry"
+        address = self.peer_address
+        if address is not None and sum(c.peer_address == address for c in mine) > self.limits.per_address:
+            return (
+                f"your address ({address}) has {self.limits.per_address} connections open to the carma server: "
+                "close some, then retry"
+            )
         return None
 
     def _arm_idle(self) -> None:

@@ -197,7 +197,9 @@ def connection_limits(settings: ServerConfig, listeners: int, descriptors: int) 
     """The [server] settings' caps, lowered so that connections take at most half the descriptors: the rest
     are the daemon's (its database, the tasks' logs and processes, /proc)."""
     per_listener = max(1, min(settings.max_connections, descriptors // 2 // listeners))
-    return ConnectionLimits(per_listener, settings.max_user_connections, settings.idle_timeout_s)
+    return ConnectionLimits(
+        per_listener, settings.max_user_connections, settings.max_address_connections, settings.idle_timeout_s
+    )
 
 
 async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens, settings: ServerConfig) -> None:
@@ -206,12 +208,13 @@ async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens, se
     lowered = limits.per_listener < settings.max_connections
     logging.getLogger("carma").info(
         "open descriptors: at most %d%s; connections: at most %d per listener%s, %d per user on the unix socket, "
-        "each closed after %gs without a request",
+        "%d per address on TCP, each closed after %gs without a request",
         descriptors,
         f" (raised from {before})" if descriptors > before else "",
         limits.per_listener,
         " (half the descriptors; [server] max_connections is more)" if lowered else "",
         limits.per_user,
+        limits.per_address,
         limits.idle_s,
     )
     config = uvicorn.Config(
