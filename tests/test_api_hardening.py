@@ -4,6 +4,7 @@ per listener and per user and cut when idle, the descriptor limit is raised, and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -15,6 +16,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -338,3 +340,25 @@ def test_connection_settings_out_of_range_are_refused_in_one_line(settings, mess
     with pytest.raises(ConfigError) as refused:
         parse_config({"server": settings}, "carma.toml")
     assert str(refused.value) == f"carma.toml [server]: {message}"
+
+
+def test_a_working_directory_whose_check_hangs_refuses_its_submission_not_the_daemon(monkeypatch):  # type: ignore[no-untyped-def]
+    """The check is a stat as root: on a hung NFS home it never returned, and on the event loop it stopped the
+    daemon. It runs on a thread of its own: past the timeout the submission is refused, and while the stuck
+    checks hold every slot, the next ones are refused at once; a check that returns frees its slot."""
+    from carma.server import workdirs
+
+    hung = threading.Event()
+    stat = workdirs.problem
+    monkeypatch.setattr(workdirs, "problem", lambda path: hung.wait(10) and stat(path) if "nfs" in path else stat(path))
+    checks = workdirs.WorkdirChecks(timeout_s=0.2, slots=1)
+
+    def check(path: str) -> str | None:
+        return asyncio.run(checks.problem(path))
+
+    assert check("/home/nfs/bob") == "cannot be checked (no answer within 0.2 s: a hung network file system?)"
+    assert check("/tmp") == workdirs.STUCK  # the one slot is held by the stuck stat
+    assert check("relative") == "is not an absolute path"  # no file system asked
+    hung.set()
+    wait_until(lambda: check("/tmp") is None)  # the stat returned: its slot is free
+    assert check("/no/such/dir") == "does not exist"

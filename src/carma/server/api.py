@@ -33,6 +33,7 @@ from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
 from carma.server.views import as_seen_by_others, gpu_views, source_only, status_view, task_summary, task_view
+from carma.server.workdirs import WorkdirChecks
 from carma.units import DURATION_PATTERN, MAX_DURATION_S, parse_mib, parse_seconds
 
 LOG_CHUNK = 1 << 20
@@ -204,6 +205,7 @@ def create_app(daemon: Daemon, tokens: Tokens, max_user_tasks: int = ServerConfi
     )
 
     app.add_middleware(AuthFirst, tokens=tokens, public=is_public)
+    workdir_checks = WorkdirChecks()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -334,12 +336,14 @@ def create_app(daemon: Daemon, tokens: Tokens, max_user_tasks: int = ServerConfi
                     f"{who.user} has {mine} tasks not ended, the most this server takes from one user ([server] "
                     "max_user_tasks): submit more as they end",
                 )
+        if problem := await workdir_checks.problem(job.workdir):
+            raise HTTPException(422, f"working directory {job.workdir!r} {problem}")
         try:
             if dry_run:
-                daemon.check(job)
+                daemon.check(job, workdir_checked=True)
                 response.status_code = 200
                 return {"dry_run": True, "name": name, "draining": daemon.draining}
-            task = daemon.submit(job, default_estimate=request.estimate != NO_ESTIMATE)
+            task = daemon.submit(job, default_estimate=request.estimate != NO_ESTIMATE, workdir_checked=True)
         except SpecError as e:
             raise HTTPException(422, str(e)) from None
         return task_view(daemon, task)

@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 from carma.config import EstimateConfig
 from carma.core.config import SchedulerConfig
@@ -32,6 +31,7 @@ from carma.core.mig.control import MigControl
 from carma.core.mig.scheduling import MigConfig, mig_scheduler
 from carma.core.scheduler import Scheduler, SpecError
 from carma.core.types import ACTIVE_STATES, Launch, NeedKind, TargetId, Task, TaskId, TaskState
+from carma.server import workdirs
 from carma.server.adapters import BackendTelemetry, Journal, RunRecorder
 from carma.server.archive import SampleArchive
 from carma.server.estimates import Estimates, device_for
@@ -446,11 +446,11 @@ class Daemon:
 
     # ----------------------------------------------------------------- requests
 
-    def submit(self, job: JobSpec, default_estimate: bool = True) -> Task:
+    def submit(self, job: JobSpec, default_estimate: bool = True, workdir_checked: bool = False) -> Task:
         """Validate, persist, then queue a job (raises SpecError or ValueError on a spec it cannot run, and
         StoreUnavailable when it cannot be recorded now). A job with neither a need nor an estimator gets the
         server's default estimator, unless `default_estimate` is off (`--estimate none`)."""
-        self.check(job)
+        self.check(job, workdir_checked)
         default = self.estimates.config.default
         if default_estimate and job.mem_mib is None and job.estimator is None and default != "none":
             job = replace(job, estimator=default)  # recovery only is the fallback
@@ -462,21 +462,15 @@ class Daemon:
         self.estimates.request(task_id, job)
         return task
 
-    def check(self, job: JobSpec) -> None:
-        """Raise SpecError for a job this server could never run, keeping nothing (a dry run's whole answer)."""
+    def check(self, job: JobSpec, workdir_checked: bool = False) -> None:
+        """Raise SpecError for a job this server could never run, keeping nothing (a dry run's whole answer).
+        `workdir_checked`: its working directory was, off the event loop (`carma.server.workdirs`)."""
         self.scheduler.check(job.task_spec())
         _check_declared(job, self.scheduler.capacity_mib(job.gpus))
         if job.mps_threads is not None and self.mps is None:  # it was taken, and went nowhere
             raise SpecError("an MPS thread percentage applies to a server started with --mps, and this one was not")
-        workdir = Path(job.workdir)
-        if not workdir.is_absolute():
-            raise SpecError(f"working directory {job.workdir!r} is not an absolute path")
-        try:
-            what = None if workdir.is_dir() else "is not a directory" if workdir.exists() else "does not exist"
-        except OSError as e:  # a name too long, a directory the daemon may not search: was an HTTP 500
-            what = f"cannot be checked ({e.strerror})"
-        if what:
-            raise SpecError(f"working directory {job.workdir!r} {what}")
+        if not workdir_checked and (problem := workdirs.problem(job.workdir)):
+            raise SpecError(f"working directory {job.workdir!r} {problem}")
 
     def no_task(self, task_id: TaskId) -> str:
         """Why there is no task with that id: it never was, or it ended and the retention forgot it."""
