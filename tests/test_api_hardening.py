@@ -362,3 +362,14 @@ def test_a_working_directory_whose_check_hangs_refuses_its_submission_not_the_da
     hung.set()
     wait_until(lambda: check("/tmp") is None)  # the stat returned: its slot is free
     assert check("/no/such/dir") == "does not exist"
+
+
+def test_tcp_clients_are_counted_by_their_address_or_their_ipv6_64():  # type: ignore[no-untyped-def]
+    """An IPv6 client holds a /64 (2^64 addresses of its own): counted by address, it had no cap at all."""
+    from carma.server.auth import client_address
+
+    assert client_address("192.0.2.7") == "192.0.2.7"
+    assert client_address("::ffff:192.0.2.7") == "192.0.2.7"  # an IPv4 client on a dual-stack listener
+    assert client_address("2001:db8:1:2:aaaa::1") == client_address("2001:db8:1:2::ffff") == "2001:db8:1:2::/64"
+    assert client_address("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+    assert client_address("fe80::1%eth0") == "fe80::/64"

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -553,31 +554,55 @@ def test_the_fingerprint_follows_the_python_the_task_would_run(tmp_path, workdir
     assert old == key(job(workdir, env={"PATH": f"{tmp_path / 'old'}:{tmp_path / 'new'}"}), "xmem", "a100-40gb")
 
 
-def test_a_task_waits_while_its_jobs_files_are_read_and_a_read_that_fails_fails_the_estimate(
+def test_a_task_waits_while_its_jobs_files_are_read_and_one_users_hung_read_holds_no_other(
     tmp_path, workdir, monkeypatch
 ):
-    """The files are read off the scheduling loop (as the task's owner under a root daemon): the task says so
-    while it waits, and a read that cannot end (a hung network home) leaves it recovery only, saying why."""
-    reading, failing = threading.Event(), threading.Event()
+    """The files are read off the scheduling loop, in a child (as the task's owner under a root daemon): the
+    task says so while it waits; a user whose reads hang (a network home gone) holds up no other user's, and
+    their estimates fail, saying why, when the daemon stops, which kills the child."""
+    reads: list[list[int]] = []
 
-    def read(spec: JobSpec) -> jobfiles.JobFiles:
-        reading.wait(10)
-        if failing.is_set():
-            raise EstimateError("reading the job's files as bob took over 30 s")
-        return jobfiles.JobFiles(None, "digest")
+    def read_in_child(jobs, groups, timeout_s=30.0, stopped=lambda: False):  # type: ignore[no-untyped-def]
+        reads.append([spec.uid for spec in jobs])
+        if jobs[0].uid == 4242:  # bob's home hangs
+            while not stopped():
+                time.sleep(0.01)
+            raise EstimateError("the daemon stopped")
+        if jobs[0].uid == 77:  # carol's folder holds a file the reader trips on
+            return ["UnicodeEncodeError: 'utf-8' codec can't encode character"]
+        return [jobfiles.JobFiles(sys.executable, f"digest of {spec.argv}") for spec in jobs]
 
-    monkeypatch.setattr(jobfiles, "read", read)
-    spec, store, runner = job(workdir), Store(tmp_path / "carma.db"), Runner()
-    estimates = service(store, queued(store, spec), runner)
-    estimates.request(1, spec)
-    task = Task(1, TaskSpec("train"), 0.0)
-    assert estimates.need(task) is None and estimates.progress(1) == "reading its files"
-    failing.set()
-    reading.set()
-    need = wait_until(lambda: estimates.need(task))
-    assert need.source == "xmem failed: reading the job's files as bob took over 30 s" and runner.calls == []
-    assert estimates.progress(1) is None
+    monkeypatch.setattr(jobfiles, "read_in_child", read_in_child)
+    bob, alice, carol = (job(workdir, uid=uid) for uid in (4242, 1000, 77))
+    store, runner = Store(tmp_path / "carma.db"), Runner()
+    runner.release.set()
+    estimates = service(store, queued(store, bob, bob, alice, carol), runner)
+    for task_id, spec in ((1, bob), (2, bob), (3, alice), (4, carol)):
+        estimates.request(task_id, spec)
+    tasks = {task_id: Task(task_id, TaskSpec("train"), 0.0) for task_id in (1, 2, 3, 4)}
+    assert wait_until(lambda: estimates.need(tasks[3])).mib == 3000  # alice's, past bob's hung read
+    assert estimates.need(tasks[1]) is None and estimates.progress(1) == estimates.progress(2) == "reading its files"
+    need = wait_until(lambda: estimates.need(tasks[4]))
+    assert (
+        need.source
+        == "xmem failed: its files could not be read (UnicodeEncodeError: 'utf-8' codec can't encode character)"
+    )
+    assert estimates.settled(4) == need and len(runner.calls) == 1
+    assert sorted(owner for owner, *_ in reads) == [77, 1000, 4242]  # one of bob's reads at a time
     estimates.close()
+    wait_until(lambda: not any(t.name.startswith("carma-jobfiles") for t in threading.enumerate()))
+    assert estimates.need(tasks[1]).source == "xmem failed: the daemon stopped"
+
+
+def test_a_jobs_files_are_read_in_a_child_each_jobs_apart(tmp_path, workdir):
+    """A file name that is not UTF-8 (Latin-1 bytes) failed the whole read; one job's failure is its own."""
+    (workdir / os.fsdecode(b"caf\xe9.py")).write_text("print('named in Latin-1')\n")
+    spec, no_command = job(workdir), JobSpec("empty", (), str(workdir))
+    files, failed = jobfiles.read_in_child([spec, no_command])
+    assert files == jobfiles.read(spec) and files.python == f"{Path(sys.executable).parent}/python"
+    assert failed.startswith("IndexError: ")
+    with pytest.raises(EstimateError, match=r"^reading the job's files took over 0.001 s$"):
+        jobfiles.read_in_child([spec], timeout_s=0.001)  # less than Python takes to start
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root")
@@ -595,21 +620,13 @@ def test_a_root_daemon_reads_a_jobs_files_as_its_owner():
         (shared / "train.py").write_text("#!/usr/bin/python3\nprint('training')\n")
         (shared / "train.py").chmod(0o755)
         own = dataclasses.replace(spec, argv=("./train.py",), workdir=str(shared))
-        as_root, (as_nobody, own_files) = jobfiles.read(spec), jobfiles.read_as([spec, own], [])  # in one child
+        as_root, (as_nobody, own_files) = jobfiles.read(spec), jobfiles.read_in_child([spec, own], [])  # one child
         assert as_root.python == "/usr/bin/python3" and as_nobody.python is None
         assert own_files == jobfiles.read(own)  # what nobody may read is read alike
         (closed / "secret.py").write_text("#!/usr/bin/python3\nKEY = 2\n")
-        assert jobfiles.read(spec) != as_root and jobfiles.read_as([spec], []) == [as_nobody]
+        assert jobfiles.read(spec) != as_root and jobfiles.read_in_child([spec], []) == [as_nobody]
         with pytest.raises(ValueError):  # one child reads one user's jobs
-            jobfiles.read_as([own, dataclasses.replace(own, uid=0, gid=0)], [])
+            jobfiles.read_in_child([own, dataclasses.replace(own, uid=0, gid=0)], [])
     finally:
         shutil.rmtree(closed)
         shutil.rmtree(shared)
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root")
-def test_a_read_as_the_owner_that_takes_too_long_is_stopped_and_said(workdir):
-    spec = JobSpec("train", ("python", "train.py"), str(workdir), uid=0, gid=0, user="root")
-    with pytest.raises(EstimateError, match=r"^reading the job's files as root took over 0.001 s$"):
-        jobfiles.read_as([spec], [], timeout_s=0.001)  # less than Python takes to start
-    assert jobfiles.read_as([spec], []) == [jobfiles.read(spec)]  # with time enough: what the task would find

@@ -13,6 +13,7 @@ peer without a token, or a local user, cannot fill the daemon's memory or its de
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -82,6 +83,20 @@ def _refusal(detail: str) -> bytes:
     return f"{head}\r\nconnection: close\r\n\r\n".encode() + body
 
 
+def client_address(host: str) -> str:
+    """What a TCP client's connections are counted by: its IPv4 address (also when it comes IPv4-mapped), or
+    its IPv6 address's /64, the least a site hands one machine (each of its addresses is the client's own)."""
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])  # less an IPv6 scope
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class PeerCredProtocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol, adding the unix-socket peer's (pid, uid, gid) to each request scope,
     refusing a connection over its listener's cap (or its user's, on the unix socket: root and the daemon's
@@ -107,7 +122,7 @@ class PeerCredProtocol(H11Protocol):
             peer = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, size))
             self.listener, self.peer_uid = "unix", peer[1]
         elif isinstance(address := transport.get_extra_info("peername"), tuple) and address:
-            self.peer_address = str(address[0])  # (host, port) for IPv4, with flow and scope for IPv6
+            self.peer_address = client_address(str(address[0]))
         if over := self._over_cap():
             transport.write(_refusal(over))
             transport.close()  # after the answer is written; nothing more is read

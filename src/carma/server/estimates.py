@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 
 from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
@@ -41,8 +42,8 @@ from carma.server.store import Store
 from carma.units import pluralize
 
 MIB = 1 << 20
-READERS = 2  # threads reading jobs' files (`carma.server.jobfiles`), apart from the captures' workers
-READ_AT_ONCE = 100  # the most jobs of one user a reader reads in one child
+READERS = 4  # threads reading jobs' files (`carma.server.jobfiles`), apart from the captures' workers
+READ_AT_ONCE = 10  # the most jobs of one user read in one child (its timeout is for them all)
 # The variables of a login session, a terminal or a batch job, which differ from shell to shell (some from
 # command to command) and which no training job reads for its settings: left out of the fingerprint. Names
 # are matched whole, or by prefixes that only these tools use (a job's own HISTORY_LEN or WINDOW counts).
@@ -139,7 +140,10 @@ class Estimates:
         self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="carma-jobfiles")
         self._reading: dict[TaskId, Future[JobFiles]] = {}
         self._unread: list[tuple[JobSpec, Future[JobFiles]]] = []  # what the readers have still to take up
+        self._owners_read: set[tuple[int, int]] = set()  # one reader per user: a user's hung read holds no other's
         self._unread_lock = threading.Lock()
+        self._closed = False
+        self._unreadable: dict[TaskId, MemoryNeed] = {}  # tasks whose job's files could not be read
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, _Capture] = {}
         self._done: dict[str, MemoryNeed] = {}
@@ -160,6 +164,7 @@ class Estimates:
         if method is None:
             return
         self._fingerprints.pop(task_id, None)
+        self._unreadable.pop(task_id, None)
         future = self._reading[task_id] = Future()
         with self._unread_lock:
             self._unread.append((job, future))
@@ -180,10 +185,10 @@ class Estimates:
         except Exception as e:
             log.error("reading the files of task %d crashed", task_id, exc_info=e)
             files, why = None, f"{type(e).__name__}: {e}"
-        key = self._fingerprints[task_id] = fingerprint(job, method, self._device_identity(), files)
-        if files is None:
-            self._done[key] = self._failed(f"task {task_id} ({job.name})", job, why)
+        if files is None:  # kept with the task, not as the job's estimate: another read may succeed
+            self._unreadable[task_id] = self._failed(f"task {task_id} ({job.name})", job, why)
             return True
+        key = self._fingerprints[task_id] = fingerprint(job, method, self._device_identity(), files)
         self._store.link_estimate(task_id, key)
         if key in self._running:
             self._running[key].waiters.add(task_id)
@@ -209,6 +214,8 @@ class Estimates:
             return self._history(job)
         if task.id in self._reading and not self._keyed(task.id):
             return None
+        if task.id in self._unreadable:
+            return self._unreadable[task.id]
         key = self._fingerprints.get(task.id)
         # Asked again when a placement dropped at a restart put the task back in the queue, or the estimate
         # it waited for was dropped with the cancelled tasks that asked for it first
@@ -241,7 +248,7 @@ class Estimates:
         """The need a finished estimate gave the task's job, without asking for one (for the task lists:
         cheap, no store read); None while the estimate is under way or not yet taken up by the scheduler."""
         key = self._fingerprints.get(task_id)
-        return None if key is None else self._done.get(key)
+        return self._unreadable.get(task_id) if key is None else self._done.get(key)
 
     def progress(self, task_id: TaskId) -> str | None:
         """Where the estimate a task waits for stands, for its waiting reason: how long its capture has run,
@@ -272,6 +279,7 @@ class Estimates:
         reading = self._reading.pop(task_id, None)
         if reading is not None:
             reading.cancel()  # or, when already under way, read for nothing
+        self._unreadable.pop(task_id, None)
         key = self._fingerprints.pop(task_id, None)
         if key is None or (capture := self._running.get(key)) is None:
             return
@@ -290,6 +298,7 @@ class Estimates:
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
+        self._closed = True  # reads under way kill their child (`jobfiles.read_in_child`'s stopped)
         self._readers.shutdown(wait=False, cancel_futures=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for capture in list(self._running.values()):
@@ -298,25 +307,41 @@ class Estimates:
     # ----------------------------------------------------------------- in the worker threads
 
     def _read_unread(self) -> None:
-        """Read the files of the jobs asked for and not yet taken up, as their owners find them: a root daemon
-        reads one user's at a time, in a child running as that user (`carma.server.jobfiles`)."""
+        """Read the files of jobs asked for and not yet taken up, as their owners find them, in a child process
+        (as that user under a root daemon: `carma.server.jobfiles`): up to `READ_AT_ONCE` of one user's jobs
+        whose files no other reader is reading, so that one user's hung reads hold up no other user's."""
         with self._unread_lock:
-            taken, self._unread = self._unread[:READ_AT_ONCE], self._unread[READ_AT_ONCE:]
-        owners: dict[tuple[int, int], list[tuple[JobSpec, Future[JobFiles]]]] = {}
-        for job, future in taken:
-            if future.set_running_or_notify_cancel():  # not dropped meanwhile
-                owners.setdefault((job.uid, job.gid), []).append((job, future))
-        for jobs in owners.values():
-            try:
-                if self._run_as_owner:
-                    found = jobfiles.read_as([job for job, _ in jobs], groups_of(jobs[0][0]))
-                else:
-                    found = [jobfiles.read(job) for job, _ in jobs]
-            except Exception as e:  # EstimateError, or a reader's bug: those estimates fail, the daemon goes on
-                for _, future in jobs:
-                    future.set_exception(e)
-                continue
-            for (_, future), files in zip(jobs, found, strict=True):
+            owner = next((o for o in map(_owner, (job for job, _ in self._unread)) if o not in self._owners_read), None)
+            if owner is None or self._closed:
+                return
+            taken = [entry for entry in self._unread if _owner(entry[0]) == owner][:READ_AT_ONCE]
+            self._unread = [entry for entry in self._unread if entry not in taken]
+            self._owners_read.add(owner)
+        try:
+            self._read(taken)
+        finally:
+            with self._unread_lock:
+                self._owners_read.discard(owner)
+                more = bool(self._unread) and not self._closed
+            if more:  # of this user's, waiting while these were read
+                with suppress(RuntimeError):  # closed meanwhile
+                    self._readers.submit(self._read_unread)
+
+    def _read(self, taken: list[tuple[JobSpec, Future[JobFiles]]]) -> None:
+        jobs = [(job, future) for job, future in taken if future.set_running_or_notify_cancel()]  # not dropped
+        if not jobs:
+            return
+        groups = groups_of(jobs[0][0]) if self._run_as_owner else None
+        try:
+            found = jobfiles.read_in_child([job for job, _ in jobs], groups, stopped=lambda: self._closed)
+        except Exception as e:  # EstimateError, or a reader's bug: those estimates fail, the daemon goes on
+            for _, future in jobs:
+                future.set_exception(e)
+            return
+        for (_, future), files in zip(jobs, found, strict=True):
+            if isinstance(files, str):
+                future.set_exception(EstimateError(f"its files could not be read ({files})"))
+            else:
                 future.set_result(files)
 
     def _estimate(self, capture: _Capture, job: JobSpec, method: str, python: str | None) -> Estimate:
@@ -421,6 +446,10 @@ def _need(estimate: Estimate, multi_gpu: bool = False) -> MemoryNeed:
     """The need an estimate gives; a capture's of a job on several GPUs is partial (it leaves out their
     communication: NCCL's buffers, DataParallel's reduction), so the task holds its margin with it."""
     return estimated(estimate.method, _mib(estimate), partial=multi_gpu)
+
+
+def _owner(job: JobSpec) -> tuple[int, int]:
+    return job.uid, job.gid
 
 
 def _mib(estimate: Estimate) -> int:

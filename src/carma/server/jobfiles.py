@@ -2,9 +2,9 @@
 
 A root daemon that read them itself would tell a user what they may not read (the first word of a closed
 file's `#!` line, whether a closed file changed), and a file that blocks its reader (a FUSE mount, a hung
-NFS home) would block the daemon. So a root daemon reads them in a child process running as the task's
-owner, with a timeout; a daemon running as a user reads them in a worker thread. Either way only a digest
-and the interpreter come back: the estimate cache's key is made by the caller, with the user in it, so
+NFS home) would block the daemon. So they are read in a child process, running as the task's owner under
+a root daemon, killed after a timeout or when the daemon stops. Only a digest and the interpreter come
+back: the estimate cache's key is made by the caller, with the user in it, so
 whatever a user makes their own child answer can only shape their own jobs' estimates.
 
 Run as `python -I -m carma.server.jobfiles` it reads one user's jobs (JSON on stdin) and writes their
@@ -21,7 +21,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from pathlib import Path
 from carma.estimate.base import EstimateError
 from carma.estimate.script import interpreter, parse_argv
 from carma.server.spec import JobSpec
+from carma.units import cut
 from carma.userfiles import open_for_reading
 
 SCRIPT_BYTES = 16 << 20  # how much of the script file goes into the digest
@@ -38,8 +40,10 @@ SCANNED = 20_000  # the most folder entries looked at for one job
 SKIPPED = {"__pycache__", "node_modules", "site-packages", "build", "dist"}  # folders of no training code
 NAMED_FILES = 64  # how many of a command's arguments are looked at as files it may read its settings from
 SETTINGS_SUFFIXES = {".yaml", ".yml", ".json", ".toml", ".cfg", ".ini", ".conf", ".py"}  # not logs or checkpoints
-TIMEOUT_S = 30.0  # for the owner's child: a file that blocks its reader fails the estimate, not the daemon
-ANSWER_BYTES = 64 << 10  # the most of the child's answer read
+TIMEOUT_S = 30.0  # for the child: a file that blocks its reader fails the estimates, not the daemon
+STOP_POLL_S = 0.5  # how often a read under way asks whether the daemon is stopping
+ANSWER_BYTES = 64 << 10  # the most of the child's answer read, per job
+REASON_CHARS = 300  # the most of a failure's reason kept
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,21 @@ def read(job: JobSpec) -> JobFiles:
     return JobFiles(python, digest.hexdigest())
 
 
-def read_as(jobs: Sequence[JobSpec], extra_groups: Sequence[int], timeout_s: float = TIMEOUT_S) -> list[JobFiles]:
-    """Read the files of one owner's jobs in a child process running as that user (the first job's uid and gid,
-    and `extra_groups`), as their tasks would find them; EstimateError when the child could not tell (it could
-    not start, timed out)."""
+def read_in_child(
+    jobs: Sequence[JobSpec],
+    extra_groups: Sequence[int] | None = None,
+    timeout_s: float = TIMEOUT_S,
+    stopped: Callable[[], bool] = lambda: False,
+) -> list[JobFiles | str]:
+    """Read the files of one owner's jobs in a child process, as that user when `extra_groups` is given (the
+    jobs' uid and gid, and those groups: a root daemon's reads), as their tasks would find them. Each job's
+    `JobFiles`, or why its files could not be read; EstimateError when the child could not tell for any (it
+    could not start, took over `timeout_s`, or `stopped` said so, which is asked every half second)."""
     job = jobs[0]
     if any((other.uid, other.gid) != (job.uid, job.gid) for other in jobs):
         raise ValueError("the jobs of one owner are read together, never another's")
+    who = job.user or str(job.uid)
+    as_owner = extra_groups is not None
     asked = [{"argv": list(j.argv), "workdir": j.workdir, "shell": j.shell, "path": j.env.get("PATH")} for j in jobs]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
@@ -84,20 +96,14 @@ def read_as(jobs: Sequence[JobSpec], extra_groups: Sequence[int], timeout_s: flo
                 stderr=err,
                 cwd="/",
                 env={"PATH": os.defpath},
-                user=job.uid,
-                group=job.gid,
-                extra_groups=list(extra_groups),
                 start_new_session=True,
+                user=job.uid if as_owner else None,
+                group=job.gid if as_owner else None,
+                extra_groups=extra_groups if as_owner else None,
             )
         except OSError as e:
-            raise EstimateError(f"could not start {sys.executable} as {job.user or job.uid}: {e}") from None
-        try:
-            child.communicate(json.dumps(asked).encode(), timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)  # not yet waited for: its number is still its own
-            with suppress(subprocess.TimeoutExpired):
-                child.wait(timeout_s)
-            raise EstimateError(f"reading the job's files as {job.user or job.uid} took over {timeout_s:g} s") from None
+            raise EstimateError(f"could not start {sys.executable} as {who}: {e}") from None
+        _wait(child, json.dumps(asked).encode(), time.monotonic() + timeout_s, stopped, f"took over {timeout_s:g} s")
         out.seek(0)
         answer = _answer(out.read(ANSWER_BYTES * len(jobs)), len(jobs))
         if answer is None:
@@ -105,24 +111,48 @@ def read_as(jobs: Sequence[JobSpec], extra_groups: Sequence[int], timeout_s: flo
             err.seek(max(0, err.tell() - ANSWER_BYTES))
             lines = err.read().decode(errors="replace").strip().splitlines()
             why = lines[-1] if lines else f"exit status {child.returncode}"
-            raise EstimateError(f"reading the job's files as {job.user or job.uid} failed: {why}")
+            raise EstimateError(f"reading the job's files as {who} failed: {cut(why, REASON_CHARS)}")
     return answer
 
 
-def _answer(text: bytes, jobs: int) -> list[JobFiles] | None:
+def _wait(
+    child: subprocess.Popen[bytes], asked: bytes, deadline: float, stopped: Callable[[], bool], late: str
+) -> None:
+    """Hand the child `asked` and wait for it to end; killed past `deadline` or once `stopped()`."""
+    given: bytes | None = asked
+    while True:
+        try:
+            child.communicate(given, timeout=max(0.0, min(STOP_POLL_S, deadline - time.monotonic())))
+            return
+        except subprocess.TimeoutExpired:
+            given = None  # the rest of it is still handed on: communicate remembers where it was
+            if not stopped() and time.monotonic() < deadline:
+                continue
+            os.killpg(child.pid, signal.SIGKILL)  # not yet waited for: its number is still its own
+            with suppress(subprocess.TimeoutExpired):
+                child.wait(STOP_POLL_S)
+            raise EstimateError("the daemon stopped" if stopped() else f"reading the job's files {late}") from None
+
+
+def _answer(text: bytes, jobs: int) -> list[JobFiles | str] | None:
     """The child's answer for its `jobs`, if it is one (the child runs as the user, who may make it say anything)."""
     try:
         answer = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(answer, list) or len(answer) != jobs:
         return None
-    found = []
+    found: list[JobFiles | str] = []
     for files in answer:
-        python, digest = (files.get("python"), files.get("digest")) if isinstance(files, dict) else (None, None)
-        if not (python is None or isinstance(python, str)) or not isinstance(digest, str):
+        if not isinstance(files, dict):
             return None
-        found.append(JobFiles(python, digest))
+        python, digest, error = files.get("python"), files.get("digest"), files.get("error")
+        if isinstance(error, str):
+            found.append(cut(error, REASON_CHARS))
+        elif (python is None or isinstance(python, str)) and isinstance(digest, str):
+            found.append(JobFiles(python, digest))
+        else:
+            return None
     return found
 
 
@@ -130,7 +160,7 @@ def _stamp(digest: hashlib._Hash, path: Path, name: Path) -> None:
     """Add a file's name, size and time to the digest (a file gone since it was listed adds nothing)."""
     with suppress(OSError):
         stat = path.stat()
-        digest.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode())
+        digest.update(f"{name} {stat.st_size} {stat.st_mtime_ns}".encode(errors="surrogateescape"))
 
 
 def _named_files(job: JobSpec) -> list[Path]:
@@ -195,11 +225,14 @@ def _code_folder(entry: os.DirEntry[str]) -> bool:
 
 
 def _main() -> None:
-    answer = []
+    answer: list[dict[str, object]] = []
     for asked in json.load(sys.stdin):
         env = {} if asked["path"] is None else {"PATH": asked["path"]}
         job = JobSpec("", tuple(asked["argv"]), asked["workdir"], shell=asked["shell"], env=env)
-        answer.append(asdict(read(job)))
+        try:
+            answer.append(asdict(read(job)))
+        except Exception as e:  # this job's files, not the others'
+            answer.append({"error": f"{type(e).__name__}: {e}"})
     json.dump(answer, sys.stdout)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import secrets
 import shutil
 import threading
 from pathlib import Path
@@ -38,7 +39,7 @@ class Trash:
 
     def throw(self, name: str, what: str) -> None:
         """Delete `folder/name` (`what` names it in a warning), if there: renamed aside now, deleted soon."""
-        aside = self.folder / f"{ASIDE}{name}"
+        aside = self.folder / f"{ASIDE}{name}-{secrets.token_hex(4)}"  # never one thrown before and still there
         try:
             os.rename(self.folder / name, aside)
         except FileNotFoundError:
