@@ -860,7 +860,7 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
     )
     (home / "tokens").write_text(tokens)
     (home / "tokens").chmod(0o600)
-    (home / "carma.toml").write_text("[server]\nmax_user_tasks = 2\n")
+    (home / "carma.toml").write_text("[server]\nmax_user_tasks = 2\nmax_user_spec_mib = 1\n")
     port = free_port()
     server = start_server(
         "--fake-gpus", "1xA100-40GB", "--tcp", f"127.0.0.1:{port}", "--config", str(home / "carma.toml"), home=home
@@ -876,6 +876,10 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
     with pytest.raises(ClientError, match=r"alice has 2 tasks not ended, the most this server takes from one user"):
         alice.submit({"command": ["true"], "workdir": "/tmp"})  # each held its spec in memory: a loop filled it
     admin.submit({"command": ["true"], "workdir": "/tmp"})  # admins: no cap
+    large = {f"V{i}": "x" * 120_000 for i in range(5)}  # 600 kB of environment: Linux passes up to 2 MB
+    bob.submit({"command": ["true"], "workdir": "/tmp", "env": large})
+    with pytest.raises(ClientError, match=r"bob's tasks not ended would hold 1.1 MiB of commands and environments"):
+        bob.submit({"command": ["true"], "workdir": "/tmp", "env": large})  # 2 MB each: tens of GB at the task cap
     with pytest.raises(ClientError, match="belongs to alice, not to bob"):
         bob.cancel(task["id"])
     with pytest.raises(ClientError, match="belongs to alice"):

@@ -102,11 +102,14 @@ class ServerConfig:
     # tasks not ended (waiting or running) one user may have: each holds its spec (up to ~2 MB of environment)
     # in the daemon's memory and its database
     max_user_tasks: int = 10_000
+    # and the commands and environments of those tasks, in MiB (a task's environment may be 2 MB)
+    max_user_spec_mib: int = 1024
 
     def __post_init__(self) -> None:
         if self.keep_ended_days < 0:
             raise ValueError(f"keep_ended_days must be 0 (keep every task) or more, not {self.keep_ended_days}")
-        for key in ("max_connections", "max_user_connections", "max_address_connections", "max_user_tasks"):
+        keys = ("max_connections", "max_user_connections", "max_address_connections", "max_user_tasks")
+        for key in (*keys, "max_user_spec_mib"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
         if self.idle_timeout_s <= 0:

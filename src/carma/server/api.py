@@ -62,7 +62,8 @@ ERRORS = {
     409: "the task already ended, or its log cannot be read",
     413: f"a request over {MAX_BODY_BYTES >> 20} MiB",
     422: "an invalid request",
-    429: "the caller has as many tasks not ended as the server takes from one user ([server] max_user_tasks)",
+    429: "the caller's tasks not ended are as many, or their commands and environments as large, as the server "
+    "takes from one user ([server] max_user_tasks, max_user_spec_mib)",
     503: "too many connections open to the server, or its state cannot be written now",
     507: "no space left under the server's state directory: nothing was changed",
 }
@@ -195,8 +196,9 @@ def too_large_as_json(app: ASGIApp) -> ASGIApp:
     return capped
 
 
-def create_app(daemon: Daemon, tokens: Tokens, max_user_tasks: int = ServerConfig.max_user_tasks) -> FastAPI:
-    """The API over `daemon`; `max_user_tasks`: the tasks not ended one user (not an admin) may have."""
+def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = None) -> FastAPI:
+    """The API over `daemon`; `settings`: what one user (not an admin) may hold of it ([server] max_user_*)."""
+    settings = settings or ServerConfig()
     app = FastAPI(
         title="carma",
         version=__version__,
@@ -329,12 +331,21 @@ def create_app(daemon: Daemon, tokens: Tokens, max_user_tasks: int = ServerConfi
             duration_s=duration_s,
         )
         if not who.admin:  # each holds its spec, environment included, in memory and in the database
-            mine = sum(not t.terminal and daemon.jobs[t.id].uid == who.uid for t in daemon.scheduler.tasks)
-            if mine >= max_user_tasks:
+            mine = [daemon.jobs[t.id] for t in daemon.scheduler.tasks if not t.terminal]
+            mine = [other for other in mine if other.uid == who.uid]
+            if len(mine) >= settings.max_user_tasks:
                 raise HTTPException(
                     429,
-                    f"{who.user} has {mine} tasks not ended, the most this server takes from one user ([server] "
+                    f"{who.user} has {len(mine)} tasks not ended, the most this server takes from one user ([server] "
                     "max_user_tasks): submit more as they end",
+                )
+            held = sum(other.size_bytes for other in mine) + job.size_bytes
+            if held > settings.max_user_spec_mib << 20:
+                raise HTTPException(
+                    429,
+                    f"{who.user}'s tasks not ended would hold {held / 2**20:.1f} MiB of commands and environments, "
+                    f"more than this server keeps for one user ({settings.max_user_spec_mib} MiB, [server] "
+                    "max_user_spec_mib): submit more as they end, or with a smaller environment",
                 )
         if problem := await workdir_checks.problem(job.workdir):
             raise HTTPException(422, f"working directory {job.workdir!r} {problem}")

@@ -218,7 +218,7 @@ async def serve(daemon: Daemon, sockets: list[socket.socket], tokens: Tokens, se
         limits.idle_s,
     )
     config = uvicorn.Config(
-        too_large_as_json(create_app(daemon, tokens, settings.max_user_tasks)),
+        too_large_as_json(create_app(daemon, tokens, settings)),
         http=functools.partial(PeerCredProtocol, limits=limits),
         backlog=ACCEPT_BURST,
         lifespan="off",

@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from carma.core.types import TaskSpec
 
@@ -75,6 +76,12 @@ class JobSpec:
     # the run time its submitter expects, not a limit: backfilling and the growth prediction read it before the
     # command's history
     duration_s: float | None = None
+
+    @cached_property
+    def size_bytes(self) -> int:
+        """What its command, working directory and environment hold, as text: what a user's tasks are capped by."""
+        texts = [*self.argv, self.workdir, *self.env.keys(), *self.env.values()]
+        return sum(len(text.encode(errors="surrogatepass")) for text in texts)
 
     def task_spec(self) -> TaskSpec:
         return TaskSpec(self.name, self.gpus, self.mem_mib)
