@@ -373,3 +373,19 @@ def test_tcp_clients_are_counted_by_their_address_or_their_ipv6_64():  # type: i
     assert client_address("2001:db8:1:2:aaaa::1") == client_address("2001:db8:1:2::ffff") == "2001:db8:1:2::/64"
     assert client_address("2001:db8:1:3::1") == "2001:db8:1:3::/64"
     assert client_address("fe80::1%eth0") == "fe80::/64"
+
+
+def test_a_working_directory_check_without_a_thread_to_run_on_is_refused_and_frees_its_slot(monkeypatch):  # type: ignore[no-untyped-def]
+    """At the machine's limit on processes a thread cannot start: the slot it took was never given back, so
+    64 such submissions refused every later one until a restart."""
+    from carma.server import workdirs
+
+    checks = workdirs.WorkdirChecks(slots=1)
+
+    def no_thread(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    assert asyncio.run(checks.problem("/tmp")) == workdirs.STUCK
+    monkeypatch.undo()
+    assert asyncio.run(checks.problem("/tmp")) is None

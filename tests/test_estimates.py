@@ -630,3 +630,18 @@ def test_a_root_daemon_reads_a_jobs_files_as_its_owner():
     finally:
         shutil.rmtree(closed)
         shutil.rmtree(shared)
+
+
+def test_a_read_whose_owners_groups_cannot_be_looked_up_fails_the_estimate(tmp_path, workdir, monkeypatch):
+    """With sssd or LDAP down the groups lookup raised before the read, and the task waited for ever."""
+
+    def no_directory(spec: JobSpec) -> list[int]:
+        raise OSError("getgrouplist: the directory service does not answer")
+
+    monkeypatch.setattr("carma.server.estimates.groups_of", no_directory)
+    spec, store, runner = job(workdir), Store(tmp_path / "carma.db"), Runner()
+    estimates = Estimates(store, queued(store, spec), "a100-40gb", run_as_owner=True, runner=runner)
+    estimates.request(1, spec)
+    need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
+    assert need.source == "xmem failed: OSError: getgrouplist: the directory service does not answer"
+    estimates.close()

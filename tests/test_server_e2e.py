@@ -880,6 +880,20 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
     bob.submit({"command": ["true"], "workdir": "/tmp", "env": large})
     with pytest.raises(ClientError, match=r"bob's tasks not ended would hold 1.1 MiB of commands and environments"):
         bob.submit({"command": ["true"], "workdir": "/tmp", "env": large})  # 2 MB each: tens of GB at the task cap
+    answers: list[str] = []
+
+    def submit() -> None:  # at once: the caps are counted with nothing awaited before the task is taken
+        try:
+            answers.append(str(bob.submit({"command": ["true"], "workdir": "/tmp"})["id"]))
+        except ClientError as e:
+            answers.append(str(e))
+
+    racing = [threading.Thread(target=submit) for _ in range(8)]
+    for thread in racing:
+        thread.start()
+    for thread in racing:
+        thread.join()
+    assert sum(answer.isdigit() for answer in answers) == 1  # bob's second task; the rest over his cap of 2
     with pytest.raises(ClientError, match="belongs to alice, not to bob"):
         bob.cancel(task["id"])
     with pytest.raises(ClientError, match="belongs to alice"):
@@ -903,8 +917,8 @@ def test_users_cancel_and_read_only_their_own_tasks_over_tcp(start_server):  # t
         with pytest.raises(ClientError, match=r"uid 4242 \(x\) has no account on this machine"):
             Client(url=url, token="ghost-token-0123456").submit({"command": ["true"], "workdir": "/tmp"})
     assert alice.cancel(task["id"])["state"] == "cancelled"
-    other = bob.submit({"command": ["true"], "workdir": "/tmp"})
-    assert admin.cancel(other["id"])["state"] == "cancelled"  # admins may cancel anyone's
+    (bobs,) = (int(answer) for answer in answers if answer.isdigit())
+    assert admin.cancel(bobs)["state"] == "cancelled"  # admins may cancel anyone's
     via_cli = server.cli("queue", "--all", env={"CARMA_URL": url, "CARMA_TOKEN": "bob-token-0123456"})
     assert via_cli.returncode == 0 and "alice" in via_cli.stdout
 

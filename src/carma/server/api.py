@@ -330,6 +330,9 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
             estimator=None if request.estimate == NO_ESTIMATE else request.estimate,
             duration_s=duration_s,
         )
+        # awaited before the caps are counted: nothing between them and the submission may let another in
+        if problem := await workdir_checks.problem(job.workdir):
+            raise HTTPException(422, f"working directory {job.workdir!r} {problem}")
         if not who.admin:  # each holds its spec, environment included, in memory and in the database
             mine = [daemon.jobs[t.id] for t in daemon.scheduler.tasks if not t.terminal]
             mine = [other for other in mine if other.uid == who.uid]
@@ -347,8 +350,6 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
                     f"more than this server keeps for one user ({settings.max_user_spec_mib} MiB, [server] "
                     "max_user_spec_mib): submit more as they end, or with a smaller environment",
                 )
-        if problem := await workdir_checks.problem(job.workdir):
-            raise HTTPException(422, f"working directory {job.workdir!r} {problem}")
         try:
             if dry_run:
                 daemon.check(job, workdir_checked=True)

@@ -140,7 +140,7 @@ class Estimates:
         self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="carma-jobfiles")
         self._reading: dict[TaskId, Future[JobFiles]] = {}
         self._unread: list[tuple[JobSpec, Future[JobFiles]]] = []  # what the readers have still to take up
-        self._owners_read: set[tuple[int, int]] = set()  # one reader per user: a user's hung read holds no other's
+        self._owners_read: set[int] = set()  # one reader per user (uid): a user's hung read holds no other's
         self._unread_lock = threading.Lock()
         self._closed = False
         self._unreadable: dict[TaskId, MemoryNeed] = {}  # tasks whose job's files could not be read
@@ -311,11 +311,13 @@ class Estimates:
         (as that user under a root daemon: `carma.server.jobfiles`): up to `READ_AT_ONCE` of one user's jobs
         whose files no other reader is reading, so that one user's hung reads hold up no other user's."""
         with self._unread_lock:
-            owner = next((o for o in map(_owner, (job for job, _ in self._unread)) if o not in self._owners_read), None)
+            owner = next((job.uid for job, _ in self._unread if job.uid not in self._owners_read), None)
             if owner is None or self._closed:
                 return
-            taken = [entry for entry in self._unread if _owner(entry[0]) == owner][:READ_AT_ONCE]
-            self._unread = [entry for entry in self._unread if entry not in taken]
+            gid = next(job.gid for job, _ in self._unread if job.uid == owner)  # one child runs as one uid and gid
+            taken = [entry for entry in self._unread if (entry[0].uid, entry[0].gid) == (owner, gid)][:READ_AT_ONCE]
+            gone = {id(future) for _, future in taken}
+            self._unread = [entry for entry in self._unread if id(entry[1]) not in gone]
             self._owners_read.add(owner)
         try:
             self._read(taken)
@@ -331,8 +333,8 @@ class Estimates:
         jobs = [(job, future) for job, future in taken if future.set_running_or_notify_cancel()]  # not dropped
         if not jobs:
             return
-        groups = groups_of(jobs[0][0]) if self._run_as_owner else None
         try:
+            groups = groups_of(jobs[0][0]) if self._run_as_owner else None  # may fail: sssd or LDAP down
             found = jobfiles.read_in_child([job for job, _ in jobs], groups, stopped=lambda: self._closed)
         except Exception as e:  # EstimateError, or a reader's bug: those estimates fail, the daemon goes on
             for _, future in jobs:
@@ -446,10 +448,6 @@ def _need(estimate: Estimate, multi_gpu: bool = False) -> MemoryNeed:
     """The need an estimate gives; a capture's of a job on several GPUs is partial (it leaves out their
     communication: NCCL's buffers, DataParallel's reduction), so the task holds its margin with it."""
     return estimated(estimate.method, _mib(estimate), partial=multi_gpu)
-
-
-def _owner(job: JobSpec) -> tuple[int, int]:
-    return job.uid, job.gid
 
 
 def _mib(estimate: Estimate) -> int:

@@ -56,7 +56,11 @@ class WorkdirChecks:
             with suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(settle, found)
 
-        threading.Thread(target=check, name="carma-workdir", daemon=True).start()
+        try:
+            threading.Thread(target=check, name="carma-workdir", daemon=True).start()
+        except RuntimeError:  # no thread to be had (the machine's limit on processes)
+            self._slots.release()
+            return STUCK
         try:
             return await asyncio.wait_for(answer, self.timeout_s)
         except TimeoutError:
