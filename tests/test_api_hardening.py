@@ -389,3 +389,17 @@ def test_a_working_directory_check_without_a_thread_to_run_on_is_refused_and_fre
     assert asyncio.run(checks.problem("/tmp")) == workdirs.STUCK
     monkeypatch.undo()
     assert asyncio.run(checks.problem("/tmp")) is None
+
+
+def test_long_programs_and_commands_are_cut_in_names_and_the_history(served):  # type: ignore[no-untyped-def]
+    """A program's 128 KiB file name, the default task name, made each dashboard event 128 MB with 500 such
+    tasks; every ended run's 2 MB command made one `/v1/history` answer gigabytes."""
+    server, _ = served
+    program = f"/nonexist/{'n' * 5000}"
+    named = server.client.submit({"command": [program], "workdir": "/tmp"})
+    assert len(named["name"]) == 200 and named["name"].endswith("…")
+    long = server.client.submit({"command": ["/bin/true", "a" * 100_000, "b"], "workdir": "/tmp"})
+    server.wait_state(long["id"], "completed", timeout=60)
+    (run,) = [r for r in server.client.history() if r["task_id"] == long["id"]]
+    assert run["command"] == ["/bin/true", "a" * 4086 + "…"]  # 4,096 characters of it
+    assert server.client.task(long["id"])["command"] == ["/bin/true", "a" * 100_000, "b"]  # the task keeps it whole

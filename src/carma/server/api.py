@@ -34,9 +34,11 @@ from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
 from carma.server.views import as_seen_by_others, gpu_views, source_only, status_view, task_summary, task_view
 from carma.server.workdirs import WorkdirChecks
-from carma.units import DURATION_PATTERN, MAX_DURATION_S, parse_mib, parse_seconds
+from carma.units import DURATION_PATTERN, MAX_DURATION_S, cut, parse_mib, parse_seconds
 
 LOG_CHUNK = 1 << 20
+NAME_CHARS = 200  # a task's name, given or taken from its program
+HISTORY_COMMAND_CHARS = 4096  # of each run's command in `/v1/history`
 NO_ESTIMATE = "none"  # `estimate`: recovery only, whatever the server's default
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
 MAX_BODY_BYTES = 16 << 20  # a task a process could start is a few MiB of JSON: more is refused before it is read
@@ -86,7 +88,7 @@ class SubmitRequest(BaseModel):
 
     command: list[str] = Field(min_length=1, description="argv; with shell=true, a single shell command line")
     workdir: str = Field(description="absolute working directory")
-    name: str | None = Field(None, max_length=200)
+    name: str | None = Field(None, max_length=NAME_CHARS)
     # strict: a task file's `gpus: true` or `shell: "yes"` is a mistake to report, not a value to coerce
     gpus: StrictInt = Field(1, ge=1)
     mem: StrictStr | StrictInt | None = Field(None, description="GPU memory need, e.g. 8GiB or MiB as a number")
@@ -173,9 +175,25 @@ def _not_text(request: SubmitRequest) -> str | None:
 
 
 def _program_name(command: list[str]) -> str:
-    """A task's default name: the file name of its program (of a shell line's first word); "" for none."""
+    """A task's default name: the file name of its program (of a shell line's first word), cut to a name's
+    length (a 128 KiB program name was every queue listing's and dashboard event's); "" for none."""
     words = command[0].split()
-    return Path(words[0]).name if words else ""
+    return cut(Path(words[0]).name, NAME_CHARS) if words else ""
+
+
+def _history_row(run: dict[str, Any]) -> dict[str, Any]:
+    """An ended attempt as `/v1/history` gives it: its command cut after `HISTORY_COMMAND_CHARS` characters,
+    the last word kept ending in "…" (a command may hold 2 MB, and the answer holds every ended run)."""
+    command, kept, room = run["command"], [], HISTORY_COMMAND_CHARS
+    if sum(map(len, command)) <= room:
+        return run
+    for word in command:
+        if len(word) >= room:
+            kept.append(cut(word, max(room, 2)))
+            break
+        kept.append(word)
+        room -= len(word)
+    return {**run, "command": kept}
 
 
 TOO_LARGE = f"the request is over {MAX_BODY_BYTES >> 20} MiB"
@@ -440,7 +458,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         user's estimate failed (its capture's last error line) is theirs."""
         since = None if hours is None else daemon.clock.now() - hours * 3600
         shown = daemon.scheduler.shown  # as `carma gpus` and `show` name them: a GPU gone, by its id
-        runs = [{**r, "gpus": [shown(g) for g in r["gpus"]]} for r in daemon.store.history(since)]  # type: ignore[attr-defined]
+        runs = [_history_row({**r, "gpus": [shown(g) for g in r["gpus"]]}) for r in daemon.store.history(since)]  # type: ignore[attr-defined]
         if who.admin:
             return runs
         return [r if r["user"] == who.user else {**r, "need_source": source_only(r["need_source"])} for r in runs]
