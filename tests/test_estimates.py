@@ -215,7 +215,7 @@ def test_a_cancelled_tasks_capture_is_killed_and_the_next_estimate_goes_on(tmp_p
     assert runner.children[0].poll() is None  # task 3 waits for it
     estimates.drop(3)
     assert runner.children[0].wait(5) == -signal.SIGKILL  # not left to run until its timeout
-    wait_until(lambda: len(runner.children) == 2)  # the worker took up the next estimate
+    wait_until(lambda: estimates.collect() or len(runner.children) == 2)  # the next step starts the next one
     estimates.drop(2)  # killed too, whether its child had started or was about to
     assert runner.children[1].wait(5) == -signal.SIGKILL
     estimates.close()
@@ -229,7 +229,7 @@ def test_a_waiting_task_is_told_how_far_its_estimate_is(tmp_path, workdir):
     assert estimates.progress(2) == "1 capture ahead of it"
     estimates.drop(1)
     estimates.drop(3)
-    wait_until(lambda: capturing.fullmatch(estimates.progress(2) or ""))
+    wait_until(lambda: estimates.collect() or capturing.fullmatch(estimates.progress(2) or ""))  # the next step
     runner.children[1].kill()  # failed: no estimate under way any more
     wait_until(lambda: estimates.progress(2) is None)
     assert estimates.progress(4) is None  # a task that asked for none
@@ -257,7 +257,7 @@ def test_a_resubmitted_jobs_capture_is_killed_when_it_is_cancelled_too(tmp_path,
     runner.children[0].kill()  # the first capture fails: task 1 gets recovery only (and may have run since)
     assert wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0))).kind is NeedKind.UNKNOWN
     requested(estimates, (2, spec))  # submitted again: captured again
-    wait_until(lambda: len(runner.children) == 2)
+    wait_until(lambda: estimates.collect() or len(runner.children) == 2)
     estimates.drop(2)
     assert runner.children[1].wait(5) == -signal.SIGKILL  # task 1's earlier interest does not keep it running
     assert estimates.need(Task(1, TaskSpec("train"), 0.0)) is None  # had task 1 still waited, it gets a capture
@@ -459,7 +459,7 @@ def test_a_job_on_two_gpus_is_estimated_for_two(tmp_path, workdir):
     requested(estimates, (1, one))
     requested(estimates, (2, two))
     runner.release.set()
-    wait_until(lambda: len(runner.calls) == 2)
+    wait_until(lambda: estimates.collect() or len(runner.calls) == 2)
     assert sorted(options["gpus"] for _, _, options in runner.calls) == [1, 2]
     estimates.close()
 
@@ -478,7 +478,7 @@ def test_an_executable_script_is_captured_with_the_python_its_first_line_names(t
     requested(estimates, (1, direct))
     requested(estimates, (2, named))
     runner.release.set()
-    wait_until(lambda: len(runner.calls) == 2)
+    wait_until(lambda: estimates.collect() or len(runner.calls) == 2)  # at the daemon's next steps
     assert [options["python"] for _, _, options in runner.calls] == [f"{venv}/python3"] * 2
     estimates.close()
 
@@ -589,9 +589,8 @@ def test_a_task_waits_while_its_jobs_files_are_read_and_one_users_hung_read_hold
     )
     assert estimates.settled(4) == need and len(runner.calls) == 1
     assert sorted(owner for owner, *_ in reads) == [77, 1000, 4242]  # one of bob's reads at a time
-    estimates.close()
-    wait_until(lambda: not any(t.name.startswith("carma-jobfiles") for t in threading.enumerate()))
-    assert estimates.need(tasks[1]).source == "xmem failed: the daemon stopped"
+    estimates.close()  # bob's hung read is stopped
+    assert wait_until(lambda: estimates.need(tasks[1])).source == "xmem failed: the daemon stopped"
 
 
 def test_a_jobs_files_are_read_in_a_child_each_jobs_apart(tmp_path, workdir):
@@ -644,4 +643,27 @@ def test_a_read_whose_owners_groups_cannot_be_looked_up_fails_the_estimate(tmp_p
     estimates.request(1, spec)
     need = wait_until(lambda: estimates.need(Task(1, TaskSpec("train"), 0.0)))
     assert need.source == "xmem failed: OSError: getgrouplist: the directory service does not answer"
+    estimates.close()
+
+
+def test_users_captures_are_taken_in_turn(tmp_path, workdir):
+    """Captures were first come, first served: one user's, up to 10 minutes each, held every other user's
+    estimates behind them. The user served longest ago goes next."""
+    for name in ("a2.py", "a3.py"):
+        (workdir / name).write_text(f"print('{name}')\n")
+    alice = [job(workdir, script=script, uid=1000) for script in ("train.py", "a2.py", "a3.py")]
+    bob = job(workdir, uid=2000)
+    store, runner = Store(tmp_path / "carma.db"), Runner()
+    estimates = service(store, queued(store, *alice, bob), runner)
+    requested(estimates, (1, alice[0]), (2, alice[1]), (3, alice[2]), (4, bob))
+    wait_until(lambda: runner.calls)  # alice's first
+    assert [estimates.progress(task) for task in (2, 3, 4)] == [
+        "2 captures ahead of it",
+        "3 captures ahead of it",
+        "1 capture ahead of it",  # bob's next, before alice's second
+    ]
+    runner.release.set()
+    wait_until(lambda: estimates.collect() or len(runner.calls) == 4)
+    assert [argv[1] for argv, _, _ in runner.calls] == ["train.py", "train.py", "a2.py", "a3.py"]
+    assert [options["cwd"] for _, _, options in runner.calls] == [str(workdir)] * 4
     estimates.close()

@@ -23,6 +23,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
@@ -146,6 +147,11 @@ class Estimates:
         self._unreadable: dict[TaskId, MemoryNeed] = {}  # tasks whose job's files could not be read
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, _Capture] = {}
+        # captures not started yet, per user; the user whose capture started longest ago goes next (`_served`):
+        # one user's captures, up to 10 minutes each, once held every other user's estimates behind them
+        self._turns: dict[int, deque[_Capture]] = {}
+        self._served: dict[int, int] = {}  # uid: the number of the last capture started for it
+        self._starts = 0
         self._done: dict[str, MemoryNeed] = {}
 
     def request(self, task_id: TaskId, job: JobSpec) -> None:
@@ -202,9 +208,24 @@ class Estimates:
             self._done[key] = _need(cached, multi_gpu=job.gpus > 1)
             self._reused(task_id, job, self._done[key])
             return True
-        capture = self._running[key] = _Capture(task_id)
-        capture.future = self._pool.submit(self._estimate, capture, job, method, files.python)
+        capture = self._running[key] = _Capture(task_id, job, method, files.python)
+        self._turns.setdefault(job.uid, deque()).append(capture)
+        self._start_captures()
         return True
+
+    def _start_captures(self) -> None:
+        """Start the captures waiting their turn while the workers are free, users in turn."""
+        free = self.config.captures - sum(capture.future.running() for capture in self._running.values())
+        while free > 0 and self._turns:
+            uid = _next_user(self._turns, self._served)
+            capture = self._turns[uid].popleft()
+            if not self._turns[uid]:
+                del self._turns[uid]
+            if capture.future.set_running_or_notify_cancel():  # not dropped meanwhile
+                self._starts += 1
+                self._served[uid] = self._starts
+                self._pool.submit(self._capture, capture)
+                free -= 1
 
     def need(self, task: Task) -> MemoryNeed | None:
         job = self._jobs[task.id]
@@ -234,6 +255,7 @@ class Estimates:
             self._keyed(task_id)
         for key in [key for key, capture in self._running.items() if capture.future.done()]:
             self._collected(key)
+        self._start_captures()
 
     def _collected(self, key: str) -> bool:
         """Settle the estimate `key` if its capture has ended; whether it has."""
@@ -261,12 +283,23 @@ class Estimates:
             return None
         if capture.started_s is not None:
             return f"capturing for {time.monotonic() - capture.started_s:.0f} s"
-        ahead = 0
-        for other_key, other in self._running.items():  # in the order the workers take them up
-            if other_key == key:
-                break
-            ahead += not other.future.done()
+        ahead = sum(other.future.running() for other in self._running.values()) + self._turn_of(capture)
         return f"{pluralize(ahead, 'capture')} ahead of it" if ahead else "starting its capture"
+
+    def _turn_of(self, capture: _Capture) -> int:
+        """How many captures waiting their turn start before `capture`, as `_start_captures` will take them."""
+        turns = {uid: deque(c for c in line if not c.future.cancelled()) for uid, line in self._turns.items()}
+        turns = {uid: line for uid, line in turns.items() if line}
+        served, before = dict(self._served), 0
+        while turns:
+            uid = _next_user(turns, served)
+            if turns[uid].popleft() is capture:
+                return before
+            if not turns[uid]:
+                del turns[uid]
+            before += 1
+            served[uid] = max(served.values(), default=0) + 1
+        return before
 
     def made(self, task_id: TaskId) -> Estimate | None:
         """The estimate a capture made of the task's job, once there is one (never for `history`); the store
@@ -300,6 +333,9 @@ class Estimates:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
         self._closed = True  # reads under way kill their child (`jobfiles.read_in_child`'s stopped)
         self._readers.shutdown(wait=False, cancel_futures=True)
+        for line in self._turns.values():
+            for waiting in line:
+                waiting.future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for capture in list(self._running.values()):
             capture.stop()
@@ -345,6 +381,12 @@ class Estimates:
                 future.set_exception(EstimateError(f"its files could not be read ({files})"))
             else:
                 future.set_result(files)
+
+    def _capture(self, capture: _Capture) -> None:
+        try:
+            capture.future.set_result(self._estimate(capture, capture.job, capture.method, capture.python))
+        except BaseException as e:  # settled on the scheduling loop (`_settle`), which logs a bug's traceback
+            capture.future.set_exception(e)
 
     def _estimate(self, capture: _Capture, job: JobSpec, method: str, python: str | None) -> Estimate:
         if job.shell:
@@ -426,9 +468,10 @@ class _Capture:
     group and start time (its worker thread sets them, the scheduling loop may stop it: either may come
     first)."""
 
-    def __init__(self, task_id: TaskId) -> None:
+    def __init__(self, task_id: TaskId, job: JobSpec, method: str, python: str | None) -> None:
         self.waiters = {task_id}
-        self.future: Future[Estimate]
+        self.job, self.method, self.python = job, method, python
+        self.future: Future[Estimate] = Future()  # running once a worker has it (`Estimates._start_captures`)
         self.group: int | None = None
         self.started_s: float | None = None  # monotonic
         self.stopped = False
@@ -442,6 +485,12 @@ class _Capture:
         self.stopped = True
         if self.group is not None:
             kill_group(self.group)
+
+
+def _next_user(turns: Mapping[int, deque[_Capture]], served: Mapping[int, int]) -> int:
+    """The user whose capture goes next: of those waiting, the one served longest ago (or never), the first
+    to ask among equals."""
+    return min(turns, key=lambda uid: served.get(uid, 0))
 
 
 def _need(estimate: Estimate, multi_gpu: bool = False) -> MemoryNeed:
