@@ -176,7 +176,7 @@ def _not_text(request: SubmitRequest) -> str | None:
 
 def _program_name(command: list[str]) -> str:
     """A task's default name: the file name of its program (of a shell line's first word), cut to a name's
-    length (a 128 KiB program name was every queue listing's and dashboard event's); "" for none."""
+    length, as every listing and dashboard event carries it; "" for none."""
     words = command[0].split()
     return cut(Path(words[0]).name, NAME_CHARS) if words else ""
 

@@ -21,12 +21,10 @@ import hashlib
 import json
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import suppress
 
 from carma.config import EstimateConfig
 from carma.core.memory import RECOVERY_ONLY, estimated
@@ -43,8 +41,6 @@ from carma.server.store import Store
 from carma.units import pluralize
 
 MIB = 1 << 20
-READERS = 4  # threads reading jobs' files (`carma.server.jobfiles`), apart from the captures' workers
-READ_AT_ONCE = 10  # the most jobs of one user read in one child (its timeout is for them all)
 # The variables of a login session, a terminal or a batch job, which differ from shell to shell (some from
 # command to command) and which no training job reads for its settings: left out of the fingerprint. Names
 # are matched whole, or by prefixes that only these tools use (a job's own HISTORY_LEN or WINDOW counts).
@@ -138,17 +134,13 @@ class Estimates:
         config = self.config = config or EstimateConfig()
         self._timeout_s = config.timeout_s
         self._pool = ThreadPoolExecutor(max_workers=config.captures, thread_name_prefix="carma-estimate")
-        self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="carma-jobfiles")
+        self._readers = jobfiles.Readers(groups_of if run_as_owner else None)
         self._reading: dict[TaskId, Future[JobFiles]] = {}
-        self._unread: list[tuple[JobSpec, Future[JobFiles]]] = []  # what the readers have still to take up
-        self._owners_read: set[int] = set()  # one reader per user (uid): a user's hung read holds no other's
-        self._unread_lock = threading.Lock()
-        self._closed = False
         self._unreadable: dict[TaskId, MemoryNeed] = {}  # tasks whose job's files could not be read
         self._fingerprints: dict[TaskId, str] = {}
         self._running: dict[str, _Capture] = {}
-        # captures not started yet, per user; the user whose capture started longest ago goes next (`_served`):
-        # one user's captures, up to 10 minutes each, once held every other user's estimates behind them
+        # captures not started yet, per user; the user whose capture started longest ago goes next (`_served`),
+        # so that one user's captures (up to 10 minutes each) never hold every other user's behind them
         self._turns: dict[int, deque[_Capture]] = {}
         self._served: dict[int, int] = {}  # uid: the number of the last capture started for it
         self._starts = 0
@@ -171,10 +163,7 @@ class Estimates:
             return
         self._fingerprints.pop(task_id, None)
         self._unreadable.pop(task_id, None)
-        future = self._reading[task_id] = Future()
-        with self._unread_lock:
-            self._unread.append((job, future))
-        self._readers.submit(self._read_unread)
+        self._reading[task_id] = self._readers.ask(job)
 
     def _keyed(self, task_id: TaskId) -> bool:
         """Go on with a task whose job's files have been read (`request`): reuse the estimate made for the same
@@ -331,8 +320,7 @@ class Estimates:
 
     def close(self) -> None:
         """Stop estimating: queued estimates are dropped, captures under way are killed."""
-        self._closed = True  # reads under way kill their child (`jobfiles.read_in_child`'s stopped)
-        self._readers.shutdown(wait=False, cancel_futures=True)
+        self._readers.close()
         for line in self._turns.values():
             for waiting in line:
                 waiting.future.cancel()
@@ -341,46 +329,6 @@ class Estimates:
             capture.stop()
 
     # ----------------------------------------------------------------- in the worker threads
-
-    def _read_unread(self) -> None:
-        """Read the files of jobs asked for and not yet taken up, as their owners find them, in a child process
-        (as that user under a root daemon: `carma.server.jobfiles`): up to `READ_AT_ONCE` of one user's jobs
-        whose files no other reader is reading, so that one user's hung reads hold up no other user's."""
-        with self._unread_lock:
-            owner = next((job.uid for job, _ in self._unread if job.uid not in self._owners_read), None)
-            if owner is None or self._closed:
-                return
-            gid = next(job.gid for job, _ in self._unread if job.uid == owner)  # one child runs as one uid and gid
-            taken = [entry for entry in self._unread if (entry[0].uid, entry[0].gid) == (owner, gid)][:READ_AT_ONCE]
-            gone = {id(future) for _, future in taken}
-            self._unread = [entry for entry in self._unread if id(entry[1]) not in gone]
-            self._owners_read.add(owner)
-        try:
-            self._read(taken)
-        finally:
-            with self._unread_lock:
-                self._owners_read.discard(owner)
-                more = bool(self._unread) and not self._closed
-            if more:  # of this user's, waiting while these were read
-                with suppress(RuntimeError):  # closed meanwhile
-                    self._readers.submit(self._read_unread)
-
-    def _read(self, taken: list[tuple[JobSpec, Future[JobFiles]]]) -> None:
-        jobs = [(job, future) for job, future in taken if future.set_running_or_notify_cancel()]  # not dropped
-        if not jobs:
-            return
-        try:
-            groups = groups_of(jobs[0][0]) if self._run_as_owner else None  # may fail: sssd or LDAP down
-            found = jobfiles.read_in_child([job for job, _ in jobs], groups, stopped=lambda: self._closed)
-        except Exception as e:  # EstimateError, or a reader's bug: those estimates fail, the daemon goes on
-            for _, future in jobs:
-                future.set_exception(e)
-            return
-        for (_, future), files in zip(jobs, found, strict=True):
-            if isinstance(files, str):
-                future.set_exception(EstimateError(f"its files could not be read ({files})"))
-            else:
-                future.set_result(files)
 
     def _capture(self, capture: _Capture) -> None:
         try:

@@ -21,8 +21,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +42,8 @@ SCANNED = 20_000  # the most folder entries looked at for one job
 SKIPPED = {"__pycache__", "node_modules", "site-packages", "build", "dist"}  # folders of no training code
 NAMED_FILES = 64  # how many of a command's arguments are looked at as files it may read its settings from
 SETTINGS_SUFFIXES = {".yaml", ".yml", ".json", ".toml", ".cfg", ".ini", ".conf", ".py"}  # not logs or checkpoints
+READERS = 4  # threads reading jobs' files, apart from the captures' workers
+READ_AT_ONCE = 10  # the most jobs of one user read in one child (its timeout is for them all)
 TIMEOUT_S = 30.0  # for the child: a file that blocks its reader fails the estimates, not the daemon
 STOP_POLL_S = 0.5  # how often a read under way asks whether the daemon is stopping
 ANSWER_BYTES = 64 << 10  # the most of the child's answer read, per job
@@ -113,6 +117,71 @@ def read_in_child(
             why = lines[-1] if lines else f"exit status {child.returncode}"
             raise EstimateError(f"reading the job's files as {who} failed: {cut(why, REASON_CHARS)}")
     return answer
+
+
+class Readers:
+    """Reads jobs' files in the background (`read_in_child`), on `READERS` threads: up to `READ_AT_ONCE` jobs
+    of one user per child, and one child per user at a time, so that a user whose reads hang holds up no
+    other user's. `groups` gives the supplementary groups of a job's user, whose reads then run as that user
+    (a root daemon's); None: with this process's rights."""
+
+    def __init__(self, groups: Callable[[JobSpec], Sequence[int]] | None) -> None:
+        self._groups = groups
+        self._pool = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="carma-jobfiles")
+        self._unread: list[tuple[JobSpec, Future[JobFiles]]] = []  # what no reader has taken up yet
+        self._users_read: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def ask(self, job: JobSpec) -> Future[JobFiles]:
+        """The job's files, once read (EstimateError when they could not be); cancel it when no longer needed."""
+        future: Future[JobFiles] = Future()
+        with self._lock:
+            self._unread.append((job, future))
+        self._pool.submit(self._read_unread)
+        return future
+
+    def close(self) -> None:
+        """Read no more; a read under way kills its child within `STOP_POLL_S`."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _read_unread(self) -> None:
+        with self._lock:
+            user = next((job.uid for job, _ in self._unread if job.uid not in self._users_read), None)
+            if user is None or self._closed:
+                return
+            gid = next(job.gid for job, _ in self._unread if job.uid == user)  # one child runs as one uid and gid
+            taken = [entry for entry in self._unread if (entry[0].uid, entry[0].gid) == (user, gid)][:READ_AT_ONCE]
+            gone = {id(future) for _, future in taken}
+            self._unread = [entry for entry in self._unread if id(entry[1]) not in gone]
+            self._users_read.add(user)
+        try:
+            self._read(taken)
+        finally:
+            with self._lock:
+                self._users_read.discard(user)
+                more = bool(self._unread) and not self._closed
+            if more:  # of this user's, waiting while these were read
+                with suppress(RuntimeError):  # closed meanwhile
+                    self._pool.submit(self._read_unread)
+
+    def _read(self, taken: list[tuple[JobSpec, Future[JobFiles]]]) -> None:
+        jobs = [(job, future) for job, future in taken if future.set_running_or_notify_cancel()]  # not cancelled
+        if not jobs:
+            return
+        try:
+            groups = None if self._groups is None else self._groups(jobs[0][0])  # may fail: sssd or LDAP down
+            found = read_in_child([job for job, _ in jobs], groups, stopped=lambda: self._closed)
+        except Exception as e:  # EstimateError, or a reader's bug: those jobs' reads fail, the daemon goes on
+            for _, future in jobs:
+                future.set_exception(e)
+            return
+        for (_, future), files in zip(jobs, found, strict=True):
+            if isinstance(files, str):
+                future.set_exception(EstimateError(f"its files could not be read ({files})"))
+            else:
+                future.set_result(files)
 
 
 def _wait(

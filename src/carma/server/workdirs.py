@@ -1,7 +1,7 @@
 """A submission's working directory, checked off the event loop, with a timeout.
 
 The check is a `stat` with the daemon's rights: on a hung NFS home or a FUSE mount it may never return,
-which on the event loop stopped the whole daemon. The API runs it on a thread of its own (daemon threads:
+and nothing on the event loop may wait for ever. The API runs it on a thread of its own (daemon threads:
 a stuck one never holds up a stop) and refuses the submission when it takes over `TIMEOUT_S`; while
 `SLOTS` checks are stuck, further submissions are refused at once, saying why, and the loop goes on.
 """
