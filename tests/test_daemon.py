@@ -552,3 +552,25 @@ def test_a_user_without_a_daemon_of_their_own_reaches_the_systems(tmp_path, monk
     assert paths_module.server_socket() == own  # a server of their own ran here (stopped now): not the system's
     monkeypatch.setenv("CARMA_HOME", str(tmp_path / "elsewhere"))
     assert paths_module.server_socket() == tmp_path / "elsewhere" / "carma.sock"
+
+
+def test_an_ended_tasks_environment_is_kept_in_the_store_not_in_memory(home):
+    """A user's loop of submissions of 2 MB environments, each cancelled, grew the daemon's memory 2 MB a
+    task (the caps count tasks not ended): an ended task's environment is read from the store for its view."""
+    from carma.server.views import task_view
+
+    d = daemon(home)
+    d.draining = True  # kept waiting until cancelled
+    env = {"HIDDEN": "x" * 100_000}
+    queued, done = d.submit(job("sleep", "30", env=env)), d.submit(job("true", env=env))
+    d.draining = False
+    assert d.jobs[queued.id].env == env  # a task not ended keeps its own: it is yet to run
+    d.cancel(queued.id)
+    step_until(d, lambda: d.scheduler.task(done.id).state is TaskState.COMPLETED)
+    for task_id in (queued.id, done.id):
+        assert d.jobs[task_id].env == {}
+        assert task_view(d, d.scheduler.task(task_id))["env"] == env  # its owner still sees what it was given
+    d.close()
+    again = daemon(home)
+    assert again.jobs[done.id].env == {} and task_view(again, again.scheduler.task(done.id))["env"] == env
+    again.close()

@@ -78,9 +78,13 @@ class Journal:
     """The core's Journal port: the store, plus each ended attempt's observation (in the same transaction,
     and kept until it is written: a save that failed is retried with it)."""
 
-    def __init__(self, store: Store, recorder: RunRecorder) -> None:
+    def __init__(
+        self, store: Store, recorder: RunRecorder, ended: Callable[[Sequence[TaskId]], None] = lambda ids: None
+    ) -> None:
+        """`ended`: told the tasks saved as ended (completed, failed or cancelled), once they are."""
         self._store = store
         self._recorder = recorder
+        self._told = ended
         self._ended: dict[tuple[TaskId, int], Observation] = {}
         self.fault: BaseException | None = None  # why the last save failed
 
@@ -97,6 +101,7 @@ class Journal:
             self.fault = e
             raise JournalError(str(e)) from e
         self._ended.clear()
+        self._told([task.id for task in tasks if task.terminal])
 
 
 Observer = Callable[[Sequence[DeviceReading], Mapping[int, TaskId]], None]

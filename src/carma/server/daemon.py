@@ -141,6 +141,7 @@ class Daemon:
         with self._starting():
             stored = self.store.load()  # read once: checked against the GPUs here, restored below
             self._check_gpus(stored)
+        # each task's job; an ended task's without its environment, which the store keeps (views read it there)
         self.jobs: dict[TaskId, JobSpec] = {}
         self.estimates = Estimates(
             self.store, self.jobs, device_for(self.gpus), run_as_owner=os.geteuid() == 0, config=estimate
@@ -187,7 +188,7 @@ class Daemon:
         self.backups = Backups(paths.database, self.faults)
         self.archive = SampleArchive(self.store)
         telemetry = BackendTelemetry(backend, self.executor.shim_pids, [recorder.observe, self.archive.observe])
-        journal = self.journal = Journal(self.store, recorder)
+        journal = self.journal = Journal(self.store, recorder, ended=self._keep_environments_stored)
         self.decision_seconds = decision_histogram()
         self.loop = SchedulingLoop(
             self.scheduler, self.clock, telemetry, self.executor, journal, self.decision_seconds.observe
@@ -264,7 +265,7 @@ class Daemon:
     def _restore(self, stored_tasks: Sequence[StoredTask]) -> None:
         for stored in stored_tasks:
             task = stored.task
-            self.jobs[task.id] = stored.job
+            self.jobs[task.id] = stored.job if not task.terminal else replace(stored.job, env={})
             if task.state in WAITING_STATES:
                 self._refuse_stale_run(task)
             if task.state in ACTIVE_STATES:
@@ -277,6 +278,14 @@ class Daemon:
                 log.warning("task %d failed: %s", task.id, task.reason)
             if task.state is TaskState.QUEUED:
                 self.estimates.request(task.id, stored.job)
+
+    def _keep_environments_stored(self, ended: Sequence[TaskId]) -> None:
+        """Let go of the environments of ended tasks: the store keeps them (their owner's view reads them
+        there), so a user's loop of submissions of 2 MB environments, each cancelled, grows the database only,
+        never the daemon's memory."""
+        for task_id in ended:
+            if (job := self.jobs.get(task_id)) is not None and job.env:
+                self.jobs[task_id] = replace(job, env={})
 
     def _refuse_stale_run(self, task: Task) -> None:
         """Fail a waiting task whose next attempt's run dir exists: that attempt ran, and the database does not

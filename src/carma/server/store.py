@@ -625,6 +625,11 @@ class Store:
             for t, gpu, destroyed, created, outcome, reason in rows
         ]
 
+    def environment(self, task_id: TaskId) -> dict[str, str]:
+        """The environment a task was submitted with (the daemon keeps ended tasks' here only)."""
+        row = self._db.execute("SELECT job FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        return dict(_job(row[0]).env) if row else {}
+
     def load(self) -> list[StoredTask]:
         """Every task with its job and attempts, in submission order (to restore the scheduler); a row that
         cannot be read raises StoreError."""

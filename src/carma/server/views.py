@@ -173,7 +173,7 @@ def task_view(daemon: Daemon, task: Task) -> dict[str, Any]:
         "command": list(job.argv),
         "shell": job.shell,
         "workdir": job.workdir,
-        "env": dict(job.env),
+        "env": dict(job.env) if not task.terminal else daemon.store.environment(task.id),  # `Daemon.jobs` has none
         "duration_s": job.duration_s,  # the run time declared at submission (None: its command's history)
         "memory_estimate": estimate.to_json() if estimate else None,  # `carma estimate --json`'s object
         "attempt_list": [
