@@ -108,8 +108,13 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.keep_ended_days < 0:
             raise ValueError(f"keep_ended_days must be 0 (keep every task) or more, not {self.keep_ended_days}")
-        keys = ("max_connections", "max_user_connections", "max_address_connections", "max_user_tasks")
-        for key in (*keys, "max_user_spec_mib"):
+        for key in (
+            "max_connections",
+            "max_user_connections",
+            "max_address_connections",
+            "max_user_tasks",
+            "max_user_spec_mib",
+        ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
         if self.idle_timeout_s <= 0:

@@ -352,8 +352,8 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         if problem := await workdir_checks.problem(job.workdir):
             raise HTTPException(422, f"working directory {job.workdir!r} {problem}")
         if not who.admin:  # each holds its spec, environment included, in memory and in the database
-            mine = [daemon.jobs[t.id] for t in daemon.scheduler.tasks if not t.terminal]
-            mine = [other for other in mine if other.uid == who.uid]
+            jobs = (daemon.jobs[t.id] for t in daemon.scheduler.tasks if not t.terminal)
+            mine = [other for other in jobs if other.uid == who.uid]
             if len(mine) >= settings.max_user_tasks:
                 raise HTTPException(
                     429,

@@ -143,7 +143,6 @@ class Estimates:
         # so that one user's captures (up to 10 minutes each) never hold every other user's behind them
         self._turns: dict[int, deque[_Capture]] = {}
         self._served: dict[int, int] = {}  # uid: the number of the last capture started for it
-        self._starts = 0
         self._done: dict[str, MemoryNeed] = {}
 
     def request(self, task_id: TaskId, job: JobSpec) -> None:
@@ -205,16 +204,10 @@ class Estimates:
     def _start_captures(self) -> None:
         """Start the captures waiting their turn while the workers are free, users in turn."""
         free = self.config.captures - sum(capture.future.running() for capture in self._running.values())
-        while free > 0 and self._turns:
-            uid = _next_user(self._turns, self._served)
-            capture = self._turns[uid].popleft()
-            if not self._turns[uid]:
-                del self._turns[uid]
-            if capture.future.set_running_or_notify_cancel():  # not dropped meanwhile
-                self._starts += 1
-                self._served[uid] = self._starts
-                self._pool.submit(self._capture, capture)
-                free -= 1
+        while free > 0 and (capture := _take_turn(self._turns, self._served)) is not None:
+            capture.future.set_running_or_notify_cancel()  # not cancelled: `_take_turn` passed those over
+            self._pool.submit(self._capture, capture)
+            free -= 1
 
     def need(self, task: Task) -> MemoryNeed | None:
         job = self._jobs[task.id]
@@ -277,17 +270,9 @@ class Estimates:
 
     def _turn_of(self, capture: _Capture) -> int:
         """How many captures waiting their turn start before `capture`, as `_start_captures` will take them."""
-        turns = {uid: deque(c for c in line if not c.future.cancelled()) for uid, line in self._turns.items()}
-        turns = {uid: line for uid, line in turns.items() if line}
-        served, before = dict(self._served), 0
-        while turns:
-            uid = _next_user(turns, served)
-            if turns[uid].popleft() is capture:
-                return before
-            if not turns[uid]:
-                del turns[uid]
+        turns, served, before = {uid: deque(line) for uid, line in self._turns.items()}, dict(self._served), 0
+        while _take_turn(turns, served) not in (None, capture):
             before += 1
-            served[uid] = max(served.values(), default=0) + 1
         return before
 
     def made(self, task_id: TaskId) -> Estimate | None:
@@ -435,10 +420,19 @@ class _Capture:
             kill_group(self.group)
 
 
-def _next_user(turns: Mapping[int, deque[_Capture]], served: Mapping[int, int]) -> int:
-    """The user whose capture goes next: of those waiting, the one served longest ago (or never), the first
-    to ask among equals."""
-    return min(turns, key=lambda uid: served.get(uid, 0))
+def _take_turn(turns: dict[int, deque[_Capture]], served: dict[int, int]) -> _Capture | None:
+    """Take the capture that starts next out of `turns`, and count its user `served`: of the users waiting,
+    the one served longest ago (or never), the first to ask among equals; captures cancelled meanwhile are
+    passed over. None when none waits."""
+    while turns:
+        uid = min(turns, key=lambda user: served.get(user, 0))
+        capture = turns[uid].popleft()
+        if not turns[uid]:
+            del turns[uid]
+        if not capture.future.cancelled():
+            served[uid] = max(served.values(), default=0) + 1
+            return capture
+    return None
 
 
 def _need(estimate: Estimate, multi_gpu: bool = False) -> MemoryNeed:

@@ -8,7 +8,7 @@ back: the estimate cache's key is made by the caller, with the user in it, so
 whatever a user makes their own child answer can only shape their own jobs' estimates.
 
 Run as `python -I -m carma.server.jobfiles` it reads one user's jobs (JSON on stdin) and writes their
-`JobFiles`: one child for all the jobs a user submitted at once, or a restarted daemon found queued.
+`JobFiles`: one child for up to `READ_AT_ONCE` jobs a user submitted at once, or a restarted daemon found queued.
 """
 
 from __future__ import annotations
