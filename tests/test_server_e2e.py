@@ -1184,6 +1184,12 @@ def test_history_records_what_the_gpus_saw_of_a_run(start_server):  # type: igno
     shown = dict(zip(header, row, strict=True))
     assert table.returncode == 0
     assert (shown["PEAK"], shown["PLACED WITH"], shown["FROM"]) == ("3.00 GiB", "4.00 GiB", "user")
+    later = server.submit("true")
+    assert server.cli("wait", later).returncode == 0
+    newest = server.cli("history", "-n", "1")  # years of runs: the newest unless asked for more
+    assert [line.split()[0] for line in newest.stdout.splitlines()[1:]] == [f"{later}.1"]
+    assert newest.stderr == "the newest 1 run; --limit for more\n"
+    assert [r["task_id"] for r in server.json("history", "--limit", "2")] == [task_id, later]  # oldest first
 
 
 def test_ended_tasks_are_forgotten_after_the_configured_days(start_server, tmp_path):  # type: ignore[no-untyped-def]

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from carma.server.client import Client
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+HISTORY_RUNS = 1000  # the newest runs `carma history` shows without --limit
 TASK_FILE_KEYS = {"name", "command", "workdir", "gpus", "mem", "estimate", "duration", "env", "shell", "mps_threads"}
 
 
@@ -587,6 +588,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 @app.command("history")
 def history_cmd(
     hours: Annotated[float | None, typer.Option(help="Only attempts that ended in the last H hours.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="The newest N runs.", min=1)] = HISTORY_RUNS,
     as_json: JsonOption = False,
 ) -> None:
     """Finished runs with what the GPUs saw of them: peak memory, time, mean SMACT/SMOCC/DRAMA.
@@ -597,7 +599,7 @@ def history_cmd(
             positive(hours, "--hours")
     except UsageError as e:
         raise fail(e) from None
-    runs = _call(_client().history, hours)
+    runs = _call(_client().history, hours, limit)
     if as_json:
         _print_json(runs)
         return
@@ -620,6 +622,8 @@ def history_cmd(
     print(columns(headers, rows))
     if not runs:  # a header alone reads as a listing that failed
         err.print("no run ended" + (f" in the last {hours:g} h" if hours is not None else " yet"), highlight=False)
+    elif len(runs) == limit:  # earlier ones may have been left out
+        err.print(f"the newest {pluralize(limit, 'run')}; --limit for more", highlight=False)
 
 
 @app.command("drain")

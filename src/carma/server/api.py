@@ -5,10 +5,13 @@ without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing
 status a route answers, and the `{"detail": ...}` they come with.
 """
 
+import asyncio
 import codecs
+import json
 import math
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,13 +28,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from carma import __version__
 from carma.config import ServerConfig
 from carma.core.scheduler import SpecError
-from carma.core.types import TERMINAL_STATES, Task, TaskId, TaskState
+from carma.core.types import TERMINAL_STATES, TargetId, Task, TaskId, TaskState
 from carma.estimate.registry import METHODS
 from carma.server.auth import UNAUTHORIZED, AuthFirst, Caller, Tokens
 from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
+from carma.server.store import Store
 from carma.server.views import as_seen_by_others, gpu_views, source_only, status_view, task_summary, task_view
 from carma.server.workdirs import WorkdirChecks
 from carma.units import DURATION_PATTERN, MAX_DURATION_S, cut, parse_mib, parse_seconds
@@ -39,6 +43,8 @@ from carma.units import DURATION_PATTERN, MAX_DURATION_S, cut, parse_mib, parse_
 LOG_CHUNK = 1 << 20
 NAME_CHARS = 200  # a task's name, given or taken from its program
 HISTORY_COMMAND_CHARS = 4096  # of each run's command in `/v1/history`
+HISTORY_RUNS = 1000  # the newest runs `/v1/history` gives unless asked for more
+MAX_HISTORY_RUNS = 100_000
 NO_ESTIMATE = "none"  # `estimate`: recovery only, whatever the server's default
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
 MAX_BODY_BYTES = 16 << 20  # a task a process could start is a few MiB of JSON: more is refused before it is read
@@ -194,6 +200,17 @@ def _history_row(run: dict[str, Any]) -> dict[str, Any]:
         kept.append(word)
         room -= len(word)
     return {**run, "command": kept}
+
+
+def _history_answer(
+    store: Store, since: float | None, limit: int, shown: dict[TargetId, int | str], who: Caller
+) -> bytes:
+    runs = [
+        _history_row({**r, "gpus": [shown.get(g, g) for g in r["gpus"]]}) for r in store.history_apart(since, limit)
+    ]
+    if not who.admin:
+        runs = [r if r["user"] == who.user else {**r, "need_source": source_only(r["need_source"])} for r in runs]
+    return json.dumps(runs, allow_nan=False, separators=(",", ":")).encode()
 
 
 TOO_LARGE = f"the request is over {MAX_BODY_BYTES >> 20} MiB"
@@ -450,18 +467,23 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         end = offset + len(data) - len(decoder.getstate()[0])  # a character cut at the chunk's end comes next
         return {"attempt": number, "attempts": attempts, "text": text, "offset": end, "done": finished and at_end}
 
-    @app.get("/v1/history", responses=errors(422))
+    history_reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-history")
+
+    @app.get("/v1/history", responses=errors(422), response_model=list[dict[str, Any]])
     async def history(
-        who: Who, hours: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None
-    ) -> list[dict[str, Any]]:
-        """Ended attempts with what telemetry saw of them, the last `hours` (all without it); why another
-        user's estimate failed (its capture's last error line) is theirs."""
+        who: Who,
+        hours: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_RUNS)] = HISTORY_RUNS,
+    ) -> Response:
+        """The newest `limit` ended attempts with what telemetry saw of them, oldest first; of the last `hours`
+        only with it. Why another user's estimate failed (its capture's last error line) is theirs. Read and
+        written on a thread, one request at a time: a server's history may hold years of runs."""
         since = None if hours is None else daemon.clock.now() - hours * 3600
-        shown = daemon.scheduler.shown  # as `carma gpus` and `show` name them: a GPU gone, by its id
-        runs = [_history_row({**r, "gpus": [shown(g) for g in r["gpus"]]}) for r in daemon.store.history(since)]  # type: ignore[attr-defined]
-        if who.admin:
-            return runs
-        return [r if r["user"] == who.user else {**r, "need_source": source_only(r["need_source"])} for r in runs]
+        scheduler = daemon.scheduler
+        shown = {g: scheduler.shown(g) for g in scheduler.gpus}  # as `carma gpus` names them: a GPU gone, by its id
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(history_reads, _history_answer, daemon.store, since, limit, shown, who)
+        return Response(body, media_type="application/json")
 
     metrics = Metrics(daemon)
 

@@ -248,8 +248,9 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self.request("GET", "/v1/status")
 
-    def history(self, hours: float | None = None) -> list[dict[str, Any]]:
-        return self.request("GET", "/v1/history", {"hours": hours} if hours is not None else None)
+    def history(self, hours: float | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        params = {"hours": hours, "limit": limit}
+        return self.request("GET", "/v1/history", {k: v for k, v in params.items() if v is not None} or None)
 
     def drain(self, on: bool) -> dict[str, Any]:
         return self.request("POST", "/v1/drain" if on else "/v1/resume")

@@ -555,50 +555,18 @@ class Store:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
-    def history(self, since_s: float | None = None) -> list[dict[str, object]]:
-        """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates)."""
-        rows = self._db.execute(
-            """SELECT a.task_id, a.number, t.job, t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
-                      a.outcome, a.need, a.shared, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean,
-                      a.gract_mean
-               FROM attempts a JOIN tasks t ON t.id = a.task_id
-               WHERE a.ended_s IS NOT NULL AND a.ended_s >= ? ORDER BY a.ended_s, a.task_id""",
-            (since_s if since_s is not None else float("-inf"),),
-        )
-        out = []
-        for row in rows:
-            (task_id, number, job, state, gpus, start, first, end, outcome, need, shared, peak, smact, smocc, drama,
-             gract) = row  # fmt: skip
-            spec, placed = _job(job), _need(need)
-            out.append(
-                {
-                    "task_id": task_id,
-                    "attempt": number,
-                    "name": spec.name,
-                    "user": spec.user,
-                    "command": list(spec.argv),
-                    "workdir": spec.workdir,
-                    "shell": spec.shell,
-                    "state": state,
-                    "outcome": outcome,
-                    "gpus": json.loads(gpus),
-                    "mem_mib": spec.mem_mib,
-                    "need_mib": placed.mib if placed else None,  # the memory it was placed with
-                    "need": placed.kind.value if placed else None,
-                    "need_source": placed.source if placed else None,
-                    "dispatched_s": start,
-                    "first_kernel_s": first,
-                    "ended_s": end,
-                    "exec_s": end - start,
-                    "shared": bool(shared),  # another task or process was on its GPUs at some point
-                    "peak_mib": peak,
-                    "smact_mean": smact,
-                    "smocc_mean": smocc,
-                    "drama_mean": drama,
-                    "gract_mean": gract,
-                }
-            )
-        return out
+    def history(self, since_s: float | None = None, limit: int | None = None) -> list[dict[str, object]]:
+        """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates); the
+        newest `limit` of them with a limit."""
+        return _history(self._db, since_s, limit)
+
+    def history_apart(self, since_s: float | None = None, limit: int | None = None) -> list[dict[str, object]]:
+        """`history`, read on a connection of its own: for a thread, while the daemon writes on its own."""
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        try:
+            return _history(db, since_s, limit)
+        finally:
+            db.close()
 
     def gpu_series(self, since_s: float, until_s: float | None = None) -> dict[TargetId, dict[str, list]]:
         """Per target, the archived samples in [since_s, until_s] as columns: {"t": [...], "used_mib": [...], ...}."""
@@ -664,6 +632,54 @@ class Store:
             observed = {a.number: o for a, _, o in rows if o is not None}
             out.append(StoredTask(task, _job(job), spawns, observed))
         return out
+
+
+def _history(db: sqlite3.Connection, since_s: float | None, limit: int | None) -> list[dict[str, object]]:
+    # of each job, only what a run is listed with: its environment (up to megabytes) is not parsed
+    rows = db.execute(
+        """SELECT a.task_id, a.number, json_extract(t.job, '$.name'), json_extract(t.job, '$.user'),
+                  json_extract(t.job, '$.argv'), json_extract(t.job, '$.workdir'), json_extract(t.job, '$.shell'),
+                  json_extract(t.job, '$.mem_mib'), t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
+                  a.outcome, a.need, a.shared, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean, a.gract_mean
+           FROM attempts a JOIN tasks t ON t.id = a.task_id
+           WHERE a.ended_s IS NOT NULL AND a.ended_s >= ?
+           ORDER BY a.ended_s DESC, a.task_id DESC, a.number DESC LIMIT ?""",
+        (since_s if since_s is not None else float("-inf"), -1 if limit is None else limit),
+    ).fetchall()
+    out = []
+    for row in reversed(rows):
+        (task_id, number, name, user, argv, workdir, shell, mem_mib, state, gpus, start, first, end, outcome, need,
+         shared, peak, smact, smocc, drama, gract) = row  # fmt: skip
+        placed = _need(need)
+        out.append(
+            {
+                "task_id": task_id,
+                "attempt": number,
+                "name": name,
+                "user": user,
+                "command": json.loads(argv),
+                "workdir": workdir,
+                "shell": bool(shell),
+                "state": state,
+                "outcome": outcome,
+                "gpus": json.loads(gpus),
+                "mem_mib": mem_mib,
+                "need_mib": placed.mib if placed else None,  # the memory it was placed with
+                "need": placed.kind.value if placed else None,
+                "need_source": placed.source if placed else None,
+                "dispatched_s": start,
+                "first_kernel_s": first,
+                "ended_s": end,
+                "exec_s": end - start,
+                "shared": bool(shared),  # another task or process was on its GPUs at some point
+                "peak_mib": peak,
+                "smact_mean": smact,
+                "smocc_mean": smocc,
+                "drama_mean": drama,
+                "gract_mean": gract,
+            }
+        )
+    return out
 
 
 def _job(text: str) -> JobSpec:
