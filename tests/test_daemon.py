@@ -332,9 +332,10 @@ async def _asgi_get(app, path: str, query: bytes = b"") -> tuple[int, bytes]:  #
 
 
 def test_a_slow_history_read_holds_up_no_other_request(home, tmp_path):
-    """A server's history may hold years of runs: `/v1/history` reads it on a thread of its own, and the
-    loop answers meanwhile (it parsed every ended job on the loop: 100,000 runs held it 2.7 s)."""
+    """A server's history may hold years of runs: `/v1/history` (and `/v1/series`) read on a thread of their
+    own, and the loop answers meanwhile (it parsed every ended job on the loop: 100,000 runs held it 2.7 s)."""
     import asyncio
+    import contextlib
     import json
     import threading
 
@@ -343,8 +344,15 @@ def test_a_slow_history_read_holds_up_no_other_request(home, tmp_path):
     d = daemon(home)
     d.submit(job("true"))
     step_until(d, lambda: d.store.history())
-    release, read = threading.Event(), d.store.history_apart
-    d.store.history_apart = lambda *args: release.wait(10) and read(*args)  # type: ignore[method-assign]
+    release, apart = threading.Event(), d.store.apart
+
+    @contextlib.contextmanager
+    def slow():  # type: ignore[no-untyped-def]
+        assert release.wait(10)
+        with apart() as reads:
+            yield reads
+
+    d.store.apart = slow  # type: ignore[method-assign]
     app = create_app(d, Tokens(tmp_path / "tokens"))
 
     async def requests() -> tuple[int, list]:

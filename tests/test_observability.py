@@ -14,6 +14,7 @@ from carma.core import SchedulerConfig
 from carma.core.types import GpuSample
 from carma.server.archive import SampleArchive
 from carma.server.daemon import Daemon
+from carma.server.dashboard import SERIES_POINTS, series_step
 from carma.server.metrics import Metrics
 from carma.server.paths import Paths
 from carma.server.spec import JobSpec
@@ -44,6 +45,21 @@ def test_the_archive_keeps_one_row_per_gpu_and_bucket(tmp_path):
     assert gpu0["energy_j"] == [9.0, 19.0] and gpu0["temperature_c"] == [40.9, 41.9]
     assert gpu1["smact"] == [None, None]  # missing stays missing, never 0
     assert store.gpu_series(5.0, 15.0)["G0"]["t"] == [10.0]
+
+
+def test_a_long_window_merges_buckets_into_steps_as_the_archive_merges_samples(tmp_path):
+    """A month of ten-second buckets of 8 GPUs (2 million rows) took 10 s to send: a window holding more
+    than `SERIES_POINTS` buckets a GPU is sent in longer steps, each a whole number of buckets."""
+    store = Store(tmp_path / "carma.db")
+    archive = SampleArchive(store, bucket_s=10)
+    for t in range(0, 45):
+        archive.observe([reading("G0", float(t), 1000 * (t % 7), None if t < 10 else 0.5, energy=float(t))])
+    merged = store.gpu_series(0.0, step_s=20)["G0"]
+    assert merged["t"] == [0.0, 20.0] and merged["used_mib"] == [6000, 6000]  # the buckets from 0 and 10, 20 and 30
+    assert merged["smact"] == [0.5, 0.5]  # the bucket without SMACT left out of the mean, not read as 0
+    assert merged["energy_j"] == [19.0, 39.0] and merged["temperature_c"] == [41.9, 43.9]
+    assert (series_step(3600, 10), series_step(SERIES_POINTS * 10, 10)) == (None, None)
+    assert series_step(SERIES_POINTS * 10 + 1, 10) == 20 and series_step(30 * 86400, 10) == 650
 
 
 def test_the_archive_forgets_rows_older_than_it_keeps(tmp_path):

@@ -5,13 +5,10 @@ without locks. Bad input gets a 4xx with a one-line `detail` and changes nothing
 status a route answers, and the `{"detail": ...}` they come with.
 """
 
-import asyncio
 import codecs
-import json
 import math
 import re
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,13 +27,21 @@ from carma.config import ServerConfig
 from carma.core.scheduler import SpecError
 from carma.core.types import TERMINAL_STATES, TargetId, Task, TaskId, TaskState
 from carma.estimate.registry import METHODS
+from carma.server.apart import AnswersApart
 from carma.server.auth import UNAUTHORIZED, AuthFirst, Caller, Tokens
 from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
 from carma.server.metrics import Metrics
 from carma.server.spec import ENV_NAME, JobSpec, exec_size_problem, is_text
-from carma.server.store import Store
-from carma.server.views import as_seen_by_others, gpu_views, source_only, status_view, task_summary, task_view
+from carma.server.views import (
+    as_seen_by_others,
+    gpu_views,
+    shown_targets,
+    source_only,
+    status_view,
+    task_summary,
+    task_view,
+)
 from carma.server.workdirs import WorkdirChecks
 from carma.units import DURATION_PATTERN, MAX_DURATION_S, cut, parse_mib, parse_seconds
 
@@ -202,15 +207,13 @@ def _history_row(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "command": kept}
 
 
-def _history_answer(
-    store: Store, since: float | None, limit: int, shown: dict[TargetId, int | str], who: Caller
-) -> bytes:
-    runs = [
-        _history_row({**r, "gpus": [shown.get(g, g) for g in r["gpus"]]}) for r in store.history_apart(since, limit)
-    ]
-    if not who.admin:
-        runs = [r if r["user"] == who.user else {**r, "need_source": source_only(r["need_source"])} for r in runs]
-    return json.dumps(runs, allow_nan=False, separators=(",", ":")).encode()
+def _history_view(runs: list[dict[str, Any]], shown: dict[TargetId, int | str], who: Caller) -> list[dict[str, Any]]:
+    """`/v1/history`'s runs: GPUs as `carma gpus` names them (`shown`: a GPU gone, by its id), each command
+    cut; why another user's estimate failed (its capture's last error line) is theirs."""
+    runs = [_history_row({**r, "gpus": [shown.get(g, g) for g in r["gpus"]]}) for r in runs]
+    if who.admin:
+        return runs
+    return [r if r["user"] == who.user else {**r, "need_source": source_only(r["need_source"])} for r in runs]
 
 
 TOO_LARGE = f"the request is over {MAX_BODY_BYTES >> 20} MiB"
@@ -243,6 +246,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
 
     app.add_middleware(AuthFirst, tokens=tokens, public=is_public)
     workdir_checks = WorkdirChecks()
+    answers = AnswersApart(daemon.store)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -467,8 +471,6 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         end = offset + len(data) - len(decoder.getstate()[0])  # a character cut at the chunk's end comes next
         return {"attempt": number, "attempts": attempts, "text": text, "offset": end, "done": finished and at_end}
 
-    history_reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-history")
-
     @app.get("/v1/history", responses=errors(422), response_model=list[dict[str, Any]])
     async def history(
         who: Who,
@@ -476,14 +478,10 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         limit: Annotated[int, Query(ge=1, le=MAX_HISTORY_RUNS)] = HISTORY_RUNS,
     ) -> Response:
         """The newest `limit` ended attempts with what telemetry saw of them, oldest first; of the last `hours`
-        only with it. Why another user's estimate failed (its capture's last error line) is theirs. Read and
-        written on a thread, one request at a time: a server's history may hold years of runs."""
+        only with it."""
         since = None if hours is None else daemon.clock.now() - hours * 3600
-        scheduler = daemon.scheduler
-        shown = {g: scheduler.shown(g) for g in scheduler.gpus}  # as `carma gpus` names them: a GPU gone, by its id
-        loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(history_reads, _history_answer, daemon.store, since, limit, shown, who)
-        return Response(body, media_type="application/json")
+        shown = shown_targets(daemon)
+        return await answers.json(lambda reads: _history_view(reads.history(since, limit), shown, who))
 
     metrics = Metrics(daemon)
 
@@ -492,7 +490,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         """Prometheus exposition (bearer token on TCP, like every request)."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.include_router(dashboard_routes(daemon, Who), responses=errors(422))
+    app.include_router(dashboard_routes(daemon, Who, answers), responses=errors(422))
 
     def set_draining(on: bool) -> dict[str, Any]:
         """`changed`: whether it was not so already (a second drain is said to be one)."""

@@ -10,6 +10,7 @@ the rest of the API, so on TCP the page sends its bearer token (it reads it from
 # no `from __future__ import annotations`: FastAPI must see the caller dependency `who`, a local, itself
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
@@ -21,9 +22,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from carma import __version__
 from carma.core.types import ACTIVE_STATES, TERMINAL_STATES
+from carma.server.apart import AnswersApart
 from carma.server.daemon import Daemon
-from carma.server.views import as_seen_by_others, gpu_views, status_view, task_summary
+from carma.server.store import Reads
+from carma.server.views import as_seen_by_others, gpu_views, shown_targets, status_view, task_summary
 
+SERIES_POINTS = 4000  # a GPU's in `/v1/series`: a month of ten-second buckets of 8 GPUs took 10 s to send
 SNAPSHOT_TASKS = 500  # tasks in a live event: the queue table's rows; `carma queue` lists every one
 
 MEDIA_TYPES = {
@@ -43,6 +47,13 @@ def _assets() -> dict[str, tuple[bytes, str]]:
         if entry.is_file() and suffix in MEDIA_TYPES:
             out[entry.name] = (entry.read_bytes(), MEDIA_TYPES[suffix])
     return out
+
+
+def series_step(window_s: float, bucket_s: float) -> float | None:
+    """The step `/v1/series` merges buckets into for a window of `window_s`, a whole number of buckets; None
+    where the window holds no more than `SERIES_POINTS` of them."""
+    buckets = math.ceil(window_s / bucket_s / SERIES_POINTS)
+    return None if buckets <= 1 else buckets * bucket_s
 
 
 def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
@@ -89,7 +100,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
     }
 
 
-def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
+def dashboard_routes(daemon: Daemon, who: Any, answers: AnswersApart) -> APIRouter:
     router = APIRouter()
     assets = _assets()
     index = assets.pop("index.html")[0].replace(b"{{version}}", __version__.encode())  # served at / only
@@ -114,15 +125,23 @@ def dashboard_routes(daemon: Daemon, who: Any) -> APIRouter:
         reconfigurations of those hours."""
         return timeline_view(daemon, daemon.clock.now() - hours * 3600)
 
-    @router.get("/v1/series")
+    @router.get("/v1/series", response_model=dict[str, Any])
     async def series(
         _: who, minutes: Annotated[float, Query(gt=0, le=60 * 24 * 90, allow_inf_nan=False)] = 60.0
-    ) -> dict[str, Any]:
-        """Archived per-GPU samples of the last `minutes`, one per bucket, as columns."""
-        since = daemon.clock.now() - minutes * 60
-        gpus = daemon.store.gpu_series(since)
-        shown = daemon.scheduler.shown
-        return {"bucket_s": daemon.archive.bucket_s, "gpus": {str(shown(g)): s for g, s in gpus.items()}}
+    ) -> Response:
+        """Archived per-GPU samples of the last `minutes`, one per bucket, as columns: at most
+        `SERIES_POINTS` a GPU, buckets merged into longer steps (`bucket_s`) where the window holds more."""
+        since, step = daemon.clock.now() - minutes * 60, series_step(minutes * 60, daemon.archive.bucket_s)
+        shown = shown_targets(daemon)
+
+        def read(reads: Reads) -> dict[str, Any]:
+            gpus = reads.gpu_series(since, step_s=step)
+            return {
+                "bucket_s": step or daemon.archive.bucket_s,
+                "gpus": {str(shown.get(g, g)): s for g, s in gpus.items()},
+            }
+
+        return await answers.json(read)
 
     def encoded() -> bytes:
         if cache["tick"] != daemon.tick:  # one encoding per step, whatever the number of viewers

@@ -134,6 +134,16 @@ ADDED_COLUMNS = {
 }
 SCHEMA_VERSION = 2  # 2: attempts and samples name their targets by id (1: by the GPU's index at the time)
 SERIES_FIELDS = ("used_mib", "total_mib", "smact", "smocc", "drama", "power_w", "energy_j", "temperature_c")
+MERGED = {  # how samples merge into a longer step (`Reads.gpu_series`); avg leaves out what is missing
+    "used_mib": "max",
+    "total_mib": "max",
+    "smact": "avg",
+    "smocc": "avg",
+    "drama": "avg",
+    "power_w": "avg",
+    "energy_j": "max",  # a counter
+    "temperature_c": "max",
+}
 
 
 @dataclass(frozen=True)
@@ -252,7 +262,90 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-class Store:
+class Reads:
+    """The queries that answer requests, on the daemon's connection (a `Store`) or on one of their own
+    (`Store.apart`), which a thread may use while the daemon writes."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def history(self, since_s: float | None = None, limit: int | None = None) -> list[dict[str, object]]:
+        """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates); the
+        newest `limit` of them with a limit. Of each job only what a run is listed with is read: not its
+        environment, which may hold megabytes."""
+        rows = self._db.execute(
+            """SELECT a.task_id, a.number, json_extract(t.job, '$.name'), json_extract(t.job, '$.user'),
+                      json_extract(t.job, '$.argv'), json_extract(t.job, '$.workdir'), json_extract(t.job, '$.shell'),
+                      json_extract(t.job, '$.mem_mib'), t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
+                      a.outcome, a.need, a.shared, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean, a.gract_mean
+               FROM attempts a JOIN tasks t ON t.id = a.task_id
+               WHERE a.ended_s IS NOT NULL AND a.ended_s >= ?
+               ORDER BY a.ended_s DESC, a.task_id DESC, a.number DESC LIMIT ?""",
+            (since_s if since_s is not None else float("-inf"), -1 if limit is None else limit),
+        ).fetchall()
+        out = []
+        for row in reversed(rows):
+            (task_id, number, name, user, argv, workdir, shell, mem_mib, state, gpus, start, first, end, outcome, need,
+             shared, peak, smact, smocc, drama, gract) = row  # fmt: skip
+            placed = _need(need)
+            out.append(
+                {
+                    "task_id": task_id,
+                    "attempt": number,
+                    "name": name,
+                    "user": user,
+                    "command": json.loads(argv),
+                    "workdir": workdir,
+                    "shell": bool(shell),
+                    "state": state,
+                    "outcome": outcome,
+                    "gpus": json.loads(gpus),
+                    "mem_mib": mem_mib,
+                    "need_mib": placed.mib if placed else None,  # the memory it was placed with
+                    "need": placed.kind.value if placed else None,
+                    "need_source": placed.source if placed else None,
+                    "dispatched_s": start,
+                    "first_kernel_s": first,
+                    "ended_s": end,
+                    "exec_s": end - start,
+                    "shared": bool(shared),  # another task or process was on its GPUs at some point
+                    "peak_mib": peak,
+                    "smact_mean": smact,
+                    "smocc_mean": smocc,
+                    "drama_mean": drama,
+                    "gract_mean": gract,
+                }
+            )
+        return out
+
+    def gpu_series(
+        self, since_s: float, until_s: float | None = None, step_s: float | None = None
+    ) -> dict[TargetId, dict[str, list]]:
+        """Per target, the archived samples in [since_s, until_s] as columns: {"t": [...], "used_mib": [...],
+        ...}; with `step_s`, merged into steps of that many seconds as the archive merges samples into buckets
+        (the most memory used, mean activity and power, the highest energy counter and temperature), each at
+        the time of its first sample."""
+        window = (since_s, until_s if until_s is not None else float("inf"))
+        if step_s is None:
+            query = (
+                f"SELECT gpu, t, {', '.join(SERIES_FIELDS)} FROM gpu_samples WHERE t >= ? AND t <= ? ORDER BY t, gpu"
+            )
+            rows = self._db.execute(query, window)
+        else:
+            merged = ", ".join(f"{MERGED[f]}({f})" for f in SERIES_FIELDS)
+            query = f"""SELECT gpu, min(t), {merged} FROM gpu_samples WHERE t >= ? AND t <= ?
+                        GROUP BY gpu, CAST(t / ? AS INTEGER) ORDER BY 2, gpu"""
+            rows = self._db.execute(query, (*window, step_s))
+        out: dict[TargetId, dict[str, list]] = {}
+        for gpu, t, *values in rows:
+            series = out.setdefault(gpu, {"t": [], **{f: [] for f in SERIES_FIELDS}})
+            series["t"].append(t)
+            for field, value in zip(SERIES_FIELDS, values, strict=True):
+                series[field].append(value)
+        return out
+
+
+class Store(Reads):
     """The database at `path`. `ids` is the file that keeps the next task id beside it, and `first_id` the
     least id it may hand out (above the run dirs already on disk); `readonly` opens it to look only, for a
     check while a daemon may run."""
@@ -555,32 +648,14 @@ class Store:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
-    def history(self, since_s: float | None = None, limit: int | None = None) -> list[dict[str, object]]:
-        """Ended attempts, oldest first: the runs' observed memory and metrics (for refits and estimates); the
-        newest `limit` of them with a limit."""
-        return _history(self._db, since_s, limit)
-
-    def history_apart(self, since_s: float | None = None, limit: int | None = None) -> list[dict[str, object]]:
-        """`history`, read on a connection of its own: for a thread, while the daemon writes on its own."""
+    @contextmanager
+    def apart(self) -> Iterator[Reads]:
+        """The reads on a connection of their own, for a thread, while the daemon writes on its own."""
         db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
         try:
-            return _history(db, since_s, limit)
+            yield Reads(db)
         finally:
             db.close()
-
-    def gpu_series(self, since_s: float, until_s: float | None = None) -> dict[TargetId, dict[str, list]]:
-        """Per target, the archived samples in [since_s, until_s] as columns: {"t": [...], "used_mib": [...], ...}."""
-        out: dict[TargetId, dict[str, list]] = {}
-        rows = self._db.execute(
-            f"SELECT gpu, t, {', '.join(SERIES_FIELDS)} FROM gpu_samples WHERE t >= ? AND t <= ? ORDER BY t, gpu",
-            (since_s, until_s if until_s is not None else float("inf")),
-        )
-        for gpu, t, *values in rows:
-            series = out.setdefault(gpu, {"t": [], **{f: [] for f in SERIES_FIELDS}})
-            series["t"].append(t)
-            for field, value in zip(SERIES_FIELDS, values, strict=True):
-                series[field].append(value)
-        return out
 
     def reconfigurations(self, since_s: float) -> list[Reconfiguration]:
         """The MIG reconfigurations that ended at `since_s` or later, oldest first."""
@@ -632,54 +707,6 @@ class Store:
             observed = {a.number: o for a, _, o in rows if o is not None}
             out.append(StoredTask(task, _job(job), spawns, observed))
         return out
-
-
-def _history(db: sqlite3.Connection, since_s: float | None, limit: int | None) -> list[dict[str, object]]:
-    # of each job, only what a run is listed with: its environment (up to megabytes) is not parsed
-    rows = db.execute(
-        """SELECT a.task_id, a.number, json_extract(t.job, '$.name'), json_extract(t.job, '$.user'),
-                  json_extract(t.job, '$.argv'), json_extract(t.job, '$.workdir'), json_extract(t.job, '$.shell'),
-                  json_extract(t.job, '$.mem_mib'), t.state, a.gpus, a.dispatched_s, a.first_kernel_s, a.ended_s,
-                  a.outcome, a.need, a.shared, a.peak_mib, a.smact_mean, a.smocc_mean, a.drama_mean, a.gract_mean
-           FROM attempts a JOIN tasks t ON t.id = a.task_id
-           WHERE a.ended_s IS NOT NULL AND a.ended_s >= ?
-           ORDER BY a.ended_s DESC, a.task_id DESC, a.number DESC LIMIT ?""",
-        (since_s if since_s is not None else float("-inf"), -1 if limit is None else limit),
-    ).fetchall()
-    out = []
-    for row in reversed(rows):
-        (task_id, number, name, user, argv, workdir, shell, mem_mib, state, gpus, start, first, end, outcome, need,
-         shared, peak, smact, smocc, drama, gract) = row  # fmt: skip
-        placed = _need(need)
-        out.append(
-            {
-                "task_id": task_id,
-                "attempt": number,
-                "name": name,
-                "user": user,
-                "command": json.loads(argv),
-                "workdir": workdir,
-                "shell": bool(shell),
-                "state": state,
-                "outcome": outcome,
-                "gpus": json.loads(gpus),
-                "mem_mib": mem_mib,
-                "need_mib": placed.mib if placed else None,  # the memory it was placed with
-                "need": placed.kind.value if placed else None,
-                "need_source": placed.source if placed else None,
-                "dispatched_s": start,
-                "first_kernel_s": first,
-                "ended_s": end,
-                "exec_s": end - start,
-                "shared": bool(shared),  # another task or process was on its GPUs at some point
-                "peak_mib": peak,
-                "smact_mean": smact,
-                "smocc_mean": smocc,
-                "drama_mean": drama,
-                "gract_mean": gract,
-            }
-        )
-    return out
 
 
 def _job(text: str) -> JobSpec:

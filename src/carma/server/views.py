@@ -22,6 +22,13 @@ NOT_SEEN_YET = "started; not yet seen on its GPU"  # a dispatched task: running 
 OWN_SWITCHES = ("hold_known_needs", *OWN_DECISIONS, "predict_growth")
 
 
+def shown_targets(daemon: Daemon) -> dict[TargetId, int | str]:
+    """The server's targets as users name them (`carma gpus`), copied for a thread: a target not among them
+    has left, and is named by its id."""
+    scheduler = daemon.scheduler
+    return {g: scheduler.shown(g) for g in scheduler.gpus}
+
+
 def status_view(daemon: Daemon) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for task in daemon.scheduler.tasks:
