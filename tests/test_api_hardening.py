@@ -403,3 +403,22 @@ def test_long_programs_and_commands_are_cut_in_names_and_the_history(served):  #
     (run,) = [r for r in server.client.history() if r["task_id"] == long["id"]]
     assert run["command"] == ["/bin/true", "a" * 4086 + "…"]  # 4,096 characters of it
     assert server.client.task(long["id"])["command"] == ["/bin/true", "a" * 100_000, "b"]  # the task keeps it whole
+
+
+def test_tasks_are_listed_by_their_ids_in_the_order_asked(served):  # type: ignore[no-untyped-def]
+    """`carma wait` on many tasks lists just them at each poll: a listing of every task the server keeps
+    grows with its history (100,000 ended tasks made each poll a second of the daemon's)."""
+    server, port = served
+    first, second = (server.client.submit({"command": ["/bin/true"], "workdir": "/tmp"})["id"] for _ in range(2))
+    listed = server.client.tasks(ids=[second, first, 10**9, second])
+    assert [t["id"] for t in listed] == [second, first]  # a task the server has not is left out
+    assert [t["id"] for t in server.client.tasks(ids=list(range(1, first + 600)))][-2:] == [first, second]  # 2 asks
+    for ids, detail in [
+        ("1,x", "ids: comma-separated task ids, like 12,13; got '1,x'"),
+        (",".join(["1"] * 1001), "ids: at most 1,000 task ids at once; got 1,001"),
+    ]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", f"/v1/tasks?ids={ids}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        response = conn.getresponse()
+        assert (response.status, json.loads(response.read())["detail"]) == (422, detail)
+        conn.close()

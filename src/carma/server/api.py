@@ -50,6 +50,7 @@ NAME_CHARS = 200  # a task's name, given or taken from its program
 HISTORY_COMMAND_CHARS = 4096  # of each run's command in `/v1/history`
 HISTORY_RUNS = 1000  # the newest runs `/v1/history` gives unless asked for more
 MAX_HISTORY_RUNS = 100_000
+MAX_LISTED_IDS = 1000  # of `/v1/tasks?ids=`: 7 KB of query, far below a request head's limit
 NO_ESTIMATE = "none"  # `estimate`: recovery only, whatever the server's default
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
 MAX_BODY_BYTES = 16 << 20  # a task a process could start is a few MiB of JSON: more is refused before it is read
@@ -207,6 +208,16 @@ def _history_row(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "command": kept}
 
 
+def _task_ids(ids: str) -> list[TaskId]:
+    """`ids` of `/v1/tasks`, in order and each once; 422 when it is no list of ids or too long a one."""
+    words = ids.split(",")
+    if len(words) > MAX_LISTED_IDS:
+        raise HTTPException(422, f"ids: at most {MAX_LISTED_IDS:,} task ids at once; got {len(words):,}")
+    if not all(w.isascii() and w.isdigit() and len(w) <= 18 for w in words):
+        raise HTTPException(422, f"ids: comma-separated task ids, like 12,13; got {cut(ids, 40)!r}")
+    return list(dict.fromkeys(map(int, words)))
+
+
 def _history_view(runs: list[dict[str, Any]], shown: dict[TargetId, int | str], who: Caller) -> list[dict[str, Any]]:
     """`/v1/history`'s runs: GPUs as `carma gpus` names them (`shown`: a GPU gone, by its id), each command
     cut; why another user's estimate failed (its capture's last error line) is theirs."""
@@ -284,11 +295,16 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
             )
         return who
 
-    def task_or_404(task_id: TaskId) -> Task:
+    def kept(task_id: TaskId) -> Task | None:
         try:
             return daemon.scheduler.task(task_id)
         except KeyError:
-            raise HTTPException(404, daemon.no_task(task_id)) from None
+            return None
+
+    def task_or_404(task_id: TaskId) -> Task:
+        if (task := kept(task_id)) is None:
+            raise HTTPException(404, daemon.no_task(task_id))
+        return task
 
     def is_theirs(task: Task, who: Caller) -> bool:
         return who.admin or daemon.jobs[task.id].uid == who.uid
@@ -400,8 +416,21 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         return task_view(daemon, task)
 
     @app.get("/v1/tasks", responses=errors(422))
-    async def tasks(who: Who, state: TaskState | None = None, all: bool = False) -> list[dict[str, Any]]:
-        selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
+    async def tasks(
+        who: Who,
+        state: TaskState | None = None,
+        all: bool = False,
+        ids: Annotated[
+            str | None,
+            Query(description=f"these tasks only, whatever their state: up to {MAX_LISTED_IDS:,} ids, comma-separated"),
+        ] = None,
+    ) -> list[dict[str, Any]]:
+        """The tasks not ended (`all`: every task the server keeps; `state`: those in it), oldest first. A
+        task of `ids` the server does not have is left out."""
+        if ids is not None:
+            selected = [t for t in map(kept, _task_ids(ids)) if t is not None]
+        else:
+            selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
         if state:
             selected = [t for t in selected if t.state is state]
         return [seen_by(who, t, task_summary(daemon, t)) for t in selected]

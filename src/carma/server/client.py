@@ -23,7 +23,8 @@ TIMEOUT_S = 30.0
 RECONNECT_S = 60.0  # how long `wait`, `logs -f` and a replay's submissions wait out a restart (it takes seconds)
 ENDED = frozenset({"completed", "failed", "cancelled"})
 DRAINING = "the server is draining: no placements until `carma resume`"  # a waiting task's reason, as the API says it
-FEW_TASKS = 20  # up to this many, `wait` asks for each task; beyond, it lists them all once per poll
+FEW_TASKS = 20  # up to this many, `wait` asks for each task; beyond, it lists them once per poll
+LISTED_IDS = 500  # tasks asked for in one listing (the API takes up to 1,000)
 T = TypeVar("T")
 
 
@@ -159,11 +160,19 @@ class Client:
         """Raise Refused as `submit` would, keeping nothing; else `{"dry_run": true, "name": ..., "draining": ...}`."""
         return self.request("POST", "/v1/tasks", {"dry_run": True}, json_body=spec)
 
-    def tasks(self, all: bool = False, state: str | None = None) -> list[dict[str, Any]]:
+    def tasks(self, all: bool = False, state: str | None = None, ids: list[int] | None = None) -> list[dict[str, Any]]:
+        """With `ids`, those tasks the server has (whatever `all` says), asked `LISTED_IDS` at a time."""
         params: dict[str, Any] = {"all": all}
         if state:
             params["state"] = state
-        return self.request("GET", "/v1/tasks", params)
+        if ids is None:
+            return self.request("GET", "/v1/tasks", params)
+        chunks = (ids[i : i + LISTED_IDS] for i in range(0, len(ids), LISTED_IDS))
+        return [
+            t
+            for chunk in chunks
+            for t in self.request("GET", "/v1/tasks", {**params, "ids": ",".join(map(str, chunk))})
+        ]
 
     def task(self, task_id: int) -> dict[str, Any]:
         return self.request("GET", f"/v1/tasks/{task_id}")
@@ -211,8 +220,9 @@ class Client:
 
     def states(self, task_ids: list[int], whole: bool = False) -> list[dict[str, Any]]:
         """The tasks now (id, state, reason and more), in the order given, without waiting; with `whole`, the
-        ended ones as `task` gives them (with their attempts). One request each for a few, one listing for many
-        (a thousand requests per poll kept the daemon busy)."""
+        ended ones as `task` gives them (with their attempts). One request each for a few, a listing of just them
+        for many (a thousand requests per poll kept the daemon busy, and a listing of every task it keeps grows
+        with its history)."""
         tasks = self._states(task_ids)
         return self._whole(tasks) if whole else tasks
 
@@ -222,7 +232,7 @@ class Client:
     def _states(self, task_ids: list[int]) -> list[dict[str, Any]]:
         if len(task_ids) <= FEW_TASKS:
             return [self.task(t) for t in task_ids]
-        by_id = {t["id"]: t for t in self.tasks(all=True)}
+        by_id = {t["id"]: t for t in self.tasks(ids=task_ids)}
         if (missing := next((t for t in task_ids if t not in by_id), None)) is not None:
             self.task(missing)  # the server says why (never was, or forgotten)
             raise ClientError(f"no task with id {missing}")
