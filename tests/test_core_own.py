@@ -188,6 +188,53 @@ def test_backfill_without_durations_is_strict_fifo():
     assert not isinstance(b.sched.discipline, EasyBackfill)
 
 
+BESIDE = {"bound": 1000.0, "quick": 100.0, "light": 5000.0, "heavy": 5000.0, "pair": 500.0}
+BESIDE_ACTIVITY = {"bound": Activity(1.0, 0.5, 0.7), "quick": Activity(1.0, 0.5, 0.7), "heavy": Activity(1.0, 0.5, 0.7)}
+
+
+def _waiting_pair_beside(known: bool) -> tuple[Bench, int]:
+    """GPU 0 busy with a GPU-bound task until 1000 s, GPU 1 idle since 100 s: a two-GPU head waits for GPU 0 and
+    holds GPU 1; a light task of 5000 s and a GPU-bound one wait behind it. `known`: the tasks' activity."""
+    b = bench(
+        2,
+        durations=lambda task: BESIDE.get(task.spec.name),
+        activity=(lambda task: BESIDE_ACTIVITY.get(task.spec.name, Activity(0.1, 0.05, 0.05))) if known else None,
+        backfill=True,
+        ttfk_unknown_only=True,
+    )
+    b.submit("bound", mem_mib=8000)
+    b.submit("quick", mem_mib=8000)
+    assert len(b.placed()) == 2
+    for gpu in (0, 1):
+        b.set(gpu, smact=1.0, smocc=0.5, drama=0.7, used_mib=8000)
+    b.advance(40)
+    b.submit("pair", gpus=2, mem_mib=20000)
+    light = b.submit("light", mem_mib=1000)
+    b.submit("heavy", mem_mib=1000)
+    b.advance(60)
+    b.exit(2)
+    b.set(1, smact=0.0, smocc=0.0, drama=0.0, used_mib=0)
+    b.advance(1)
+    return b, light.id
+
+
+def test_a_task_the_head_still_fits_beside_is_backfilled_onto_its_reserved_gpu():
+    """A long light task leaves the waiting head room on the GPU held for it: it starts there, and the head
+    joins it when its other GPU frees; a GPU-bound one does not (the head could not join it), nor does any
+    where the tasks' activity is not known (the reserved GPU then waits empty)."""
+    b, light = _waiting_pair_beside(known=True)
+    assert b.placed() == {light: (1,)}
+    b.set(1, smact=0.1, smocc=0.05, drama=0.05, used_mib=1000)
+    b.advance(900)
+    b.exit(1)
+    b.set(0, smact=0.0, smocc=0.0, drama=0.0, used_mib=0)
+    b.advance(31)  # GPU 0's window clears
+    assert b.placed()[3] == (0, 1)  # the pair, beside the light task on GPU 1
+
+    unknown, _ = _waiting_pair_beside(known=False)
+    assert unknown.placed() == {}
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(

@@ -8,6 +8,11 @@ time; the placer's rules (memory, risk, TTFK) apply to it as to any task. Durati
 backfilled, and a GPU holding one never comes free in a reservation, so without durations this is strict
 FIFO. Expected ends assume a task's solo duration: a collocated task that runs slower than it can make the
 head start later than its shadow time, never earlier than it would have.
+
+On shared GPUs the head need not wait for a GPU to empty: a GPU comes free for it once the tasks left on it
+are ones it fits beside (`LeavesRoom`: their needs and the head's in its memory, their expected activity
+together passing the risk rule), and a later task the head would still fit beside may start on a reserved GPU
+whenever it ends. On trace 1, the head waited for GPUs left idle or to long light tasks (docs/policy.md).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ class Occupancy(View, Protocol):
 
 # A task's expected run time (seconds, launch to exit, alone on its GPUs), or None when not known.
 DurationOf = Callable[[Task], float | None]
+# Whether the head could be placed on a GPU beside the given tasks (their needs and expected activity leave it room
+# and pass the risk rule); never where that cannot be told (whole GPUs, needs or activity not known).
+LeavesRoom = Callable[[Task, TargetId, Sequence[Task]], bool]
 
 
 @dataclass(frozen=True)
@@ -47,10 +55,17 @@ class Reservation:
 class EasyBackfill(StrictFifo):
     """Strict FIFO for the head (the recovery queue's first), then, while it waits, backfilling past it."""
 
-    def __init__(self, view: Occupancy, task_of: Callable[[TaskId], Task], duration_of: DurationOf) -> None:
+    def __init__(
+        self,
+        view: Occupancy,
+        task_of: Callable[[TaskId], Task],
+        duration_of: DurationOf,
+        leaves_room: LeavesRoom = lambda head, gpu, tasks: False,
+    ) -> None:
         self._view = view
         self._task_of = task_of
         self._duration_of = duration_of
+        self._leaves_room = leaves_room
         self.reservation: Reservation | None = None  # the last decision's, for tests and reports
 
     def offer(self, queues: Queues, attempt: Attempt) -> None:
@@ -58,7 +73,8 @@ class EasyBackfill(StrictFifo):
         head = first_waiting(queues, attempt)
         if head is None:
             return
-        reservation = self._reserve(self._task_of(head))
+        head_task = self._task_of(head)
+        reservation = self._reserve(head_task)
         if reservation is None:
             return
         self.reservation = reservation
@@ -71,7 +87,23 @@ class EasyBackfill(StrictFifo):
             if view.now + duration <= reservation.shadow_s:  # it ends in time: the reserved idle GPUs too
                 idle = set(view.idle_gpus())
                 reserved = frozenset(g for g in reserved if g not in idle)
+            if reserved:  # a task the head still fits beside may start on its reserved GPUs too
+                task = self._task_of(task_id)
+                reserved = frozenset(g for g in reserved if not self._room(head_task, g, task, reservation.shadow_s))
             attempt(task_id, reserved)
+
+    def _room(self, head: Task, gpu: TargetId, task: Task, shadow_s: float) -> bool:
+        """Whether `task` on `gpu` leaves the head room there, beside the tasks expected to run past its shadow."""
+        staying = [t for t in self._view.tasks_on(gpu) if self._end(t) > shadow_s]
+        return self._leaves_room(head, gpu, [*staying, task])
+
+    def _end(self, task: Task) -> float:
+        """When a placed task is expected to end; never when its duration is not known."""
+        duration = self._duration_of(task)
+        attempt = task.current
+        if duration is None or attempt is None:
+            return math.inf
+        return attempt.dispatched_s + duration
 
     def _reserve(self, head: Task) -> Reservation | None:
         """The head's reservation: the n GPUs it may take that are expected to be free first; None when fewer than
@@ -79,25 +111,24 @@ class EasyBackfill(StrictFifo):
         view = self._view
         n = head.spec.gpus
         idle = set(view.idle_gpus())
-        free_at = {g: self._free_at(g, g in idle) for g in for_tasks_of(n, list(view.gpus), view.gpus)}
+        free_at = {g: self._free_at(g, g in idle, head) for g in for_tasks_of(n, list(view.gpus), view.gpus)}
         first = sorted(free_at, key=lambda g: free_at[g])[:n]
         if len(first) < n or math.isinf(shadow := max(free_at[g] for g in first)):
             return None
         return Reservation(head.id, frozenset(first), shadow)
 
-    def _free_at(self, gpu: TargetId, idle: bool) -> float:
-        """When `gpu` is expected to hold no task (now for an idle one; never with a process of someone else's)."""
+    def _free_at(self, gpu: TargetId, idle: bool, head: Task) -> float:
+        """When `gpu` is expected to hold only tasks the head fits beside (now for an idle one; never with a
+        process of someone else's): the end of the last to end that it does not fit beside."""
         view = self._view
         if idle:
             return view.now
         tasks = view.tasks_on(gpu)
         if not tasks:
             return math.inf  # only another process: carma cannot tell when it ends
-        ends = []
-        for task in tasks:
-            duration = self._duration_of(task)
-            attempt = task.current
-            if duration is None or attempt is None:
-                return math.inf
-            ends.append(attempt.dispatched_s + duration)
-        return max(view.now, *ends)
+        staying: list[Task] = []
+        for task in sorted(tasks, key=self._end, reverse=True):
+            if not self._leaves_room(head, gpu, [*staying, task]):
+                return max(view.now, self._end(task))
+            staying.append(task)
+        return view.now

@@ -27,7 +27,7 @@ from carma.core.policies.pair import PairingModel
 from carma.core.ports import Estimator
 from carma.core.queue import QueueDiscipline, Queues, StrictFifo
 from carma.core.recovery import classify_exit, oom_message
-from carma.core.risk import WARMING_WINDOWS, ActivityOf, Risk, with_expected
+from carma.core.risk import WARMING_WINDOWS, Activity, ActivityOf, Risk, with_expected
 from carma.core.ttfk import TtfkTable
 from carma.core.types import (
     ACTIVE_STATES,
@@ -141,8 +141,9 @@ class Scheduler:
         self._growth: dict[TargetId, int] = {}  # by shared GPU: the growth its tasks are predicted to still allocate
         self._next_id = 1
         self._view = _SchedulerView(self, pairing, activity if self.config.warmup_risk else None)
+        self._activity = activity
         if discipline is None and self.config.backfill and durations is not None:
-            discipline = EasyBackfill(self._view, self.task, durations)
+            discipline = EasyBackfill(self._view, self.task, durations, self._leaves_room)
         self.discipline = discipline or StrictFifo()
         for target in targets:
             self.add_target(target)
@@ -629,6 +630,30 @@ class Scheduler:
             if need is not None:
                 self._needs[task.id] = need
         return need
+
+    def _leaves_room(self, head: Task, gpu: TargetId, staying: Sequence[Task]) -> bool:
+        """Whether `head` could be placed on shared `gpu` beside `staying` (backfilling's `LeavesRoom`): its need
+        and the margin fit in the GPU's memory beside the needs they hold, and their expected activity together
+        passes the risk rule. Never where a need or an activity is not known, nor beside another process."""
+        head_need = self._needs.get(head.id)
+        if head_need is None or head_need.kind is not NeedKind.KNOWN or head_need.mib is None or not self._activity:
+            return False
+        if not self.gpus[gpu].shareable or self._foreign[gpu]:
+            return False
+        held, activities = 0, list[Activity]()
+        for task in staying:
+            need = task.current.need if task.id in self._on_gpu[gpu] and task.current else self._need(task)
+            mib = need.held_mib(self.config.margin_mib) if need and need.kind is NeedKind.KNOWN else None
+            activity = self._activity(task)
+            if mib is None or activity is None:
+                return False
+            held += mib
+            activities.append(activity)
+        if held + head_need.mib + self.config.margin_mib > self.gpus[gpu].total_mib - self.config.reserve_mib:
+            return False
+        return not (
+            self.config.risk.enabled and with_expected(Risk(0.0, 0.0, 0.0), activities).excluded(self.config.risk)
+        )
 
     def _usable(self, n: int) -> int:
         """The most memory (MiB, less the reserve) each GPU of an `n`-GPU task can have."""
