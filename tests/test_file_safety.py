@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +86,51 @@ def test_a_file_of_the_kernels_is_never_read(run_dir: Path) -> None:
         open_for_reading(run_dir / "stdout.log", owners_of(run_dir))
 
 
+LINKS = 1500  # Python resolves each link of a path by recursing: more than its recursion limit
+CHAIN = f"i=0; while [ $i -lt {LINKS} ]; do ln -s l$((i + 1)) x/l$i; i=$((i + 1)); done"
+
+
+def test_a_chain_of_links_too_long_to_resolve_is_refused_not_raised(run_dir: Path) -> None:
+    """A user's chain of 1,500 links in place of a log raised RecursionError from the kernel-file check, which
+    stopped the daemon (and again at each start, the task being adopted again)."""
+    (run_dir / "x").mkdir()
+    (run_dir / "x" / f"l{LINKS}").write_text("end")
+    subprocess.run(["/bin/sh", "-c", CHAIN], cwd=run_dir, check=True)
+    (run_dir / "stderr.log").symlink_to("x/l0")
+    with pytest.raises(UnsafeFile, match=r"stderr\.log is a symbolic link"):
+        open_for_reading(run_dir / "stderr.log", owners_of(run_dir))
+    (run_dir / "x" / f"l{LINKS}").unlink()
+    (run_dir / "x" / f"l{LINKS}").mkdir()  # the chain as the folder of the file asked for
+    with pytest.raises(UnsafeFile, match="its folder is reached through too many symbolic links"):
+        open_for_reading(run_dir / "x" / "l0" / "stderr.log", owners_of(run_dir))
+
+
+def test_a_lease_on_a_log_fails_the_daemons_open_at_once(run_dir: Path) -> None:
+    """A task's process that took a write lease on its stderr.log held the daemon's append (its note on how the
+    task ended) for the kernel's lease-break time: 45 s of the event loop, at each such exit."""
+    log = run_dir / "stderr.log"
+    log.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", LEASE, str(log)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "leased\n"
+    started = time.monotonic()
+    with pytest.raises(BlockingIOError):
+        open_for_append(log, owners_of(run_dir))
+    assert time.monotonic() - started < 5
+    with pytest.raises(BlockingIOError):  # reads already did not wait
+        open_for_reading(log, owners_of(run_dir))
+    holder.kill()
+    holder.wait()
+
+
+LEASE = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+print("leased", flush=True)
+time.sleep(60)
+"""
+
+
 def test_a_record_linked_twice_is_read_as_claim_links_it_in_place(run_dir: Path) -> None:
     (run_dir / ".shim.json.tmp").write_text('{"pid": 7}')
     os.link(run_dir / ".shim.json.tmp", run_dir / "shim.json")
@@ -130,8 +177,9 @@ def server(start_server):  # type: ignore[no-untyped-def]
         ("rm stdout.log && ln {home}/secret stdout.log", "has 2 hard links"),
         ("rm stdout.log && mkdir stdout.log", "is a directory"),
         ("rm stdout.log && mkfifo stdout.log", "is a FIFO"),
+        (f"mkdir x && touch x/l{LINKS} && {CHAIN} && rm stdout.log && ln -s x/l0 stdout.log", "is a symbolic link"),
     ],
-    ids=["symlink to a root-only file", "symlink to tokens", "hard link", "directory", "fifo"],
+    ids=["symlink to a root-only file", "symlink to tokens", "hard link", "directory", "fifo", "chain of links"],
 )
 def test_carma_logs_refuses_what_the_task_put_in_place_of_its_log(server, plant: str, said: str) -> None:  # type: ignore[no-untyped-def]
     (server.home / "tokens").write_text("admin-token-0123456789 ops 0 admin\n")

@@ -49,7 +49,7 @@ def open_for_reading(path: Path, owners: Collection[int] | None = None, single_l
     regular file whose read waits for the kernel's next message, and takes it from the system log; tracefs's
     `trace_pipe` too): by its path, and by the file system of what was opened. Read without blocking all the
     same. Missing: FileNotFoundError, as `open` says."""
-    if os.path.realpath(path).startswith(KERNEL_FILES):
+    if _kernel_path(path):
         raise UnsafeFile(f"{path} is a file of the kernel's: carma reads no file there")
     if not hasattr(os, "O_PATH"):  # not Linux (`carma estimate` on a laptop): checked once opened, unblocked
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -62,6 +62,18 @@ def open_for_reading(path: Path, owners: Collection[int] | None = None, single_l
         return os.fdopen(_reopen(fd, os.O_RDONLY | os.O_NONBLOCK), "rb")
     finally:
         os.close(fd)
+
+
+def _kernel_path(path: Path) -> bool:
+    """Whether `path` names a file in the kernel's file systems: its folder resolved, its own name not (it is
+    opened without following a link, and a user's link there is refused as one). A folder reached through a
+    chain of links too long to resolve is refused: Python resolves each link by recursing, and a user's chain
+    of 1,500 links raised RecursionError (which stopped the daemon at each start while the task's log was one)."""
+    try:
+        folder = os.path.realpath(path.parent)
+    except (RecursionError, ValueError):
+        raise UnsafeFile(f"{path}: its folder is reached through too many symbolic links") from None
+    return os.path.join(folder, path.name).startswith(KERNEL_FILES)
 
 
 @cache
@@ -78,13 +90,16 @@ def _kernel_devices() -> frozenset[int]:
 
 def open_for_append(path: Path, owners: Collection[int] | None = None, mode: int = 0o644) -> BinaryIO:
     """`path` opened for appending, created (`mode`) if missing; an existing one is checked as in
-    `open_for_reading` (a single link: appending to a hard link of `/etc/passwd` would change it)."""
+    `open_for_reading` (a single link: appending to a hard link of `/etc/passwd` would change it). Opened
+    without blocking: the owner's lease on the file (`F_SETLEASE`) would hold the open until the kernel's
+    lease-break time (45 s) ran out; it fails at once (BlockingIOError) instead."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except FileExistsError:
         path_fd = _checked(os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC), path, owners, single_link=True)
         try:
-            fd = _reopen(path_fd, os.O_WRONLY | os.O_APPEND)
+            fd = _reopen(path_fd, flags)
         finally:
             os.close(path_fd)
     return os.fdopen(fd, "ab")
