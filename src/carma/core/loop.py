@@ -51,16 +51,20 @@ class SchedulingLoop:
         """Whether changes are waiting for the journal."""
         return bool(self._unsaved)
 
-    def cancel(self, task_id: TaskId) -> None:
-        """Cancel a task; raises JournalError, changing nothing, while the journal cannot be written (earlier
-        changes wait, or the task's own record cannot be written again now: a cancel taken but never written
-        was a queued task back after a restart)."""
+    def cancel(self, *task_ids: TaskId) -> None:
+        """Cancel tasks, together: no placement comes between them, and their changes are written at once (a
+        cancel of 3,000 queued tasks, one at a time, was 6,000 writes). Raises JournalError, changing nothing,
+        while the journal cannot be written (earlier changes wait, or the tasks' own records cannot be written
+        again now: a cancel taken but never written was a queued task back after a restart)."""
+        if not task_ids:
+            return
         if self._unsaved:
             self._write()  # raises JournalError
-        if self.journal is not None:
-            self.journal.save([self.scheduler.task(task_id)])  # raises JournalError, before anything changes
-        actions = self.scheduler.cancel(task_id, self.clock.now())
-        self._persist()  # a failure now leaves the cancel to be written later: the kill asked for goes ahead
+        if self.journal is not None:  # raises JournalError, before anything changes
+            self.journal.save([self.scheduler.task(task_id) for task_id in task_ids])
+        now = self.clock.now()
+        actions = [action for task_id in task_ids for action in self.scheduler.cancel(task_id, now)]
+        self._persist()  # a failure now leaves the cancels to be written later: the kills asked for go ahead
         self._carry_out(actions)
 
     def step(self, place: bool = True) -> list[Action]:

@@ -50,6 +50,7 @@ NAME_CHARS = 200  # a task's name, given or taken from its program
 HISTORY_COMMAND_CHARS = 4096  # of each run's command in `/v1/history`
 HISTORY_RUNS = 1000  # the newest runs `/v1/history` gives unless asked for more
 MAX_HISTORY_RUNS = 100_000
+MAX_CANCEL_IDS = 100_000  # of one `/v1/cancel`: ten users' whole queues (`max_user_tasks`)
 MAX_LISTED_IDS = 1000  # of `/v1/tasks?ids=`: 7 KB of query, far below a request head's limit
 NO_ESTIMATE = "none"  # `estimate`: recovery only, whatever the server's default
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
@@ -124,7 +125,7 @@ class CancelRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[StrictInt] = Field(min_length=1, max_length=1_000_000)
+    ids: list[StrictInt] = Field(min_length=1, max_length=MAX_CANCEL_IDS)
 
 
 _UNION_MEMBERS = {"str", "int", "bool", "float"}  # pydantic's names for a union's members in an error's location
@@ -440,30 +441,37 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         task = task_or_404(task_id)
         return seen_by(who, task, task_view(daemon, task))
 
-    def cancel_one(task_id: TaskId, who: Caller) -> Task:
+    def cancellable(task_id: TaskId, who: Caller) -> Task:
         task = task_or_404(task_id)
         owned(task, who)
         if task.state in TERMINAL_STATES:
             raise HTTPException(409, f"task {task_id} already ended ({task.state.value})")
-        return daemon.cancel(task_id)
+        return task
 
     @app.post("/v1/tasks/{task_id}/cancel", responses=errors(403, 404, 409, 422, 507))
     async def cancel(task_id: TaskId, who: Who) -> dict[str, Any]:
-        return task_view(daemon, cancel_one(task_id, who))
+        (task,) = daemon.cancel(cancellable(task_id, who).id)
+        return task_view(daemon, task)
 
-    @app.post("/v1/cancel", responses=errors(400, 413, 422))
+    @app.post("/v1/cancel", responses=errors(400, 413, 422, 507))
     async def cancel_many(body: CancelRequest, who: Who) -> dict[str, Any]:
-        """Cancel several tasks at once, each on its own (one refused stops none of the others). No
-        placement comes between them: one at a time, a waiting task was started on the GPU a running one
-        just freed, before its own cancel came."""
-        results: list[dict[str, Any]] = []
-        for task_id in body.ids:
+        """Cancel several tasks at once, each on its own (one refused stops none of the others), one result
+        per id given (an id given twice is answered once). No placement comes between them: one at a time, a
+        waiting task was started on the GPU a running one just freed, before its own cancel came."""
+        results: dict[TaskId, dict[str, Any]] = {}
+        for task_id in dict.fromkeys(body.ids):
             try:
-                again = task_or_404(task_id).cancel_requested  # a second cancel sends no second SIGTERM
-                results.append({"id": task_id, "state": cancel_one(task_id, who).state.value, "again": again})
+                task = cancellable(task_id, who)
             except HTTPException as e:
-                results.append({"id": task_id, "error": e.detail})
-        return {"results": results}
+                results[task_id] = {"id": task_id, "error": e.detail}
+                continue
+            if task.cancel_requested:  # stopping already: nothing to write, no second SIGTERM
+                results[task_id] = {"id": task_id, "state": task.state.value, "again": True}
+            else:
+                results[task_id] = {"id": task_id, "again": False}
+        for task in daemon.cancel(*(i for i, r in results.items() if r.get("again") is False)):
+            results[task.id]["state"] = task.state.value
+        return {"results": list(results.values())}
 
     @app.get("/v1/tasks/{task_id}/logs", responses=errors(403, 404, 409, 422))
     async def logs(

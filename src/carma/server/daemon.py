@@ -488,10 +488,12 @@ class Daemon:
         kept = f" over {self.keep_ended_s / 86400:g} day(s) ago" if self.keep_ended_s is not None else ""
         return f"no task with id {task_id}: it ended{kept} and was forgotten ([server] keep_ended_days)"
 
-    def cancel(self, task_id: TaskId) -> Task:
+    def cancel(self, *task_ids: TaskId) -> list[Task]:
+        """Cancel tasks together (`SchedulingLoop.cancel`); the tasks after it."""
         with self._writing():
-            self.loop.cancel(task_id)
-        task = self.scheduler.task(task_id)
-        if task.state is TaskState.CANCELLED:  # it left the queue: its estimate, if under way, is not needed
-            self.estimates.drop(task_id)
-        return task
+            self.loop.cancel(*task_ids)
+        tasks = [self.scheduler.task(task_id) for task_id in task_ids]
+        for task in tasks:
+            if task.state is TaskState.CANCELLED:  # it left the queue: its estimate, if under way, is not needed
+                self.estimates.drop(task.id)
+        return tasks
