@@ -667,3 +667,22 @@ def test_users_captures_are_taken_in_turn(tmp_path, workdir):
     assert [argv[1] for argv, _, _ in runner.calls] == ["train.py", "train.py", "a2.py", "a3.py"]
     assert [options["cwd"] for _, _, options in runner.calls] == [str(workdir)] * 4
     estimates.close()
+
+
+def test_a_waiting_tasks_turn_follows_the_captures_dropped_and_added(tmp_path, workdir):
+    """The turns' order is worked out once per change to them (once per task asked about, 3,000 waiting tasks
+    made each listing 10 s of the event loop): a capture dropped or added moves the others' turns."""
+    (workdir / "a2.py").write_text("print('a2')\n")
+    alice = [job(workdir, script=script, uid=1000) for script in ("train.py", "a2.py")]
+    bob, carol = job(workdir, uid=2000), job(workdir, uid=3000)
+    store, runner = Store(tmp_path / "carma.db"), Runner()
+    estimates = service(store, queued(store, *alice, bob, carol), runner)
+    requested(estimates, (1, alice[0]), (2, alice[1]), (3, bob))
+    wait_until(lambda: runner.calls)  # alice's first
+    assert [estimates.progress(task) for task in (2, 3)] == ["2 captures ahead of it", "1 capture ahead of it"]
+    estimates.drop(3)
+    assert estimates.progress(2) == "1 capture ahead of it"
+    requested(estimates, (4, carol))
+    assert [estimates.progress(task) for task in (2, 4)] == ["2 captures ahead of it", "1 capture ahead of it"]
+    runner.release.set()
+    estimates.close()
