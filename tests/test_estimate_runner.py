@@ -2051,6 +2051,24 @@ def test_a_capture_the_host_cannot_hold_is_stopped_with_a_line_not_left_to_the_o
     ), message
 
 
+def test_a_capture_that_writes_too_much_output_is_stopped_with_a_line(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture's output goes to files of the user running the estimate (root, in the server), not the job's:
+    a job that printed 250 MB held them, out of its user's quota, for as long as the capture ran."""
+    from carma.estimate import runner
+
+    monkeypatch.setattr(runner, "OUTPUT_BYTES", 1 << 20)
+    each_step = "print('x' * (1 << 20), flush=True); import time; time.sleep(5)"
+    with pytest.raises(EstimateError) as stopped:
+        estimate(["python", tiny_script(workdir, "train.py", 5, each_step=each_step)])
+    assert re.fullmatch(
+        r"the capture was stopped after its output reached [\d.]+ MiB \(at most 1\.0 MiB\): estimate a job that "
+        r"prints less while it trains",
+        str(stopped.value),
+    ), stopped.value
+
+
 def test_the_host_memory_floor_is_a_fiftieth_of_the_host_from_256_mib_to_1_gib() -> None:
     from carma.estimate.runner import host_memory_floor
 

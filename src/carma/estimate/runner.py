@@ -45,6 +45,7 @@ STDERR_TAIL_BYTES = 64 << 10  # how much of a capture's error output is read bac
 RESULT_BYTES = 16 << 20  # the most of a capture's JSON result read back (an estimate is a few hundred bytes)
 REGISTRY = "carma.estimate.registry:estimate_captured"
 WATCH_S = 0.1  # how often the host's available memory is read while a capture runs
+OUTPUT_BYTES = 64 << 20  # of a capture's output and error output, together: the files are the estimating user's
 # A capture is stopped on a short host only when it holds this share of the memory in use: the host's main
 # consumer, not a small capture beside training jobs (or other captures) that take the host's memory.
 MAIN_CONSUMER = 0.5
@@ -208,7 +209,8 @@ def _estimate_in_child(
                 if on_start is not None:
                     on_start(child.pid)
                 try:
-                    _watch(child, timeout_s, f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s")
+                    late = f"{what} did not reach {steps} optimizer steps within {timeout_s:g} s"
+                    _watch(child, timeout_s, late, (stdout, stderr))
                 finally:  # whatever the job left running, also when a signal stops this process
                     kill_group(child.pid)
                     child.wait()
@@ -261,8 +263,10 @@ def host_memory_floor(total: int) -> int:
     return min(1 << 30, max(256 << 20, total // 50))
 
 
-def _watch(child: subprocess.Popen[bytes], timeout_s: float, late: str) -> None:
-    """Wait for the capture child to end, `late` the error past `timeout_s`. Its activations are not known
+def _watch(child: subprocess.Popen[bytes], timeout_s: float, late: str, outputs: Sequence[BinaryIO] = ()) -> None:
+    """Wait for the capture child to end, `late` the error past `timeout_s`. It is stopped once it has written
+    over `OUTPUT_BYTES` to `outputs`: files of the user running the estimate (root, in the server), in
+    which the job's output would take the disk for as long as the capture runs. Its activations are not known
     before it runs and are real in host memory: it is stopped when the host's available memory falls under
     `host_memory_floor` while it holds `MAIN_CONSUMER` of the memory in use, with a line saying so, rather
     than left to the kernel's out-of-memory killer, which reclaims every process's memory first. Its own
@@ -278,6 +282,11 @@ def _watch(child: subprocess.Popen[bytes], timeout_s: float, late: str) -> None:
         except subprocess.TimeoutExpired:
             if time.monotonic() >= deadline:
                 raise EstimateError(late) from None
+        if (written := sum(os.fstat(f.fileno()).st_size for f in outputs)) > OUTPUT_BYTES:
+            raise EstimateError(
+                f"the capture was stopped after its output reached {size_text(written)} (at most "
+                f"{size_text(OUTPUT_BYTES)}): estimate a job that prints less while it trains"
+            )
         available = host_memory("MemAvailable") if floor else None
         if available is None or available >= floor:
             continue
