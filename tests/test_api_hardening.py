@@ -93,7 +93,7 @@ def test_a_post_without_a_token_is_refused_before_its_body_is_sent(served):  # t
     from 59 to 915 MiB. Now the answer comes from the head alone, and the connection is closed."""
     _, port = served
     head = (
-        b"POST /v1/tasks HTTP/1.1\r\nHost: carma\r\nContent-Type: application/json\r\nContent-Length: 15728640\r\n\r\n"
+        b"POST /v1/tasks HTTP/1.1\r\nHost: carma\r\nContent-Type: application/json\r\nContent-Length: 4194304\r\n\r\n"
     )
     answer = _exchange(port, head)  # no body follows: a server waiting for it would never answer
     status, _, rest = answer.partition(b"\r\n")
@@ -413,14 +413,14 @@ def test_tasks_are_listed_by_their_ids_in_the_order_asked(served):  # type: igno
     listed = server.client.tasks(ids=[second, first, 10**9, second])
     assert [t["id"] for t in listed] == [second, first]  # a task the server has not is left out
     assert [t["id"] for t in server.client.tasks(ids=list(range(1, first + 600)))][-2:] == [first, second]  # 2 asks
-    for ids, detail in [
-        ("1,x", "ids: comma-separated task ids, like 12,13; got '1,x'"),
-        (",".join(["1"] * 1001), "ids: at most 1,000 task ids at once; got 1,001"),
-    ]:
+    for ids in ("1,x", "", ",".join(["1"] * 1001)):  # not ids, or more than 1,000 of them
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", f"/v1/tasks?ids={ids}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         response = conn.getresponse()
-        assert (response.status, json.loads(response.read())["detail"]) == (422, detail)
+        detail = json.loads(response.read())["detail"]
+        assert response.status == 422 and detail.startswith("invalid request: query.ids") and "pattern" in detail, (
+            detail
+        )
         conn.close()
 
 

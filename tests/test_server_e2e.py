@@ -843,10 +843,10 @@ def test_a_request_body_too_large_is_refused_before_it_is_read(start_server):  #
     conn.endheaders()  # and no body: the answer must not wait for it
     response = conn.getresponse()
     assert (response.status, response.getheader("Content-Type")) == (413, "application/json")  # was text/plain
-    assert json.loads(response.read()) == {"detail": "the request is over 16 MiB"}
+    assert json.loads(response.read()) == {"detail": "the request is over 4 MiB"}
     conn.close()
     with pytest.raises(ClientError, match=r"^the request is larger than the server at .* takes \(HTTP 413\)$"):
-        server.client.submit({"command": ["true"], "workdir": "/tmp", "env": {"X": "y" * (17 << 20)}})
+        server.client.submit({"command": ["true"], "workdir": "/tmp", "env": {"X": "y" * (5 << 20)}})
     assert server.json("queue", "--all") == []
 
 

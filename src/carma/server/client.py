@@ -109,7 +109,8 @@ class Client:
             if params
             else ""
         )
-        body = json.dumps(json_body).encode() if json_body is not None else None
+        # UTF-8, not \u escapes: a command in another script is not six times its size against the server's cap
+        body = json.dumps(json_body, ensure_ascii=False).encode() if json_body is not None else None
         headers = {**self._headers, **({"Content-Type": "application/json"} if body is not None else {})}
         conn = self._connect()
         try:
@@ -140,7 +141,7 @@ class Client:
         return data
 
     def _refusal(self, status: int, data: Any, payload: bytes) -> str:
-        if status == 413:  # carma's cap (16 MiB), or a proxy's in front of it
+        if status == 413:  # carma's cap (4 MiB), or a proxy's in front of it
             return f"the request is larger than the server at {self.where} takes (HTTP 413)"
         detail = data.get("detail") if isinstance(data, dict) else None
         # carma's 404s say what is missing; a bare "Not Found" is a path no route takes (CARMA_URL's path
