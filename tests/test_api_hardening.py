@@ -283,6 +283,22 @@ def test_a_connection_sending_its_request_a_byte_at_a_time_is_cut(served):  # ty
     assert time.monotonic() - started < IDLE_S + 2
 
 
+def test_a_connection_sending_its_body_a_byte_at_a_time_is_cut(served):  # type: ignore[no-untyped-def]
+    """Once a request's head had come, its body could trickle for ever: 32 connections a user, each holding
+    up to the cap's 4 MiB. A body gets six times the idle timeout."""
+    _, port = served
+    head = f"POST /v1/tasks HTTP/1.1\r\nHost: carma\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        started = time.monotonic()
+        sock.sendall(f"{head}Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{".encode())
+        while not select.select([sock], [], [], 0.1)[0]:  # a byte every 0.1 s, until the server closes
+            assert time.monotonic() < started + 8 * IDLE_S + 5, "the server kept a connection whose body trickled"
+            sock.send(b" ")
+        with contextlib.suppress(ConnectionResetError):
+            assert sock.recv(4096) == b""
+    assert time.monotonic() - started >= 6 * IDLE_S  # not cut as a request that sent no head
+
+
 def _answer(sock: socket.socket) -> bytes:
     try:
         return sock.recv(4096)

@@ -75,6 +75,11 @@ class ConnectionLimits:
     per_address: int = 32  # on TCP, per client address: the same, for whoever reaches the port
     idle_s: float = 10.0  # to send a whole request head, from connecting or from the last answer
 
+    @property
+    def body_s(self) -> float:
+        """How long a request's body (4 MiB at most) may keep coming: six times `idle_s`, a minute by default."""
+        return 6 * self.idle_s
+
 
 def _refusal(detail: str) -> bytes:
     """A whole HTTP answer, 503 with `{"detail": ...}`, written before the request is read (it need not be)."""
@@ -111,6 +116,7 @@ class PeerCredProtocol(H11Protocol):
         self.peer_uid: int | None = None
         self.peer_address: str | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._body: tuple[object, float] | None = None  # the request whose body is awaited, and since when
 
     def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
         super().connection_made(transport)
@@ -159,9 +165,20 @@ class PeerCredProtocol(H11Protocol):
         self._idle = self.loop.call_later(self.limits.idle_s, self._idle_over)
 
     def _idle_over(self) -> None:
-        """Close the connection unless a request is being answered (the timer restarts when it is)."""
-        if self.cycle is None or self.cycle.response_complete:
+        """Close the connection unless a request is being answered (the timer restarts when it is), or unless
+        a request's body is still coming within `body_s` of the first look (a byte now and then held the
+        connection, and a body of up to 4 MiB, for ever)."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
             self.timeout_keep_alive_handler()
+        elif cycle.more_body:
+            now = self.loop.time()
+            if self._body is None or self._body[0] is not cycle:
+                self._body = (cycle, now)
+            if now - self._body[1] >= self.limits.body_s:
+                self.transport.close()  # the handler reading the body sees the client gone
+            else:
+                self._arm_idle()
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():
