@@ -227,7 +227,7 @@ def test_a_step_the_gpu_refuses_ends_the_reconfiguration_consistent(home, caplog
 
 def reconfigurations(d: Daemon) -> list[dict]:
     """The reconfigurations of the dashboard's timeline over the last day, as the API sends them."""
-    return json.loads(json.dumps(timeline_view(d, d.clock.now() - 86400)["reconfigurations"]))
+    return json.loads(json.dumps(timeline_view(d, d.clock.now() - 86400, [])["reconfigurations"]))
 
 
 def test_every_reconfiguration_is_in_the_timeline_refused_ones_too_and_after_a_restart(home):
@@ -256,7 +256,9 @@ def test_every_reconfiguration_is_in_the_timeline_refused_ones_too_and_after_a_r
 
     again = mig_daemon(home)  # the store keeps them; the layout needs nothing at this start
     assert reconfigurations(again) == seen
-    assert [r["t_s"] for r in timeline_view(again, done["t_s"])["reconfigurations"]] == [done["t_s"]]  # in the window
+    assert [r["t_s"] for r in timeline_view(again, done["t_s"], [])["reconfigurations"]] == [
+        done["t_s"]
+    ]  # in the window
     again.close()
 
 

@@ -10,12 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from starlette.responses import Response
 
 from carma.server.store import Reads, Store
+
+LISTED_AT_ONCE = 1000  # items a listing builds between two turns of the event loop
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+async def in_turns(items: Sequence[T], view: Callable[[T], Iterable[V]]) -> list[V]:
+    """What `view` gives of each item, `LISTED_AT_ONCE` items at a time, the event loop answering others in
+    between: a listing of 100,000 tasks kept held it 1.4 s. Each item is seen as it is at its turn (`view`
+    gives nothing of one that has gone since)."""
+    out: list[V] = []
+    for start in range(0, len(items), LISTED_AT_ONCE):
+        if start:
+            await asyncio.sleep(0)
+        for item in items[start : start + LISTED_AT_ONCE]:
+            out.extend(view(item))
+    return out
 
 
 class AnswersApart:
@@ -29,7 +47,16 @@ class AnswersApart:
 
         def answer() -> bytes:
             with self._store.apart() as reads:
-                return json.dumps(read(reads), allow_nan=False, separators=(",", ":")).encode()
+                return _encoded(read(reads))
 
         body = await asyncio.get_running_loop().run_in_executor(self._pool, answer)
         return Response(body, media_type="application/json")
+
+    async def encoded(self, value: object) -> Response:
+        """`value` (made of the daemon's state on the loop, its own copy) encoded as JSON on the thread."""
+        body = await asyncio.get_running_loop().run_in_executor(self._pool, _encoded, value)
+        return Response(body, media_type="application/json")
+
+
+def _encoded(value: object) -> bytes:
+    return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()

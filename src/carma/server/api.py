@@ -27,7 +27,7 @@ from carma.config import ServerConfig
 from carma.core.scheduler import SpecError
 from carma.core.types import TERMINAL_STATES, TargetId, Task, TaskId, TaskState
 from carma.estimate.registry import METHODS
-from carma.server.apart import AnswersApart
+from carma.server.apart import AnswersApart, in_turns
 from carma.server.auth import UNAUTHORIZED, AuthFirst, Caller, Tokens
 from carma.server.daemon import Daemon
 from carma.server.dashboard import dashboard_routes
@@ -409,7 +409,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
             raise HTTPException(422, str(e)) from None
         return task_view(daemon, task)
 
-    @app.get("/v1/tasks", responses=errors(422))
+    @app.get("/v1/tasks", responses=errors(422), response_model=list[dict[str, Any]])
     async def tasks(
         who: Who,
         state: TaskState | None = None,
@@ -421,7 +421,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
                 pattern=rf"^[0-9]{{1,18}}(,[0-9]{{1,18}}){{0,{MAX_LISTED_IDS - 1}}}$",
             ),
         ] = None,
-    ) -> list[dict[str, Any]]:
+    ) -> Response:
         """The tasks not ended (`all`: every task the server keeps; `state`: those in it), oldest first. A
         task of `ids` the server does not have is left out."""
         if ids is not None:
@@ -430,7 +430,11 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
             selected = [t for t in daemon.scheduler.tasks if all or state or t.state not in TERMINAL_STATES]
         if state:
             selected = [t for t in selected if t.state is state]
-        return [seen_by(who, t, task_summary(daemon, t)) for t in selected]
+
+        def summary(task: Task) -> list[dict[str, Any]]:  # none of a task forgotten meanwhile
+            return [seen_by(who, task, task_summary(daemon, task))] if task.id in daemon.jobs else []
+
+        return await answers.encoded(await in_turns(selected, summary))
 
     @app.get("/v1/tasks/{task_id}", responses=errors(404, 422))
     async def show(task_id: TaskId, who: Who) -> dict[str, Any]:

@@ -28,6 +28,17 @@ LISTED_IDS = 500  # tasks asked for in one listing (the API takes up to 1,000)
 T = TypeVar("T")
 
 
+def _json_body(value: Any) -> bytes:
+    """`value` as UTF-8 JSON, not \\u escapes: a command in another script is not six times its size against
+    the server's cap. Text that is no UTF-8 (bytes of another encoding, read from argv) goes escaped, and the
+    server says which part it is."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value).encode()
+
+
 class ClientError(Exception):
     """A request the server refused or could not take, as one line for the user."""
 
@@ -109,8 +120,7 @@ class Client:
             if params
             else ""
         )
-        # UTF-8, not \u escapes: a command in another script is not six times its size against the server's cap
-        body = json.dumps(json_body, ensure_ascii=False).encode() if json_body is not None else None
+        body = _json_body(json_body) if json_body is not None else None
         headers = {**self._headers, **({"Content-Type": "application/json"} if body is not None else {})}
         conn = self._connect()
         try:

@@ -21,8 +21,8 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response, StreamingResponse
 
 from carma import __version__
-from carma.core.types import ACTIVE_STATES, TERMINAL_STATES
-from carma.server.apart import AnswersApart
+from carma.core.types import ACTIVE_STATES, TERMINAL_STATES, Task
+from carma.server.apart import AnswersApart, in_turns
 from carma.server.daemon import Daemon
 from carma.server.store import Reads
 from carma.server.views import as_seen_by_others, gpu_views, shown_targets, status_view, task_summary
@@ -56,31 +56,34 @@ def series_step(window_s: float, bucket_s: float) -> float | None:
     return None if buckets <= 1 else buckets * bucket_s
 
 
-def timeline_view(daemon: Daemon, since_s: float) -> dict[str, Any]:
-    """Every attempt that ran after `since_s` (or still runs), for the per-GPU Gantt chart, and the MIG
-    reconfigurations since then (from the store: those before a restart too)."""
-    rows = []
-    for task in daemon.scheduler.tasks:
-        job = daemon.jobs[task.id]
-        for a in task.attempts:
-            if a.ended_s is not None and a.ended_s < since_s:
-                continue
-            rows.append(
-                {
-                    "task_id": task.id,
-                    "attempt": a.number,
-                    "name": job.name,
-                    "user": job.user,
-                    "gpus": [daemon.scheduler.shown(g) for g in a.gpus],
-                    "start_s": a.dispatched_s,
-                    "first_kernel_s": a.first_kernel_s,
-                    "end_s": a.ended_s,
-                    "outcome": a.outcome.value if a.outcome else None,
-                    "restarted_early": a.restarted_early,  # relaunched as after an OOM crash, before one
-                    "exclusive": a.exclusive,
-                    "recovery": a.recovery,
-                }
-            )
+def timeline_rows(daemon: Daemon, task: Task, since_s: float) -> list[dict[str, Any]]:
+    """A task's attempts that ran after `since_s` (or still run), for the per-GPU Gantt chart."""
+    job = daemon.jobs.get(task.id)
+    if job is None:  # forgotten since the listing began
+        return []
+    return [
+        {
+            "task_id": task.id,
+            "attempt": a.number,
+            "name": job.name,
+            "user": job.user,
+            "gpus": [daemon.scheduler.shown(g) for g in a.gpus],
+            "start_s": a.dispatched_s,
+            "first_kernel_s": a.first_kernel_s,
+            "end_s": a.ended_s,
+            "outcome": a.outcome.value if a.outcome else None,
+            "restarted_early": a.restarted_early,  # relaunched as after an OOM crash, before one
+            "exclusive": a.exclusive,
+            "recovery": a.recovery,
+        }
+        for a in task.attempts
+        if a.ended_s is None or a.ended_s >= since_s
+    ]
+
+
+def timeline_view(daemon: Daemon, since_s: float, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The attempts of the window (`timeline_rows`) and the MIG reconfigurations since then (from the store:
+    those before a restart too)."""
     reconfigurations = [asdict(r) for r in daemon.store.reconfigurations(since_s)]
     return {"now_s": daemon.clock.now(), "since_s": since_s, "attempts": rows, "reconfigurations": reconfigurations}
 
@@ -117,13 +120,13 @@ def dashboard_routes(daemon: Daemon, who: Any, answers: AnswersApart) -> APIRout
         content, media_type = assets[name]
         return Response(content, media_type=media_type, headers={"Cache-Control": "max-age=3600"})
 
-    @router.get("/v1/timeline")
-    async def timeline(
-        _: who, hours: Annotated[float, Query(gt=0, le=24 * 90, allow_inf_nan=False)] = 6.0
-    ) -> dict[str, Any]:
+    @router.get("/v1/timeline", response_model=dict[str, Any])
+    async def timeline(_: who, hours: Annotated[float, Query(gt=0, le=24 * 90, allow_inf_nan=False)] = 6.0) -> Response:
         """Attempts that ran in the last `hours` (running ones included), per task and GPU, and the MIG
         reconfigurations of those hours."""
-        return timeline_view(daemon, daemon.clock.now() - hours * 3600)
+        since = daemon.clock.now() - hours * 3600
+        rows = await in_turns(list(daemon.scheduler.tasks), lambda task: timeline_rows(daemon, task, since))
+        return await answers.encoded(timeline_view(daemon, since, rows))
 
     @router.get("/v1/series", response_model=dict[str, Any])
     async def series(
