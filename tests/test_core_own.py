@@ -323,3 +323,57 @@ def _pair_beside(first: str, second: str, **options: object) -> Bench:
 
 def _no_risk() -> RiskConfig:
     return RiskConfig(enabled=False)
+
+
+def _head_behind(policy: str, known_light: bool, seen: float = 0.1, **config: object) -> tuple[Bench, int, int]:
+    """GPU 0 runs A (1,000 s, seen at SMACT `seen`), GPU 1 is idle; a two-GPU head H waits for GPU 0, and B
+    (light, 20,000 s) waits behind it. `known_light`: the tasks' activity is known, and light."""
+    durations = {"A": 1000.0, "B": 20000.0, "H": 100.0}
+    light = Activity(0.1, 0.05, 0.05)
+    b = bench(
+        2,
+        durations=lambda task: durations.get(task.spec.name),
+        activity=(lambda task: light) if known_light else None,
+        policy=policy,
+        backfill=True,
+        **config,
+    )
+    a = b.submit("A", mem_mib=8000)
+    assert b.placed() == {a.id: (0,)}
+    b.set(0, used_mib=8000, smact=seen, smocc=seen / 2, drama=seen / 2)
+    b.first_kernel(a.id)
+    b.advance(5)
+    head, behind = b.submit("H", gpus=2, mem_mib=8000), b.submit("B", mem_mib=8000)
+    return b, head.id, behind.id
+
+
+@pytest.mark.parametrize(
+    ("policy", "config"),
+    [("exclusive", {"ttfk_unknown_only": True}), ("magm", {})],
+    ids=["a policy that does not share", "CARMA's TTFK rule"],
+)
+def test_the_head_is_not_held_back_by_tasks_it_cannot_join(policy: str, config: dict) -> None:
+    """Where the head cannot join a GPU's tasks (Exclusive, or each task placed closing its GPU for a window),
+    a long task is not backfilled onto the GPU reserved for it: the head took GPU 1 only at B's end."""
+    b, head, behind = _head_behind(policy, known_light=True, **config)
+    assert b.placed() == {}  # B would run past the head's shadow time on the reserved GPU 1
+    b.advance(1000)
+    b.exit(1)
+    b.set(0, used_mib=0, smact=0.0, smocc=0.0, drama=0.0)
+    b.advance(40)
+    assert b.placed()[head] == (0, 1) and b.sched.task(behind).current is None
+
+
+def test_nothing_joins_the_gpus_of_a_head_refused_beside_tasks_it_was_expected_to_fit_beside() -> None:
+    """A expected light but seen saturating GPU 0: the head, expected to fit beside it now, is refused there
+    (the risk filter); its reserved GPUs then take no task beside it (B, of 20,000 s, would have taken the
+    idle GPU 1, and the next such task GPU 0, holding the head back for good), and it starts once A ends."""
+    b, head, _ = _head_behind("magm", known_light=True, seen=1.0, ttfk_unknown_only=True)
+    assert b.placed() == {}
+    reservation = b.sched.discipline.reservation
+    assert reservation is not None and reservation.gpus == {"0", "1"}
+    b.advance(995)
+    b.exit(1)
+    b.set(0, used_mib=0, smact=0.0, smocc=0.0, drama=0.0)
+    b.advance(40)
+    assert b.placed()[head] == (0, 1)

@@ -12,7 +12,8 @@ head start later than its shadow time, never earlier than it would have.
 On shared GPUs the head need not wait for a GPU to empty: a GPU comes free for it once the tasks left on it
 are ones it fits beside (`LeavesRoom`: their needs and the head's in its memory, their expected activity
 together passing the risk rule), and a later task the head would still fit beside may start on a reserved GPU
-whenever it ends. On trace 1, the head waited for GPUs left idle or to long light tasks (docs/policy.md).
+whenever it ends. On trace 1, the head waited for GPUs left idle or to long light tasks (docs/policy.md). A
+head refused although expected to fit now was misjudged: in that decision no task joins its reserved GPUs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ DurationOf = Callable[[Task], float | None]
 LeavesRoom = Callable[[Task, TargetId, Sequence[Task]], bool]
 
 
+def _never(head: Task, gpu: TargetId, tasks: Sequence[Task]) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Reservation:
     """The GPUs the blocked head is expected to start on, and when (its shadow time)."""
@@ -60,7 +65,7 @@ class EasyBackfill(StrictFifo):
         view: Occupancy,
         task_of: Callable[[TaskId], Task],
         duration_of: DurationOf,
-        leaves_room: LeavesRoom = lambda head, gpu, tasks: False,
+        leaves_room: LeavesRoom = _never,
     ) -> None:
         self._view = view
         self._task_of = task_of
@@ -73,12 +78,15 @@ class EasyBackfill(StrictFifo):
         head = first_waiting(queues, attempt)
         if head is None:
             return
-        head_task = self._task_of(head)
+        head_task, view = self._task_of(head), self._view
         reservation = self._reserve(head_task)
         if reservation is None:
             return
         self.reservation = reservation
-        view = self._view
+        # expected to start now, yet refused: what it fits beside was misjudged (by a rule `LeavesRoom` does not
+        # see: the observed risk window, free memory, a predicted growth), so nothing joins its reserved GPUs
+        # beside it this decision; else a stream of tasks beside it could hold it back for good
+        room = _never if reservation.shadow_s <= view.now else self._leaves_room
         for task_id in [t for t in (*queues.recovery, *queues.main) if t != head]:
             duration = self._duration_of(self._task_of(task_id))
             if duration is None:
@@ -89,13 +97,14 @@ class EasyBackfill(StrictFifo):
                 reserved = frozenset(g for g in reserved if g not in idle)
             if reserved:  # a task the head still fits beside may start on its reserved GPUs too
                 task = self._task_of(task_id)
-                reserved = frozenset(g for g in reserved if not self._room(head_task, g, task, reservation.shadow_s))
+                shadow = reservation.shadow_s
+                reserved = frozenset(g for g in reserved if not self._room(room, head_task, g, task, shadow))
             attempt(task_id, reserved)
 
-    def _room(self, head: Task, gpu: TargetId, task: Task, shadow_s: float) -> bool:
+    def _room(self, room: LeavesRoom, head: Task, gpu: TargetId, task: Task, shadow_s: float) -> bool:
         """Whether `task` on `gpu` leaves the head room there, beside the tasks expected to run past its shadow."""
         staying = [t for t in self._view.tasks_on(gpu) if self._end(t) > shadow_s]
-        return self._leaves_room(head, gpu, [*staying, task])
+        return room(head, gpu, [*staying, task])
 
     def _end(self, task: Task) -> float:
         """When a placed task is expected to end; never when its duration is not known."""

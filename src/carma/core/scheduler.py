@@ -634,11 +634,17 @@ class Scheduler:
     def _leaves_room(self, head: Task, gpu: TargetId, staying: Sequence[Task]) -> bool:
         """Whether `head` could be placed on shared `gpu` beside `staying` (backfilling's `LeavesRoom`): its need
         and the margin fit in the GPU's memory beside the needs they hold, and their expected activity together
-        passes the risk rule. Never where a need or an activity is not known, nor beside another process."""
+        passes the risk rule. Never where a need or an activity is not known, nor beside another process or a
+        relaunch kept alone (`exclusive_relaunch`), nor for a relaunch, nor where tasks do not share GPUs or each
+        task placed closes its GPU for a window (CARMA's TTFK rule: `ttfk_unknown_only` off)."""
         head_need = self._needs.get(head.id)
         if head_need is None or head_need.kind is not NeedKind.KNOWN or head_need.mib is None or not self._activity:
             return False
+        if not (self.policy.shares and self.config.ttfk_unknown_only) or head.state is TaskState.RECOVERING:
+            return False
         if not self.gpus[gpu].shareable or self._foreign[gpu]:
+            return False
+        if self.config.exclusive_relaunch and self._view.holds_relaunch(gpu):
             return False
         held, activities = 0, list[Activity]()
         for task in staying:
