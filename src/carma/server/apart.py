@@ -40,6 +40,8 @@ class AnswersApart:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-answers")
+        # listings the loop built: never behind a long read of the store (`carma queue` waited on a month's series)
+        self._encoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-encoding")
 
     async def json(self, read: Callable[[Reads], object]) -> Response:
         """`read`'s answer as JSON; it runs on the thread, so it takes from the daemon's state only what the
@@ -53,8 +55,8 @@ class AnswersApart:
         return Response(body, media_type="application/json")
 
     async def encoded(self, value: object) -> Response:
-        """`value` (made of the daemon's state on the loop, its own copy) encoded as JSON on the thread."""
-        body = await asyncio.get_running_loop().run_in_executor(self._pool, _encoded, value)
+        """`value` (made of the daemon's state on the loop, its own copy) encoded as JSON on a thread of its own."""
+        body = await asyncio.get_running_loop().run_in_executor(self._encoding, _encoded, value)
         return Response(body, media_type="application/json")
 
 

@@ -7,6 +7,7 @@ status a route answers, and the `{"detail": ...}` they come with.
 
 import codecs
 import math
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,10 +55,10 @@ MAX_CANCEL_IDS = 100_000  # of one `/v1/cancel`: ten users' whole queues (`max_u
 MAX_LISTED_IDS = 1000  # of `/v1/tasks?ids=`: 7 KB of query, far below a request head's limit
 NO_ESTIMATE = "none"  # `estimate`: recovery only, whatever the server's default
 MAX_OFFSET = 1 << 62  # a log offset beyond any file, below what seeking accepts
-# a task a process could start is at most 2 MiB of command and environment (Linux's ARG_MAX), under 4 MiB of
-# UTF-8 JSON: more is refused before it is read, and a body is parsed on the event loop (16 MiB of one-character
-# arguments held it 1.9 s)
-MAX_BODY_BYTES = 4 << 20
+# a task a process could start is at most ARG_MAX of command and environment (2 MiB under the usual 8 MiB stack),
+# under twice that of UTF-8 JSON: more is refused before it is read, and a body is parsed on the event loop (16
+# MiB of one-character arguments held it 1.9 s)
+MAX_BODY_BYTES = max(4 << 20, 2 * os.sysconf("SC_ARG_MAX"))
 # what a browser loads before it has a token: the dashboard's page and assets, the API's schema and docs
 PUBLIC_PATHS = frozenset({"/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 

@@ -141,7 +141,7 @@ MERGED = {  # how samples merge into a longer step (`Reads.gpu_series`); avg lea
     "smocc": "avg",
     "drama": "avg",
     "power_w": "avg",
-    "energy_j": "max",  # a counter
+    "energy_j": "min",  # a counter: its reading at the step's time, its first sample
     "temperature_c": "max",
 }
 
@@ -323,8 +323,8 @@ class Reads:
     ) -> dict[TargetId, dict[str, list]]:
         """Per target, the archived samples in [since_s, until_s] as columns: {"t": [...], "used_mib": [...],
         ...}; with `step_s`, merged into steps of that many seconds as the archive merges samples into buckets
-        (the most memory used, mean activity and power, the highest energy counter and temperature), each at
-        the time of its first sample."""
+        (the most memory used, mean activity and power, the highest temperature), each at the time of its first
+        bucket, with the energy counter as it read then."""
         window = (since_s, until_s if until_s is not None else float("inf"))
         if step_s is None:
             query = (
@@ -387,7 +387,9 @@ class Store(Reads):
             kind = "a directory" if path.is_dir() else "not a regular file"
             raise StoreError(f"{path} is {kind}, not a database: move it aside, then {recovery(path)}")
         if readonly:
-            return sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+            return sqlite3.connect(
+                f"{path.absolute().as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+            )
         # the daemon's alone: tasks' environments live here. SQLite gives its -wal and -shm files the
         # database's mode; the chmods take access away from others in files made before this rule (and
         # never give any: a file made unreadable stays so, and is reported)
@@ -651,7 +653,7 @@ class Store(Reads):
     @contextmanager
     def apart(self) -> Iterator[Reads]:
         """The reads on a connection of their own, for a thread, while the daemon writes on its own."""
-        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+        db = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, isolation_level=None)
         try:
             yield Reads(db)
         finally:
