@@ -357,10 +357,15 @@ def test_a_slow_history_read_holds_up_no_other_request(home, tmp_path):
 
     async def requests() -> tuple[int, list]:
         history = asyncio.ensure_future(_asgi_get(app, "/v1/history", b"limit=5"))
+        series = asyncio.ensure_future(_asgi_get(app, "/v1/series"))
         status, _ = await asyncio.wait_for(_asgi_get(app, "/v1/status"), 5)
-        assert status == 200 and not history.done()
+        assert status == 200 and not history.done() and not series.done()
+        third, body = await asyncio.wait_for(_asgi_get(app, "/v1/history"), 5)  # one user's: two at most
+        assert third == 429 and b"2 reads of the history or series under way" in body
         release.set()
+        assert (await asyncio.wait_for(series, 10))[0] == 200
         status, body = await asyncio.wait_for(history, 10)
+        assert (await asyncio.wait_for(_asgi_get(app, "/v1/history"), 10))[0] == 200  # counted until done
         return status, json.loads(body)
 
     status, runs = asyncio.run(requests())

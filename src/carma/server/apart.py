@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from typing import TypeVar
 
+from fastapi import HTTPException
 from starlette.responses import Response
 
 from carma.server.store import Reads, Store
 
+READS_PER_USER = 2  # one user's long reads under way or waiting: another's wait behind at most these
 LISTED_AT_ONCE = 1000  # items a listing builds between two turns of the event loop
 T = TypeVar("T")
 V = TypeVar("V")
@@ -42,22 +46,39 @@ class AnswersApart:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-answers")
         # listings the loop built: never behind a long read of the store (`carma queue` waited on a month's series)
         self._encoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carma-encoding")
+        self._reading: Counter[int] = Counter()  # per uid: long reads under way or waiting on the thread
 
-    async def json(self, read: Callable[[Reads], object]) -> Response:
+    async def json(self, read: Callable[[Reads], object], uid: int) -> Response:
         """`read`'s answer as JSON; it runs on the thread, so it takes from the daemon's state only what the
-        caller copied for it."""
+        caller copied for it. A user has at most `READS_PER_USER` under way or waiting (429 beyond), counted
+        until the thread is done with them, whether their asker still waits or not."""
+        if self._reading[uid] >= READS_PER_USER:
+            raise HTTPException(429, f"you have {READS_PER_USER} reads of the history or series under way: retry later")
 
         def answer() -> bytes:
             with self._store.apart() as reads:
                 return _encoded(read(reads))
 
-        body = await asyncio.get_running_loop().run_in_executor(self._pool, answer)
-        return Response(body, media_type="application/json")
+        loop = asyncio.get_running_loop()
+        self._reading[uid] += 1
+        done = self._pool.submit(answer)
+        done.add_done_callback(lambda _: _soon(loop, self._done_reading, uid))
+        return Response(await asyncio.wrap_future(done), media_type="application/json")
+
+    def _done_reading(self, uid: int) -> None:
+        self._reading[uid] -= 1
+        if not self._reading[uid]:
+            del self._reading[uid]
 
     async def encoded(self, value: object) -> Response:
         """`value` (made of the daemon's state on the loop, its own copy) encoded as JSON on a thread of its own."""
         body = await asyncio.get_running_loop().run_in_executor(self._encoding, _encoded, value)
         return Response(body, media_type="application/json")
+
+
+def _soon(loop: asyncio.AbstractEventLoop, call: Callable[[int], None], uid: int) -> None:
+    with suppress(RuntimeError):  # the loop closed meanwhile (the daemon stopped)
+        loop.call_soon_threadsafe(call, uid)
 
 
 def _encoded(value: object) -> bytes:

@@ -81,8 +81,9 @@ ERRORS = {
     409: "the task already ended, or its log cannot be read",
     413: f"a request over {MAX_BODY_BYTES >> 20} MiB",
     422: "an invalid request",
-    429: "the caller's tasks not ended are as many, or their commands and environments as large, as the server "
-    "takes from one user ([server] max_user_tasks, max_user_spec_mib)",
+    429: "over what the server takes from one user: tasks not ended, or their commands and environments, "
+    "as many or as large as [server] max_user_tasks or max_user_spec_mib allow; or long reads (history, series) "
+    "under way",
     503: "too many connections open to the server, or its state cannot be written now",
     507: "no space left under the server's state directory: nothing was changed",
 }
@@ -509,7 +510,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         end = offset + len(data) - len(decoder.getstate()[0])  # a character cut at the chunk's end comes next
         return {"attempt": number, "attempts": attempts, "text": text, "offset": end, "done": finished and at_end}
 
-    @app.get("/v1/history", responses=errors(422), response_model=list[dict[str, Any]])
+    @app.get("/v1/history", responses=errors(422, 429), response_model=list[dict[str, Any]])
     async def history(
         who: Who,
         hours: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
@@ -519,7 +520,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         only with it."""
         since = None if hours is None else daemon.clock.now() - hours * 3600
         shown = shown_targets(daemon)
-        return await answers.json(lambda reads: _history_view(reads.history(since, limit), shown, who))
+        return await answers.json(lambda reads: _history_view(reads.history(since, limit), shown, who), who.uid)
 
     metrics = Metrics(daemon)
 
@@ -528,7 +529,7 @@ def create_app(daemon: Daemon, tokens: Tokens, settings: ServerConfig | None = N
         """Prometheus exposition (bearer token on TCP, like every request)."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    app.include_router(dashboard_routes(daemon, Who, answers), responses=errors(422))
+    app.include_router(dashboard_routes(daemon, Who, answers, errors(429)), responses=errors(422))
 
     def set_draining(on: bool) -> dict[str, Any]:
         """`changed`: whether it was not so already (a second drain is said to be one)."""

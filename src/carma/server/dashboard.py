@@ -103,7 +103,8 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
     }
 
 
-def dashboard_routes(daemon: Daemon, who: Any, answers: AnswersApart) -> APIRouter:
+def dashboard_routes(daemon: Daemon, who: Any, answers: AnswersApart, too_many: dict[int | str, Any]) -> APIRouter:
+    """The dashboard's routes; `too_many`: the schema's answer when a user's long reads are over their cap."""
     router = APIRouter()
     assets = _assets()
     index = assets.pop("index.html")[0].replace(b"{{version}}", __version__.encode())  # served at / only
@@ -128,9 +129,9 @@ def dashboard_routes(daemon: Daemon, who: Any, answers: AnswersApart) -> APIRout
         rows = await in_turns(list(daemon.scheduler.tasks), lambda task: timeline_rows(daemon, task, since))
         return await answers.encoded(timeline_view(daemon, since, rows))
 
-    @router.get("/v1/series", response_model=dict[str, Any])
+    @router.get("/v1/series", response_model=dict[str, Any], responses=too_many)
     async def series(
-        _: who, minutes: Annotated[float, Query(gt=0, le=60 * 24 * 90, allow_inf_nan=False)] = 60.0
+        caller: who, minutes: Annotated[float, Query(gt=0, le=60 * 24 * 90, allow_inf_nan=False)] = 60.0
     ) -> Response:
         """Archived per-GPU samples of the last `minutes`, one per bucket, as columns: at most
         `SERIES_POINTS` a GPU, buckets merged into longer steps (`bucket_s`) where the window holds more."""
@@ -144,7 +145,7 @@ def dashboard_routes(daemon: Daemon, who: Any, answers: AnswersApart) -> APIRout
                 "gpus": {str(shown.get(g, g)): s for g, s in gpus.items()},
             }
 
-        return await answers.json(read)
+        return await answers.json(read, caller.uid)
 
     def encoded() -> bytes:
         if cache["tick"] != daemon.tick:  # one encoding per step, whatever the number of viewers
