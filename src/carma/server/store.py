@@ -653,7 +653,7 @@ class Store(Reads):
     @contextmanager
     def apart(self) -> Iterator[Reads]:
         """The reads on a connection of their own, for a thread, while the daemon writes on its own."""
-        db = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, isolation_level=None)
+        db = self._connect(self.path, readonly=True)
         try:
             yield Reads(db)
         finally:
